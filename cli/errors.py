@@ -1,0 +1,36 @@
+"""Turning the engine's expected errors into one-line messages and exit code 1."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import typer
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    from infer.engine.chat_template import ChatTemplateError
+    from infer.engine.generate import PromptTooLongError
+    from infer.engine.sampler import InvalidSamplingParams
+    from infer.engine.tokenizer import TokenizerError
+    from infer.models.config import ModelConfigError
+    from infer.models.gguf_file import GGUFError
+    from infer.models.loader import ModelLoadError
+    from infer.models.resolve import ModelNotFoundError
+    from infer.quant.types import UnsupportedQuantType
+
+    return (ChatTemplateError, PromptTooLongError, InvalidSamplingParams, TokenizerError, ModelConfigError,
+            GGUFError, ModelLoadError, ModelNotFoundError, UnsupportedQuantType, OSError)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Report expected failures as `error: ...` on stderr and exit 1; let real bugs show their traceback."""
+    try:
+        yield
+    except user_errors() as e:
+        msg = str(e) or type(e).__name__
+        if isinstance(e, OSError) and e.filename:
+            msg = f"{e.filename}: {e.strerror}"
+        sys.stderr.write(f"error: {msg.splitlines()[0]}\n")
+        raise typer.Exit(1) from None

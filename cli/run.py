@@ -1,0 +1,112 @@
+"""`infer run [MODEL] PROMPT`: one-shot generation, streamed to stdout."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+
+from .errors import reported
+from .main import app
+
+
+@app.command(help="Generate a reply to PROMPT (with MODEL, a .gguf path, or the embedded default).")
+def run(
+    args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="Optional model path, then the prompt ('-' reads stdin)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens to generate."),
+    temperature: float = typer.Option(0.8, "--temperature", "-t", help="0 is greedy."),
+    top_k: int = typer.Option(40, "--top-k", help="0 disables."),
+    top_p: float = typer.Option(0.95, "--top-p", help="1.0 disables."),
+    min_p: float = typer.Option(0.05, "--min-p", help="0 disables."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1.0 disables."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
+    stop: List[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    raw: bool = typer.Option(False, "--raw", help="No chat template: tokenize the prompt as is."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads (0: all cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
+) -> None:
+    if len(args) > 2:
+        sys.stderr.write("error: expected [MODEL] PROMPT (quote the prompt if it has spaces)\n")
+        raise typer.Exit(2)
+    model_name, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    with reported():
+        from infer.engine.llm import EngineConfig
+        from infer.engine.sampler import SamplingParams
+
+        params = SamplingParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            seed=seed, max_tokens=max_tokens, stop=tuple(stop),
+        )
+        config = EngineConfig(n_ctx=ctx, n_threads=threads)
+        llm = _load(model_name, config, quiet=as_json)
+        if raw:
+            if system:
+                raise typer.BadParameter("--system has no effect with --raw")
+            ids = llm.encode_raw(prompt)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            ids = llm.encode_chat(messages)
+        _generate(llm, ids, params, as_json)
+
+
+def _load(model_name: str | None, config, quiet: bool):
+    from rich.console import Console
+
+    from infer.engine.llm import LLM
+    from infer.models.resolve import resolve_model
+
+    from .kernels import kernels_compiled, mark_kernels_compiled
+
+    path = resolve_model(model_name)
+    console = Console(stderr=True)
+    first = not kernels_compiled()
+    msg = "Compiling kernels (first run only, about a minute)…" if first else f"Loading {path.name}…"
+    if quiet or not console.is_terminal:
+        llm = LLM.load(path, config)
+    else:
+        with console.status(msg):
+            llm = LLM.load(path, config)
+            llm.runner.warmup()
+    if first:
+        mark_kernels_compiled()
+    return llm
+
+
+def _generate(llm, ids: list[int], params, as_json: bool) -> None:
+    out = sys.stdout
+    text_parts: list[str] = []
+    final = None
+    for chunk in llm.generate(ids, params):
+        if chunk.text:
+            if as_json:
+                text_parts.append(chunk.text)
+            else:
+                out.write(chunk.text)
+                out.flush()
+        if chunk.finish_reason is not None:
+            final = chunk
+    st = final.stats
+    if as_json:
+        json.dump({
+            "text": "".join(text_parts),
+            "token_ids": final.token_ids,
+            "prompt_token_ids": ids,
+            "finish_reason": final.finish_reason,
+            "prompt_tokens": st.prompt_tokens,
+            "completion_tokens": st.completion_tokens,
+            "ttft_ms": round(st.ttft_ms, 2),
+            "prefill_tok_s": round(st.prefill_tok_s, 2),
+            "decode_tok_s": round(st.decode_tok_s, 2),
+        }, out, ensure_ascii=False)
+        out.write("\n")
+        return
+    out.write("\n")
+    sys.stderr.write(
+        f"prompt {st.prompt_tokens} tok · ttft {st.ttft_ms:.0f} ms · prefill {st.prefill_tok_s:.1f} tok/s · "
+        f"decode {st.decode_tok_s:.1f} tok/s ({st.completion_tokens} tok, {final.finish_reason})\n"
+    )

@@ -1,0 +1,402 @@
+"""The tokenizer of a GGUF model, giving the same ids and text as llama.cpp.
+
+Vocabulary loading mirrors llama.cpp's llama_vocab: token attributes from
+token_type, default and metadata special ids, the end-of-generation set found by
+token text, and special tokens split out of the text before the model runs.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from infer.engine.bpe import PRE_TOKENIZERS, ByteLevelBPE
+from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
+from infer.engine.spm import SentencePieceModel
+
+
+class TokenizerError(ValueError):
+    """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
+
+
+# llama.cpp's token attribute bits (llama_token_attr).
+UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 2, 4, 8, 16, 32
+LSTRIP, RSTRIP = 128, 256
+# GGUF token_type (0 undefined, 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+_TYPE_TO_ATTR = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
+
+SUPPORTED_MODELS = ("llama", "gpt2")
+
+# Token texts llama.cpp's loader recognises when the metadata names no id; a match
+# also gains the CONTROL attribute. With several matches llama.cpp takes whichever its
+# hash map yields first, which cannot be predicted; this takes the first in list order
+# (e.g. <|im_end|> over <|endoftext|>), the turn-ending token chat models stop on.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+              "<end_of_utterance>")
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+_C_SPACE = " \t\n\v\f\r"  # C isspace(), used for the lstrip/rstrip attributes
+
+_K = "tokenizer.ggml."
+
+
+class Tokenizer:
+    """Encode and decode text for one GGUF vocabulary; see `from_metadata`."""
+
+    def __init__(self, meta: dict[str, Any]):
+        model = meta.get(_K + "model")
+        if model not in SUPPORTED_MODELS:
+            raise TokenizerError(
+                f"unsupported tokenizer.ggml.model {model!r} (supported: {', '.join(SUPPORTED_MODELS)})"
+            )
+        self.model_type: str = model
+        tokens = meta.get(_K + "tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens list")
+        if "" in tokens:  # llama.cpp renames empty tokens so each text stays unique
+            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        self._tokens: list[str] = tokens
+        n = len(tokens)
+        self.vocab_size: int = n
+        self._token_to_id: dict[str, int] = {t: i for i, t in enumerate(tokens)}
+        self._attrs = self._load_attrs(meta.get(_K + "token_type"), n)
+        self._pieces: dict[tuple[int, bool], bytes] = {}  # token_to_piece cache, filled on use
+
+        self.pre: str | None = None
+        if model == "llama":
+            self._load_spm(meta)
+        else:
+            self._load_bpe(meta)
+        self._load_special_ids(meta)
+        self._detect_special_tokens(meta)
+        self._build_special_index()
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self.architecture: str = str(meta.get("general.architecture", ""))
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
+        return cls(meta)
+
+    # ------------------------------------------------------------------ loading
+
+    @staticmethod
+    def _load_attrs(token_type: Any, n: int) -> np.ndarray:
+        if token_type is None:
+            return np.full(n, NORMAL, dtype=np.uint16)
+        types = np.asarray(token_type, dtype=np.int64)
+        if types.ndim != 1 or types.size < n:
+            raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
+        types = types[:n]
+        attrs = np.zeros(n, dtype=np.uint16)  # unknown type values -> undefined, as llama.cpp
+        ok = (types >= 0) & (types < len(_TYPE_TO_ATTR))
+        attrs[ok] = _TYPE_TO_ATTR[types[ok]]
+        return attrs
+
+    def _load_spm(self, meta: dict[str, Any]) -> None:
+        scores = meta.get(_K + "scores")
+        if scores is None:
+            scores = np.zeros(self.vocab_size, dtype=np.float32)
+        scores = np.asarray(scores, dtype=np.float32)
+        if scores.size < self.vocab_size:
+            raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {self.vocab_size} tokens")
+        self.add_space_prefix = bool(meta.get(_K + "add_space_prefix", True))
+        self.clean_spaces = False
+        self.add_bos, self.add_eos = True, False
+        self._default_ids = {"bos": 1, "eos": 2, "unk": 0}
+        self._model = SentencePieceModel(self._token_to_id, scores, self.add_space_prefix)
+
+    def _load_bpe(self, meta: dict[str, Any]) -> None:
+        pre = meta.get(_K + "pre") or "default"  # llama.cpp falls back to 'default' with a warning
+        if pre not in PRE_TOKENIZERS:
+            raise TokenizerError(
+                f"unsupported tokenizer.ggml.pre {pre!r} for gpt2 vocabularies "
+                f"(supported: {', '.join(PRE_TOKENIZERS)})"
+            )
+        merges = meta.get(_K + "merges")
+        if not isinstance(merges, list):
+            raise TokenizerError("gpt2 vocabulary has no tokenizer.ggml.merges list")
+        spec = PRE_TOKENIZERS[pre]
+        self.pre = pre
+        self.add_space_prefix = bool(meta.get(_K + "add_space_prefix", False))
+        self.clean_spaces = spec.clean_spaces
+        self.add_bos, self.add_eos = spec.add_bos, False
+        self._default_ids = {"bos": 11, "eos": 11}
+        self._model = ByteLevelBPE(self._token_to_id, merges, spec)
+
+    def _load_special_ids(self, meta: dict[str, Any]) -> None:
+        n = self.vocab_size
+        ids: dict[str, int | None] = {}
+        names = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask",
+                 "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+        keys = {"unk": "unknown_token_id", "sep": "seperator_token_id", "pad": "padding_token_id"}
+        for name in names:
+            default = self._default_ids.get(name)
+            ids[name] = default if default is not None and default < n else None
+            value = meta.get(_K + keys.get(name, f"{name}_token_id"))
+            if value is not None and 0 <= int(value) < n:  # llama.cpp ignores out-of-range ids
+                ids[name] = int(value)
+        for name, old in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")):
+            value = meta.get(f"{_K}{old}_token_id")  # deprecated keys, still honoured
+            if value is not None and 0 <= int(value) < n:
+                ids[name] = int(value)
+        self._ids = ids
+        if _K + "add_bos_token" in meta:
+            self.add_bos = bool(meta[_K + "add_bos_token"])
+        if _K + "add_eos_token" in meta:
+            self.add_eos = bool(meta[_K + "add_eos_token"])
+
+    def _find_text(self, texts: Iterable[str]) -> list[int]:
+        found = (self._token_to_id.get(t) for t in texts)
+        return sorted(i for i in found if i is not None)
+
+    def _detect_special_tokens(self, meta: dict[str, Any]) -> None:
+        ids, attrs = self._ids, self._attrs
+        for name, texts in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), *_FIM_TEXTS.items()):
+            if ids[name] is None:
+                found = next((self._token_to_id[t] for t in texts if t in self._token_to_id), None)
+                if found is not None:
+                    ids[name] = found
+                    attrs[found] |= CONTROL
+        for tid in np.nonzero(attrs & CONTROL)[0]:
+            if "unused" in self._tokens[tid]:
+                attrs[tid] |= UNUSED
+
+        eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
+        for tid in self._find_text(_EOG_TEXTS):
+            eog.add(tid)
+            attrs[tid] |= CONTROL
+        for tid in self._find_text(_ALWAYS_RENDERED):
+            attrs[tid] = USER_DEFINED
+        eog.update(ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None)
+
+        texts = {self._tokens[t]: t for t in eog}
+        # Harmony-style vocabularies use <|end|> between messages, not to stop.
+        if "<|end|>" in texts and (
+            ("<|return|>" in texts and "<|call|>" in texts)
+            or (("<|call|>" in texts or "<|calls|>" in texts) and "<|flush|>" in texts)
+        ):
+            eog.discard(texts["<|end|>"])
+            attrs[texts["<|end|>"]] = USER_DEFINED
+        # Gemma 4 / PLaMo vocabularies have an ordinary '</s>'.
+        if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+            eog.discard(texts["</s>"])
+            attrs[texts["</s>"]] = NORMAL
+        self.eog_ids: frozenset[int] = frozenset(eog)
+
+        name = str(meta.get("general.name", "")).lower()
+        if "phi-3" in name or "phi3" in name:
+            # llama.cpp's per-model rule: Phi-3 special tokens eat the whitespace after them.
+            attrs[(attrs & (CONTROL | USER_DEFINED | UNKNOWN)) != 0] |= RSTRIP
+            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+                tid = self._token_to_id.get(text)
+                if tid is not None:
+                    attrs[tid] = attrs[tid] | RSTRIP if on else attrs[tid] & ~RSTRIP
+
+    def _build_special_index(self) -> None:
+        """Special tokens in llama.cpp's matching order (longest UTF-8 text first),
+        indexed by their first two characters so a text only tries the ones it may hold."""
+        special = np.nonzero(self._attrs & (CONTROL | USER_DEFINED | UNKNOWN))[0]
+        order = sorted(((-len(self._tokens[t].encode("utf-8")), int(t)) for t in special))
+        self._special_rank = {tid: rank for rank, (_, tid) in enumerate(order)}
+        self._special_by_prefix: dict[str, list[int]] = {}
+        for _, tid in order:
+            self._special_by_prefix.setdefault(self._tokens[tid][:2], []).append(tid)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._ids["bos"]
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._ids["eos"]
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._ids["eot"]
+
+    @property
+    def eom_id(self) -> int | None:
+        return self._ids["eom"]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._ids["unk"]
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._ids["pad"]
+
+    def is_eog(self, token_id: int) -> bool:
+        return token_id in self.eog_ids
+
+    def is_control(self, token_id: int) -> bool:
+        return bool(self._attrs[self._check_id(token_id)] & CONTROL)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tokens[self._check_id(token_id)]
+
+    def token_id(self, text: str) -> int | None:
+        """Id of the vocabulary entry spelled exactly `text`, if any."""
+        return self._token_to_id.get(text)
+
+    def _check_id(self, token_id: Any) -> int:
+        try:
+            tid = int(token_id)
+        except (TypeError, ValueError):
+            raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
+        if not 0 <= tid < self.vocab_size:
+            raise TokenizerError(f"token id {tid} out of range for a vocabulary of {self.vocab_size}")
+        return tid
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`, as llama_tokenize(text, add_special, parse_special).
+
+        add_special adds BOS/EOS where the vocabulary asks for them; parse_special lets
+        control tokens written in the text (e.g. '<start_of_turn>') become their ids.
+        User-defined tokens are always matched as whole tokens.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode() takes str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TokenizerError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self._required("bos"))
+        after_special = True
+        for frag in self._partition(text, parse_special):
+            if isinstance(frag, int):
+                out.append(frag)
+                after_special = True
+            else:
+                out.extend(self._model.encode(frag, after_special))
+                after_special = False
+        if add_special and self.add_eos:
+            out.append(self._required("eos"))
+        return out
+
+    def _required(self, name: str) -> int:
+        tid = self._ids[name]
+        if tid is None:
+            raise TokenizerError(f"vocabulary asks for a {name.upper()} token but defines none")
+        return tid
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Split special tokens out of `text`: each token in turn, longest first, takes
+        every non-overlapping occurrence in the text pieces left by the earlier ones."""
+        if not text:
+            return []
+        candidates: set[int] = set()
+        by_prefix = self._special_by_prefix
+        keys = set(text)
+        keys.update([text[i:i + 2] for i in range(len(text) - 1)])
+        for key in keys:
+            group = by_prefix.get(key)
+            if group:
+                candidates.update(group)
+        if not candidates:
+            return [text]
+        skip = 0 if parse_special else (CONTROL | UNKNOWN)
+        attrs, tokens = self._attrs, self._tokens
+        frags: list[str | int] = [text]
+        for tid in sorted(candidates, key=self._special_rank.__getitem__):
+            attr = int(attrs[tid])
+            if attr & skip:
+                continue
+            tok = tokens[tid]
+            if tok not in text:
+                continue
+            new: list[str | int] = []
+            for frag in frags:
+                if isinstance(frag, int) or tok not in frag:
+                    new.append(frag)
+                    continue
+                start = 0
+                while True:
+                    at = frag.find(tok, start)
+                    if at < 0:
+                        break
+                    left = frag[start:at]
+                    if attr & LSTRIP:
+                        left = left.rstrip(_C_SPACE)
+                    if left:
+                        new.append(left)
+                    new.append(tid)
+                    start = at + len(tok)
+                    if attr & RSTRIP:
+                        while start < len(frag) and frag[start] in _C_SPACE:
+                            start += 1
+                if start < len(frag):
+                    new.append(frag[start:])
+            frags = new
+        return frags
+
+    # ------------------------------------------------------------------ decoding
+
+    def token_to_piece(self, token_id: int, special: bool = False) -> bytes:
+        """Bytes of one token, as llama_token_to_piece (no leading-space strip).
+
+        Control and unknown tokens are empty unless `special`; byte tokens give their
+        byte; user-defined tokens their text; normal tokens their model-specific text.
+        """
+        key = (token_id, special)
+        piece = self._pieces.get(key)
+        if piece is None:
+            piece = self._make_piece(self._check_id(token_id), special)
+            self._pieces[key] = piece
+        return piece
+
+    def _make_piece(self, tid: int, special: bool) -> bytes:
+        attr = int(self._attrs[tid])
+        text = self._tokens[tid]
+        if attr & (CONTROL | UNKNOWN) and not special:
+            return b""
+        if attr & (CONTROL | UNKNOWN | USER_DEFINED):
+            return text.encode("utf-8")
+        if attr & NORMAL:
+            return self._model.normal_piece(text)
+        if attr & BYTE:
+            try:
+                return bytes([int(text[3:5], 16)])
+            except ValueError:
+                raise TokenizerError(f"byte token {tid} has malformed text {text!r}") from None
+        return b""  # unused and undefined tokens render as nothing
+
+    def decode(self, ids: Iterable[int], special: bool = False) -> str:
+        """Text of `ids`, as llama_detokenize(remove_special=False, unparse_special=special);
+        invalid UTF-8 (e.g. a cut-off byte sequence) becomes U+FFFD."""
+        parts = []
+        for i, tid in enumerate(ids):
+            piece = self.token_to_piece(tid, special)
+            if i == 0 and self.add_space_prefix and piece.startswith(b" "):
+                piece = piece[1:]
+            parts.append(piece)
+        data = b"".join(parts)
+        if self.clean_spaces:
+            data = clean_up_spaces(data)
+        return data.decode("utf-8", errors="replace")
+
+    def detokenizer(self, special: bool = False) -> IncrementalDetokenizer:
+        """A streaming decoder for generated tokens (see IncrementalDetokenizer)."""
+        return IncrementalDetokenizer(self, special)

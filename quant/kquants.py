@@ -1,0 +1,275 @@
+"""Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+
+Also the small helpers shared with `dequant.py` (`_F16`, `_f16`, `_fi`, `_shr`, `_len32`).
+Layouts follow ggml's block_q*_K structs; see /work/shared/docs/ggml-quants.md, and
+gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
+for the rules these loops follow to vectorize.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+QK_K = 256
+
+# f16 bits -> float32 for every 16-bit pattern, as numpy converts them (subnormals, inf, NaN).
+# numba freezes this global into the compiled code as a constant (also with cache=True).
+_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+@njit(cache=True, inline="always")
+def _f16(src, o):
+    # src: (k,) uint8; the little-endian f16 at byte o, as float32
+    return _F16[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+
+
+@njit(cache=True, inline="always")
+def _fi(x):
+    """Small integer -> float32 through int32.
+
+    numba widens integer arithmetic to int64; truncating to int32 first lets LLVM narrow the
+    whole expression and convert 16 lanes at a time (vcvtdq2ps) rather than 8 (vcvtqq2ps).
+    """
+    return np.float32(np.int32(x))
+
+
+@intrinsic
+def _shr(typingctx, x, k):
+    """x >> k in x's own width (uint8 stays 8-bit, uint32 32-bit); k must be below that width.
+
+    numba's `>>` widens to int64, and LLVM cannot narrow a right shift back, so vector code would
+    run in 64-bit lanes.  Shifting the narrow value keeps it in byte/dword lanes.
+    """
+    if not (isinstance(x, types.Integer) and isinstance(k, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        xv, kv = args
+        kv = context.cast(builder, kv, signature.args[1], signature.args[0])
+        return builder.ashr(xv, kv) if signature.args[0].signed else builder.lshr(xv, kv)
+
+    return x(x, k), codegen
+
+
+@njit(cache=True, inline="always")
+def _len32(n, nb, shift):
+    """32 for a row of n == nb * (32 << shift) elements, computed so that LLVM cannot see the constant.
+
+    Inner loops use it as their trip count: a literal range(32) is fully unrolled and then left
+    scalar, because nothing tells LLVM's SLP vectorizer that src and dst do not overlap; an
+    opaque count keeps the loop for the loop vectorizer, which checks the overlap at run time.
+    The min() keeps a malformed row in bounds and tells LLVM the loop runs at most 32 times.
+    Callers ensure nb > 0.
+    """
+    return min((n // nb) >> shift, 32)
+
+
+@njit(cache=True, inline="always")
+def _scale_min_k4(src, s, j):
+    # src: (k,) uint8 with the 12 packed scale bytes at s; (scale, min) of sub-block j (ggml's get_scale_min_k4)
+    if j < 4:
+        sc = np.int32(src[s + j]) & 63
+        m = np.int32(src[s + j + 4]) & 63
+    else:
+        sc = (np.int32(src[s + j + 4]) & 15) | ((np.int32(src[s + j - 4]) >> 6) << 4)
+        m = (np.int32(src[s + j + 4]) >> 4) | ((np.int32(src[s + j]) >> 6) << 4)
+    return sc, m
+
+
+@njit(cache=True)
+def dequant_row_q2_k(src, dst):
+    # src: (nb*84,) uint8, blocks of [scales[16], qs[64], d f16, dmin f16]; dst: (nb*256,) float32
+    # Element e = 128*hh + 32*k + 16*p + l (l < 16): q = (qs[32hh + 16p + l] >> 2k) & 3,
+    # scale byte scales[e // 16] = scales[8hh + 2k + p]: x = d*(sc & 15)*q - dmin*(sc >> 4).
+    n = dst.shape[0]
+    nb = min(n // QK_K, src.shape[0] // 84)
+    if nb == 0:
+        return
+    h = _len32(n, nb, 3) >> 1  # 16
+    for b in range(nb):
+        o = b * 84
+        t = b * QK_K
+        d = _f16(src, o + 80)
+        dmin = _f16(src, o + 82)
+        for hh in range(2):
+            s = o + 8 * hh  # scales[8hh + 2k + p]
+            d00, m00 = d * np.float32(src[s] & 15), dmin * np.float32(src[s] >> 4)
+            d01, m01 = d * np.float32(src[s + 1] & 15), dmin * np.float32(src[s + 1] >> 4)
+            d10, m10 = d * np.float32(src[s + 2] & 15), dmin * np.float32(src[s + 2] >> 4)
+            d11, m11 = d * np.float32(src[s + 3] & 15), dmin * np.float32(src[s + 3] >> 4)
+            d20, m20 = d * np.float32(src[s + 4] & 15), dmin * np.float32(src[s + 4] >> 4)
+            d21, m21 = d * np.float32(src[s + 5] & 15), dmin * np.float32(src[s + 5] >> 4)
+            d30, m30 = d * np.float32(src[s + 6] & 15), dmin * np.float32(src[s + 6] >> 4)
+            d31, m31 = d * np.float32(src[s + 7] & 15), dmin * np.float32(src[s + 7] >> 4)
+            q = o + 16 + 32 * hh
+            e = t + 128 * hh
+            for l in range(h):
+                x = src[q + l]  # p = 0
+                y = src[q + 16 + l]  # p = 1
+                dst[e + l] = d00 * _fi(x & 3) - m00
+                dst[e + 16 + l] = d01 * _fi(y & 3) - m01
+                dst[e + 32 + l] = d10 * _fi(_shr(x, 2) & 3) - m10
+                dst[e + 48 + l] = d11 * _fi(_shr(y, 2) & 3) - m11
+                dst[e + 64 + l] = d20 * _fi(_shr(x, 4) & 3) - m20
+                dst[e + 80 + l] = d21 * _fi(_shr(y, 4) & 3) - m21
+                dst[e + 96 + l] = d30 * _fi(_shr(x, 6)) - m30
+                dst[e + 112 + l] = d31 * _fi(_shr(y, 6)) - m31
+
+
+@njit(cache=True, inline="always")
+def _q3_scale(src, s, j):
+    # src: (k,) uint8 with Q3_K's 12 packed scale bytes at s; the 6-bit scale j, minus 32
+    if j < 8:
+        lo = np.int32(src[s + j]) & 15
+    else:
+        lo = np.int32(src[s + j - 8]) >> 4
+    hi = (np.int32(src[s + 8 + (j & 3)]) >> (2 * (j >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(cache=True)
+def dequant_row_q3_k(src, dst):
+    # src: (nb*110,) uint8, blocks of [hmask[32], qs[64], scales[12], d f16]; dst: (nb*256,) float32
+    # Element e = 128*hh + 32*k + 16*p + l (l < 16): low2 = (qs[32hh + 16p + l] >> 2k) & 3,
+    # hbit = (hmask[16p + l] >> (4hh + k)) & 1, q = low2 - 4 + 4*hbit; x = (d * s_{8hh+2k+p}) * q.
+    n = dst.shape[0]
+    nb = min(n // QK_K, src.shape[0] // 110)
+    if nb == 0:
+        return
+    h = _len32(n, nb, 3) >> 1  # 16
+    for b in range(nb):
+        o = b * 110
+        t = b * QK_K
+        d = _f16(src, o + 108)
+        for hh in range(2):
+            j = 8 * hh
+            d00 = d * np.float32(_q3_scale(src, o + 96, j))
+            d01 = d * np.float32(_q3_scale(src, o + 96, j + 1))
+            d10 = d * np.float32(_q3_scale(src, o + 96, j + 2))
+            d11 = d * np.float32(_q3_scale(src, o + 96, j + 3))
+            d20 = d * np.float32(_q3_scale(src, o + 96, j + 4))
+            d21 = d * np.float32(_q3_scale(src, o + 96, j + 5))
+            d30 = d * np.float32(_q3_scale(src, o + 96, j + 6))
+            d31 = d * np.float32(_q3_scale(src, o + 96, j + 7))
+            q = o + 32 + 32 * hh
+            e = t + 128 * hh
+            hs = 4 * hh
+            for l in range(h):
+                x = src[q + l]  # p = 0
+                y = src[q + 16 + l]  # p = 1
+                u = _shr(src[o + l], hs)  # hmask bits 4hh.. of p = 0
+                v = _shr(src[o + 16 + l], hs)  # and of p = 1
+                dst[e + l] = d00 * _fi((x & 3) + 4 * (u & 1) - 4)
+                dst[e + 16 + l] = d01 * _fi((y & 3) + 4 * (v & 1) - 4)
+                dst[e + 32 + l] = d10 * _fi((_shr(x, 2) & 3) + 2 * (u & 2) - 4)
+                dst[e + 48 + l] = d11 * _fi((_shr(y, 2) & 3) + 2 * (v & 2) - 4)
+                dst[e + 64 + l] = d20 * _fi((_shr(x, 4) & 3) + (u & 4) - 4)
+                dst[e + 80 + l] = d21 * _fi((_shr(y, 4) & 3) + (v & 4) - 4)
+                dst[e + 96 + l] = d30 * _fi(_shr(x, 6) + (_shr(u, 1) & 4) - 4)
+                dst[e + 112 + l] = d31 * _fi(_shr(y, 6) + (_shr(v, 1) & 4) - 4)
+
+
+@njit(cache=True)
+def dequant_row_q4_k(src, dst):
+    # src: (nb*144,) uint8, blocks of [d f16, dmin f16, scales[12], qs[128]]; dst: (nb*256,) float32
+    n = dst.shape[0]
+    nb = min(n // QK_K, src.shape[0] // 144)
+    if nb == 0:
+        return
+    w = _len32(n, nb, 3)  # 32
+    for b in range(nb):
+        o = b * 144
+        t = b * QK_K
+        d = _f16(src, o)
+        dmin = _f16(src, o + 2)
+        for c in range(4):  # 64 elements: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
+            sc1, m1 = _scale_min_k4(src, o + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, o + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            d2 = d * np.float32(sc2)
+            n1 = dmin * np.float32(m1)
+            n2 = dmin * np.float32(m2)
+            q = o + 16 + 32 * c
+            e = t + 64 * c
+            for l in range(w):
+                x = src[q + l]
+                dst[e + l] = d1 * _fi(x & 15) - n1
+                dst[e + 32 + l] = d2 * _fi(_shr(x, 4)) - n2
+
+
+@njit(cache=True)
+def dequant_row_q5_k(src, dst):
+    # src: (nb*176,) uint8, blocks of [d f16, dmin f16, scales[12], qh[32], qs[128]];
+    # dst: (nb*256,) float32
+    n = dst.shape[0]
+    nb = min(n // QK_K, src.shape[0] // 176)
+    if nb == 0:
+        return
+    w = _len32(n, nb, 3)  # 32
+    for b in range(nb):
+        o = b * 176
+        t = b * QK_K
+        d = _f16(src, o)
+        dmin = _f16(src, o + 2)
+        for c in range(4):
+            sc1, m1 = _scale_min_k4(src, o + 4, 2 * c)
+            sc2, m2 = _scale_min_k4(src, o + 4, 2 * c + 1)
+            d1 = d * np.float32(sc1)
+            d2 = d * np.float32(sc2)
+            n1 = dmin * np.float32(m1)
+            n2 = dmin * np.float32(m2)
+            q = o + 48 + 32 * c
+            qh = o + 16
+            e = t + 64 * c
+            s1 = 2 * c  # bit 2c of qh[l]: bit 4 of element 64c+l; bit 2c+1: of element 64c+32+l
+            for l in range(w):
+                x = src[q + l]
+                y = _shr(src[qh + l], s1)
+                dst[e + l] = d1 * _fi((x & 15) | ((y & 1) << 4)) - n1
+                dst[e + 32 + l] = d2 * _fi(_shr(x, 4) | ((y & 2) << 3)) - n2
+
+
+@njit(cache=True)
+def dequant_row_q6_k(src, dst):
+    # src: (nb*210,) uint8, blocks of [ql[128], qh[64], scales int8[16], d f16]; dst: (nb*256,) float32
+    # Element e = 128*hh + 32*k + 16*p + l (l < 16), i = 16p + l: low nibble of ql[64hh + 32*(k&1) + i]
+    # (high nibble for k >= 2), bits 4-5 from (qh[32hh + i] >> 2k) & 3; x = (d * scales[8hh+2k+p]) * (q - 32).
+    n = dst.shape[0]
+    nb = min(n // QK_K, src.shape[0] // 210)
+    if nb == 0:
+        return
+    h = _len32(n, nb, 3) >> 1  # 16
+    for b in range(nb):
+        o = b * 210
+        t = b * QK_K
+        d = _f16(src, o + 208)
+        for hh in range(2):
+            s = o + 192 + 8 * hh  # scales[8hh + 2k + p]
+            d00 = d * np.float32(np.int8(src[s]))
+            d01 = d * np.float32(np.int8(src[s + 1]))
+            d10 = d * np.float32(np.int8(src[s + 2]))
+            d11 = d * np.float32(np.int8(src[s + 3]))
+            d20 = d * np.float32(np.int8(src[s + 4]))
+            d21 = d * np.float32(np.int8(src[s + 5]))
+            d30 = d * np.float32(np.int8(src[s + 6]))
+            d31 = d * np.float32(np.int8(src[s + 7]))
+            ql = o + 64 * hh
+            qh = o + 128 + 32 * hh
+            e = t + 128 * hh
+            for l in range(h):
+                a0 = src[ql + l]  # p = 0, k = 0 / 2
+                a1 = src[ql + 16 + l]  # p = 1
+                c0 = src[ql + 32 + l]  # p = 0, k = 1 / 3
+                c1 = src[ql + 48 + l]
+                y0 = src[qh + l]
+                y1 = src[qh + 16 + l]
+                dst[e + l] = d00 * _fi(((a0 & 15) | ((y0 & 3) << 4)) - 32)
+                dst[e + 16 + l] = d01 * _fi(((a1 & 15) | ((y1 & 3) << 4)) - 32)
+                dst[e + 32 + l] = d10 * _fi(((c0 & 15) | ((y0 & 12) << 2)) - 32)
+                dst[e + 48 + l] = d11 * _fi(((c1 & 15) | ((y1 & 12) << 2)) - 32)
+                dst[e + 64 + l] = d20 * _fi((_shr(a0, 4) | (y0 & 48)) - 32)
+                dst[e + 80 + l] = d21 * _fi((_shr(a1, 4) | (y1 & 48)) - 32)
+                dst[e + 96 + l] = d30 * _fi((_shr(c0, 4) | (_shr(y0, 2) & 48)) - 32)
+                dst[e + 112 + l] = d31 * _fi((_shr(c1, 4) | (_shr(y1, 2) & 48)) - 32)

@@ -1,0 +1,45 @@
+"""A tensor kept in its GGML storage type: raw blocks, dequantized only on demand."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .types import qtype, row_bytes
+
+
+@dataclass(frozen=True, eq=False)
+class QTensor:
+    type_id: int
+    shape: tuple[int, ...]  # numpy order: (..., rows, n); n (GGML's ne0) is the row length
+    raw: np.ndarray  # (rows, row_bytes) uint8, usually a view of the memory-mapped file
+
+    @classmethod
+    def from_bytes(cls, type_id: int, shape: tuple[int, ...], buf: np.ndarray) -> "QTensor":
+        n = shape[-1]
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        rb = row_bytes(type_id, n)
+        if buf.size != rows * rb:
+            raise ValueError(f"tensor of shape {shape} and type {qtype(type_id).name} needs {rows * rb} bytes, got {buf.size}")
+        return cls(type_id, tuple(shape), buf.reshape(rows, rb))
+
+    @property
+    def type_name(self) -> str:
+        return qtype(self.type_id).name
+
+    @property
+    def rows(self) -> int:
+        return self.raw.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.size
+
+    def dequantize(self) -> np.ndarray:
+        from .dequant import dequantize
+
+        return dequantize(self.raw, self.type_id, self.shape)

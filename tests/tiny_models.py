@@ -1,0 +1,135 @@
+"""Tiny random-weight GGUF models, written with gguf's writer, for comparing logits with llama.cpp."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+
+# Weights are drawn like HF initializes these architectures (initializer_range 0.02); wider random
+# weights amplify 1-ulp differences through Q8 activation rounding until llama.cpp disagrees with itself.
+WEIGHT_STD = 0.02
+
+# Where each K-quant block keeps its f16 scales (byte offsets) and a scale that keeps weights within ~±0.04.
+_KQUANT_SCALES = {
+    GT.Q2_K: ((80, 82), 0.04 / 45),
+    GT.Q3_K: ((108,), 0.04 / 128),
+    GT.Q4_K: ((0, 2), 0.04 / 945),
+    GT.Q5_K: ((0, 2), 0.04 / 1953),
+    GT.Q6_K: ((208,), 0.04 / 4000),
+}
+
+ARCH_TYPES = {
+    # Each architecture's test covers a different mix of storage types.
+    "llama": {"attn_q": GT.Q4_0, "attn_k": GT.Q4_1, "attn_v": GT.Q5_0, "attn_output": GT.Q5_1,
+              "ffn_gate": GT.Q8_0, "ffn_up": GT.Q4_K, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0, "output": GT.Q6_K},
+    "qwen2": {"attn_q": GT.Q2_K, "attn_k": GT.Q3_K, "attn_v": GT.Q4_K, "attn_output": GT.Q5_K,
+              "ffn_gate": GT.Q6_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q4_K, "token_embd": GT.Q4_K},
+    "qwen3": {"attn_q": GT.F16, "attn_k": GT.BF16, "attn_v": GT.F32, "attn_output": GT.Q8_0,
+              "ffn_gate": GT.BF16, "ffn_up": GT.F16, "ffn_down": GT.F32, "token_embd": GT.F16},
+    "gemma3": {"attn_q": GT.Q5_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
+               "ffn_gate": GT.Q5_0, "ffn_up": GT.Q5_0, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0},
+}
+
+
+def _tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
+    rows, n = shape
+    if qtype in _KQUANT_SCALES:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, size=(rows, n // block_size, type_size), dtype=np.uint8)
+        offsets, scale = _KQUANT_SCALES[qtype]
+        for off in offsets:
+            f16 = (rng.uniform(0.5, 1.5, size=(rows, n // block_size)) * scale).astype(np.float16)
+            raw[:, :, off:off + 2] = f16.view(np.uint8).reshape(rows, n // block_size, 2)
+        return raw.reshape(rows, -1), qtype
+    x = rng.normal(0, WEIGHT_STD, size=shape).astype(np.float32)
+    if qtype == GT.F32:
+        return x, qtype
+    if qtype == GT.F16:
+        return x.astype(np.float16), qtype
+    return gguf.quants.quantize(x, qtype), qtype
+
+
+def _spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    i = 0
+    while len(tokens) < n_vocab:
+        tokens.append("▁" + letters[i % 26] + letters[(i // 26) % 26])
+        types.append(1)
+        i += 1
+    scores = [0.0] * 259 + [-float(j) for j in range(len(tokens) - 259)]
+    return tokens, scores, types
+
+
+def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -> Path:
+    rng = np.random.default_rng(seed)
+    D, H, Hkv, hd, F = 256, 4, 2, 64, 512
+    n_layer = 6 if arch == "gemma3" else 2
+    types = ARCH_TYPES[arch]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_context_length(256)
+    w.add_embedding_length(D)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
+    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
+    if arch == "gemma3":
+        w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+    tokens, scores, ttypes = _spm_vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(ttypes)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:
+        if len(shape) == 1:  # norms and biases stay F32
+            w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
+            return
+        data, qt = _tensor(rng, shape, qtype)
+        if qt in (GT.F32, GT.F16):
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
+
+    add("token_embd.weight", (n_vocab, D), types["token_embd"])
+    add("output_norm.weight", (D,))
+    if "output" in types:
+        add("output.weight", (n_vocab, D), types["output"])
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (D,))
+        add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
+        add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
+        add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
+        add(p + "attn_output.weight", (D, H * hd), types["attn_output"])
+        if arch == "qwen2":
+            add(p + "attn_q.bias", (H * hd,))
+            add(p + "attn_k.bias", (Hkv * hd,))
+            add(p + "attn_v.bias", (Hkv * hd,))
+        if arch in ("qwen3", "gemma3"):
+            add(p + "attn_q_norm.weight", (hd,))
+            add(p + "attn_k_norm.weight", (hd,))
+        if arch == "gemma3":
+            add(p + "post_attention_norm.weight", (D,))
+            add(p + "post_ffw_norm.weight", (D,))
+        add(p + "ffn_norm.weight", (D,))
+        add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
+        add(p + "ffn_up.weight", (F, D), types["ffn_up"])
+        add(p + "ffn_down.weight", (D, F), types["ffn_down"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -15,6 +15,12 @@ app = typer.Typer(
 )
 
 
+
+@app.callback()
+def _root() -> None:
+    """Run quantized LLMs locally: infer run, with more commands to come."""
+
+
 def _configure_numba_cache() -> None:
     """Keep numba's compiled kernels under the infer home when the package folder is read-only."""
     if "NUMBA_CACHE_DIR" in os.environ:

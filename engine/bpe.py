@@ -8,6 +8,7 @@ plus ByteLevel(use_regex=False) and a BPE model reproduce exactly that pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
@@ -33,16 +34,16 @@ _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 # in `tokenizers` knows Unicode 16. Characters new in 16.0 are unassigned to llama.cpp
 # (so neither letter, digit nor punctuation); these are the ones onig would put in
 # \p{L}, \p{N} or \p{P}, removed from those classes below.
-_UNICODE16 = {
-    "L": r"\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65}"
+_UNICODE16 = (
+    ("L", r"\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65}"
          r"\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC4}\x{11380}-\x{11389}\x{1138B}\x{1138E}"
          r"\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{13460}-\x{143FA}"
-         r"\x{16100}-\x{1611D}\x{16D40}-\x{16D6C}\x{18CFF}\x{1E5D0}-\x{1E5ED}\x{1E5F0}",
-    "N": r"\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{16130}-\x{16139}"
-         r"\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E5F1}-\x{1E5FA}",
-    "P": r"\x{1B4E}-\x{1B4F}\x{1B7F}\x{10D6E}\x{113D4}-\x{113D5}\x{113D7}-\x{113D8}\x{11BE1}"
-         r"\x{16D6D}-\x{16D6F}\x{1E5FF}",
-}
+         r"\x{16100}-\x{1611D}\x{16D40}-\x{16D6C}\x{18CFF}\x{1E5D0}-\x{1E5ED}\x{1E5F0}"),
+    ("N", r"\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{16130}-\x{16139}"
+         r"\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E5F1}-\x{1E5FA}"),
+    ("P", r"\x{1B4E}-\x{1B4F}\x{1B7F}\x{10D6E}\x{113D4}-\x{113D5}\x{113D7}-\x{113D8}\x{11BE1}"
+         r"\x{16D6D}-\x{16D6F}\x{1E5FF}"),
+)
 
 
 def _as_llama_cpp_classes(regex: str) -> str:
@@ -50,7 +51,7 @@ def _as_llama_cpp_classes(regex: str) -> str:
 
     A nested class works both alone and inside [...] (where onig takes the union).
     """
-    for cat, extra in _UNICODE16.items():
+    for cat, extra in _UNICODE16:
         regex = regex.replace(rf"\p{{{cat}}}", rf"[\p{{{cat}}}&&[^{extra}]]")
     return regex
 
@@ -65,7 +66,7 @@ class PreTokenizer:
 
 _LLAMA3_PRE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
 _QWEN2_PRE = PreTokenizer((_QWEN2,), clean_spaces=False)
-PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+PRE_TOKENIZERS: MappingProxyType[str, PreTokenizer] = MappingProxyType({
     "default": PreTokenizer(_DEFAULT),
     "gpt-2": PreTokenizer((_GPT2,)),
     "phi-2": PreTokenizer((_GPT2,)),
@@ -74,7 +75,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "llama-v3": _LLAMA3_PRE,
     "qwen2": _QWEN2_PRE,
     "deepseek-r1-qwen": _QWEN2_PRE,
-}
+})
 
 
 def _byte_to_unicode() -> list[str]:

@@ -105,6 +105,7 @@ class SentencePieceModel:
         for b in piece.encode("utf-8"):
             tid = self._byte_ids[b]
             if tid is None:
+                # Imported here because tokenizer.py imports this module.
                 from infer.engine.tokenizer import TokenizerError
 
                 raise TokenizerError(

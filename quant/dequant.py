@@ -5,14 +5,27 @@ prange loop) to expand one row of raw GGUF bytes into float32.  `dequantize(raw,
 is the Python entry point for whole tensors.  Results are bit-identical to
 `gguf.quants.dequantize` (float32, multiplying left to right, no fused multiply-add).
 
-Speed notes, all measured on the generated assembly:
+The row functions never raise and never allocate.  A row whose sizes disagree is expanded only
+as far as both arrays hold whole blocks (the rest of dst is left as it was); an unknown type id
+fills dst with NaN.  Validate shapes and types before the hot loop (`dequantize` does).  A raise
+in a row function would also cost speed: numba then keeps reference-count updates on src and
+dst (atomic operations on the meminfo that all rows of a tensor share) around every call.
+
+How the loops are written so that LLVM vectorizes them (checked on the generated assembly):
 - Inner loops run over a trip count LLVM cannot see (`_len32`).  A literal `range(32)` gets fully
   unrolled and then left scalar: the SLP vectorizer cannot prove that the uint8 source and the
   float32 destination do not overlap.  A real loop goes to the loop vectorizer instead, which
-  checks the overlap once at run time and emits 256/512-bit code (vpmovsxbd, vcvtdq2ps, vmulps).
-- No array views inside the hot per-block types: a view creates a reference (an atomic
-  increment on the parent's meminfo, shared by all rows and all threads).
+  checks the overlap at run time and emits 512-bit code (vpmovzxbd, vcvtdq2ps, vmulps).
+- Each loop does as much of a block as it can (K-quants: 8 outputs per iteration), because the
+  set-up around each vectorized loop costs about as much as one 16-lane iteration.
+- numba widens integer arithmetic to int64.  `_fi` converts through int32 and `_shr` shifts
+  right in the value's own width, so that LLVM can keep the vector code in 32-bit lanes.
+- No array views in the row functions (a view takes a reference); F32/BF16 bits are
+  reinterpreted with a bitcast intrinsic (`_as_f32`).
 - f16 scales go through `_F16`, a 65536-entry float32 table frozen into the code as a constant.
+
+numba's on-disk cache does not follow calls into other modules: after editing kquants.py,
+delete quant/__pycache__/*.nbi and *.nbc, or dequant_row keeps the old K-quant code.
 """
 from __future__ import annotations
 

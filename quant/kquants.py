@@ -174,6 +174,8 @@ def dequant_row_q3_k(src, dst):
 @njit(cache=True)
 def dequant_row_q4_k(src, dst):
     # src: (nb*144,) uint8, blocks of [d f16, dmin f16, scales[12], qs[128]]; dst: (nb*256,) float32
+    # Element 64c + l (l < 32) is the low nibble of qs[32c + l], element 64c + 32 + l its high
+    # nibble; sub-block j = e // 32 has (sc, m) = get_scale_min_k4(j): x = (d*sc)*q - dmin*m.
     n = dst.shape[0]
     nb = min(n // QK_K, src.shape[0] // 144)
     if nb == 0:
@@ -184,25 +186,42 @@ def dequant_row_q4_k(src, dst):
         t = b * QK_K
         d = _f16(src, o)
         dmin = _f16(src, o + 2)
-        for c in range(4):  # 64 elements: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles)
-            sc1, m1 = _scale_min_k4(src, o + 4, 2 * c)
-            sc2, m2 = _scale_min_k4(src, o + 4, 2 * c + 1)
-            d1 = d * np.float32(sc1)
-            d2 = d * np.float32(sc2)
-            n1 = dmin * np.float32(m1)
-            n2 = dmin * np.float32(m2)
-            q = o + 16 + 32 * c
-            e = t + 64 * c
-            for l in range(w):
-                x = src[q + l]
-                dst[e + l] = d1 * _fi(x & 15) - n1
-                dst[e + 32 + l] = d2 * _fi(_shr(x, 4)) - n2
+        sc, m = _scale_min_k4(src, o + 4, 0)
+        d0, n0 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 1)
+        d1, n1 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 2)
+        d2, n2 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 3)
+        d3, n3 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 4)
+        d4, n4 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 5)
+        d5, n5 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 6)
+        d6, n6 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 7)
+        d7, n7 = d * np.float32(sc), dmin * np.float32(m)
+        q = o + 16
+        for l in range(w):
+            x0 = src[q + l]
+            x1 = src[q + 32 + l]
+            x2 = src[q + 64 + l]
+            x3 = src[q + 96 + l]
+            dst[t + l] = d0 * _fi(x0 & 15) - n0
+            dst[t + 32 + l] = d1 * _fi(_shr(x0, 4)) - n1
+            dst[t + 64 + l] = d2 * _fi(x1 & 15) - n2
+            dst[t + 96 + l] = d3 * _fi(_shr(x1, 4)) - n3
+            dst[t + 128 + l] = d4 * _fi(x2 & 15) - n4
+            dst[t + 160 + l] = d5 * _fi(_shr(x2, 4)) - n5
+            dst[t + 192 + l] = d6 * _fi(x3 & 15) - n6
+            dst[t + 224 + l] = d7 * _fi(_shr(x3, 4)) - n7
 
 
 @njit(cache=True)
 def dequant_row_q5_k(src, dst):
     # src: (nb*176,) uint8, blocks of [d f16, dmin f16, scales[12], qh[32], qs[128]];
-    # dst: (nb*256,) float32
+    # dst: (nb*256,) float32.  As Q4_K, plus bit 4 of element 32j + l = bit j of qh[l].
     n = dst.shape[0]
     nb = min(n // QK_K, src.shape[0] // 176)
     if nb == 0:
@@ -213,22 +232,38 @@ def dequant_row_q5_k(src, dst):
         t = b * QK_K
         d = _f16(src, o)
         dmin = _f16(src, o + 2)
-        for c in range(4):
-            sc1, m1 = _scale_min_k4(src, o + 4, 2 * c)
-            sc2, m2 = _scale_min_k4(src, o + 4, 2 * c + 1)
-            d1 = d * np.float32(sc1)
-            d2 = d * np.float32(sc2)
-            n1 = dmin * np.float32(m1)
-            n2 = dmin * np.float32(m2)
-            q = o + 48 + 32 * c
-            qh = o + 16
-            e = t + 64 * c
-            s1 = 2 * c  # bit 2c of qh[l]: bit 4 of element 64c+l; bit 2c+1: of element 64c+32+l
-            for l in range(w):
-                x = src[q + l]
-                y = _shr(src[qh + l], s1)
-                dst[e + l] = d1 * _fi((x & 15) | ((y & 1) << 4)) - n1
-                dst[e + 32 + l] = d2 * _fi(_shr(x, 4) | ((y & 2) << 3)) - n2
+        sc, m = _scale_min_k4(src, o + 4, 0)
+        d0, n0 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 1)
+        d1, n1 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 2)
+        d2, n2 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 3)
+        d3, n3 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 4)
+        d4, n4 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 5)
+        d5, n5 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 6)
+        d6, n6 = d * np.float32(sc), dmin * np.float32(m)
+        sc, m = _scale_min_k4(src, o + 4, 7)
+        d7, n7 = d * np.float32(sc), dmin * np.float32(m)
+        qh = o + 16
+        q = o + 48
+        for l in range(w):
+            y = src[qh + l]
+            x0 = src[q + l]
+            x1 = src[q + 32 + l]
+            x2 = src[q + 64 + l]
+            x3 = src[q + 96 + l]
+            dst[t + l] = d0 * _fi((x0 & 15) | ((y & 1) << 4)) - n0
+            dst[t + 32 + l] = d1 * _fi(_shr(x0, 4) | ((y & 2) << 3)) - n1
+            dst[t + 64 + l] = d2 * _fi((x1 & 15) | ((y & 4) << 2)) - n2
+            dst[t + 96 + l] = d3 * _fi(_shr(x1, 4) | ((y & 8) << 1)) - n3
+            dst[t + 128 + l] = d4 * _fi((x2 & 15) | (y & 16)) - n4
+            dst[t + 160 + l] = d5 * _fi(_shr(x2, 4) | (_shr(y, 1) & 16)) - n5
+            dst[t + 192 + l] = d6 * _fi((x3 & 15) | (_shr(y, 2) & 16)) - n6
+            dst[t + 224 + l] = d7 * _fi(_shr(x3, 4) | (_shr(y, 3) & 16)) - n7
 
 
 @njit(cache=True)

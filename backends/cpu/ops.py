@@ -67,13 +67,13 @@ def rope_cache(positions, n_rot, base, pos_scale, freq_factors, cos_out, sin_out
     # positions: (T,) int32; freq_factors: (n_rot/2,) f32 (ones when the model has none)
     # cos_out, sin_out: (T, n_rot/2) f32
     # theta is advanced by repeated float32 multiplication, as ggml does, so angles match llama.cpp.
-    theta_scale = np.float32(base ** (-2.0 / n_rot))
+    theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot))
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(n_rot // 2):
-            angle = pos_scale * theta / freq_factors[i]
-            cos_out[t, i] = math.cos(angle)
-            sin_out[t, i] = math.sin(angle)
+            angle = np.float32(pos_scale) * (theta / freq_factors[i])
+            cos_out[t, i] = np.cos(angle)
+            sin_out[t, i] = np.sin(angle)
             theta = np.float32(theta * theta_scale)
 
 

@@ -78,8 +78,12 @@ def _as_f32(typingctx, bits):
         return None
 
     def codegen(context, builder, signature, args):
-        low = builder.trunc(args[0], ir.IntType(32)) if bits.bitwidth > 32 else args[0]
-        return builder.bitcast(low, ir.FloatType())
+        v = args[0]
+        if bits.bitwidth > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif bits.bitwidth < 32:
+            v = builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
 
     return types.float32(bits), codegen
 

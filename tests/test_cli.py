@@ -1,0 +1,112 @@
+"""`infer run` as a user runs it: a subprocess, its stdout, stderr and exit code."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_models import write_tiny_model
+
+
+def infer(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "infer.cli", *args], capture_output=True, text=True,
+                          input=input, timeout=timeout, env=env)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def test_run_default_model_json():
+    r = infer("run", "Say hello.", "--temperature", "0", "--max-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"text", "token_ids", "prompt_token_ids", "finish_reason", "prompt_tokens",
+                        "completion_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s"}
+    assert out["prompt_token_ids"][:2] == [2, 105]  # <bos><start_of_turn>: Gemma's built-in template
+    assert 1 <= out["completion_tokens"] <= 8 and len(out["token_ids"]) == out["completion_tokens"]
+    assert out["finish_reason"] in ("stop", "length") and out["text"]
+
+
+def test_run_streams_text_and_stats_line():
+    r = infer("run", "Count: 1, 2, 3,", "--raw", "--temperature", "0", "--max-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "ttft" in r.stderr and "decode" in r.stderr and "prompt" in r.stderr
+
+
+def test_run_is_reproducible_with_seed():
+    args = ("run", "Tell me a word.", "--seed", "7", "--temperature", "1.0", "--max-tokens", "8", "--json")
+    a, b = infer(*args), infer(*args)
+    assert json.loads(a.stdout)["token_ids"] == json.loads(b.stdout)["token_ids"]
+
+
+def test_stop_string_ends_generation():
+    r = infer("run", "1, 2, 3, 4, 5, 6,", "--raw", "--temperature", "0", "--max-tokens", "20",
+              "--stop", "9", "--json")
+    out = json.loads(r.stdout)
+    assert "9" not in out["text"] and out["finish_reason"] == "stop", out
+
+
+def test_missing_model_path():
+    assert_one_line_error(infer("run", "/nope/model.gguf", "hi"), "not found")
+
+
+def test_not_a_gguf(tmp_path: Path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"hello, not a model" * 10)
+    assert_one_line_error(infer("run", str(p), "hi"), str(p), "not a GGUF")
+
+
+def test_truncated_gguf(tmp_path: Path, gemma_path: Path):
+    p = tmp_path / "cut.gguf"
+    with open(gemma_path, "rb") as f:
+        p.write_bytes(f.read(50_000_000))
+    assert_one_line_error(infer("run", str(p), "hi"), str(p), "truncated")
+
+
+def test_truncated_header(tmp_path: Path, gemma_path: Path):
+    p = tmp_path / "head.gguf"
+    with open(gemma_path, "rb") as f:
+        p.write_bytes(f.read(4000))
+    assert_one_line_error(infer("run", str(p), "hi"), "truncated")
+
+
+def test_unknown_architecture(tmp_path: Path):
+    import gguf
+    import numpy as np
+
+    p = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(p), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_one_line_error(infer("run", str(p), "hi"), "unsupported architecture 'mamba'", "llama, qwen2, qwen3, gemma3")
+
+
+def test_prompt_longer_than_context():
+    r = infer("run", "word " * 200, "--ctx", "64", "--raw")
+    assert_one_line_error(r, "context")
+
+
+def test_bad_sampling_value():
+    assert_one_line_error(infer("run", "hi", "--top-p", "1.5"), "top_p")
+
+
+def test_tiny_model_runs(tmp_path: Path):
+    p = write_tiny_model(tmp_path / "tiny.gguf", "qwen3")
+    r = infer("run", str(p), "abc", "--raw", "--temperature", "0", "--max-tokens", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["completion_tokens"] >= 1

@@ -1,21 +1,23 @@
 """Products of activations with weights kept in their GGML block types.
 
-Small batches (decode) dequantize one weight row at a time into a per-thread buffer and
-dot it with every activation row: the row is read from memory once per step, and the
-dot is one long contiguous loop that LLVM vectorizes. Large batches (prefill) dequantize
-the whole matrix once and hand the float product to BLAS.
+Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8 tiles and
+multiplied as llama.cpp does, with 8-bit activations and exact integer block dots (qdot.py).
+Float weights (F32, F16, BF16) keep the float path: small batches dequantize one weight row at
+a time into a per-thread buffer and dot it with every activation row; large batches dequantize
+the whole matrix once and hand the product to BLAS.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from infer.quant import types as qt
 from infer.quant.dequant import dequant_row, dequant_rows
 
 from .ops import f16_round
+from .qdot import matmul_packed
+from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_ROUNDING, NC, PackedWeight, packed  # noqa: F401
 
-# Above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
+# Float weights: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
 BLAS_MIN_ROWS = 16
 ROW_TILE = 4  # weight rows dequantized together so each activation row is reused from L1
 
@@ -43,16 +45,6 @@ def qmatmul_rows(type_id, w, x, out, scratch):
                     for k in range(K):
                         acc += buf[j, k] * x[t, k]
                     out[t, r0 + j] = acc
-
-
-# How llama.cpp rounds the activations before a dot product with each weight type ("vec_dot_type").
-# Applying the same rounding keeps our logits within llama.cpp's own rounding of the same file.
-ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
-ACT_ROUNDING = {
-    qt.F32: ACT_NONE, qt.F16: ACT_F16, qt.BF16: ACT_BF16,
-    qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_0, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_0, qt.Q8_0: ACT_Q8_0,
-    qt.Q2_K: ACT_Q8_K, qt.Q3_K: ACT_Q8_K, qt.Q4_K: ACT_Q8_K, qt.Q5_K: ACT_Q8_K, qt.Q6_K: ACT_Q8_K,
-}
 
 
 @njit(cache=True)
@@ -107,13 +99,33 @@ class MatmulWorkspace:
 
     def __init__(self, max_tokens: int, max_k: int, max_weight_elems: int, n_chunks: int):
         self.n_chunks = n_chunks
+        self.max_tokens, self.max_k = max_tokens, max_k
+        # float weights
         self.xr = np.zeros((max_tokens, max_k), np.float32)
         self.tiles = np.zeros((n_chunks, ROW_TILE, max_k), np.float32)
         self.dense = np.zeros(max_weight_elems, np.float32)
+        # quantized activations for the packed kernels; flat, so that (T, K) views are C-contiguous
+        # (numba compiles strided 'A' arrays into slower, unvectorized code)
+        self.xq = np.zeros(max_tokens * max_k, np.float32)
+        self.dxb = np.zeros(max_tokens * max_k // 16, np.float32)
+        self.bsum = np.zeros(max_tokens * max_k // 16, np.float32)
+        self.acc = np.zeros((n_chunks, 4, NC), np.float32)
 
 
-def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) -> None:
-    """out (T, N) = x (T, K) @ W.T for a QTensor W of shape (N, K)."""
+def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 0) -> None:
+    """out[:, col0:col0+N] = x (T, K) @ W.T for W of shape (N, K): a QTensor or its PackedWeight.
+
+    out may be wider than N (several products side by side).
+    """
+    pw = w if isinstance(w, PackedWeight) else packed(w)
+    if pw is not None:
+        x = np.ascontiguousarray(x, np.float32)
+        matmul_packed(pw.act, x, pw.q, pw.s, pw.m, pw.has_min, pw.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        return
+    _float_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
+
+
+def _float_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) -> None:
     T = x.shape[0]
     N, K = w.raw.shape[0], w.shape[-1]
     mode = ACT_ROUNDING[w.type_id]

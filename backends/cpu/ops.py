@@ -4,21 +4,59 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from infer.quant.dequant import dequant_row
+from infer.quant.kquants import _F16
+
+
+@njit(cache=True)
+def f16_bits(b):
+    # b: the bits (uint32) of a float32 below 65520 in magnitude -> the bits of the nearest IEEE half
+    # (ties to even), as a uint32
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    a = b & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x38800000):  # a normal half: round the mantissa to 10 bits, rebias the exponent
+        r = (a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        return sign | (r - np.uint32(112 << 10))
+    if a <= np.uint32(0x33000000):  # at most half the smallest subnormal: zero (the tie goes to even)
+        return sign
+    e = a >> np.uint32(23)
+    m = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+    shift = np.uint32(126) - e  # 14..24: the subnormal step 2**-24 in units of the mantissa
+    q = m >> shift
+    rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+    half = np.uint32(1) << (shift - np.uint32(1))
+    if rem > half or (rem == half and (q & np.uint32(1)) != 0):
+        q += np.uint32(1)
+    return sign | q
+
+
+@intrinsic
+def _f32_bits(typingctx, v):
+    """The bits of a float32 as a uint32 (a bitcast, no memory)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(v), codegen
 
 
 @njit(cache=True)
 def f16_round(v):
     # float32 -> nearest IEEE half (ties to even) -> float32; numba has no float16 scalars.
-    a = abs(v)
-    if a == 0 or a != a:
-        return np.float32(v)
-    m, e = math.frexp(a)  # a = m * 2**e, 0.5 <= m < 1
-    ulp_exp = max(e - 11, -24)  # 11 significant bits; subnormal halves have a fixed 2**-24 step
-    r = math.ldexp(np.rint(math.ldexp(a, -ulp_exp)), ulp_exp)
-    if r > 65504.0:
-        r = np.inf
-    return np.float32(r if v > 0 else -r)
+    v = np.float32(v)
+    b = _f32_bits(v)
+    a = b & np.uint32(0x7FFFFFFF)
+    if a > np.uint32(0x7F800000):  # NaN
+        return v
+    if a >= np.uint32(0x477FF000):  # from 65520 up, the nearest half is infinity
+        return np.float32(np.inf) if b == a else np.float32(-np.inf)
+    return _F16[f16_bits(b)]
 
 
 @njit(cache=True)
@@ -99,26 +137,161 @@ def rope(x, cos_t, sin_t, neox):
                     x[t, h, 2 * i + 1] = a * sin_t[t, i] + b * cos_t[t, i]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True)
+def _gelu_f16_formula(h):
+    # ggml's tanh GELU of an f16 value h, as float32, rounded to f16 (one entry of its table);
+    # no fastmath, so the table does not depend on how this compiles (the sign of zeros included)
+    return f16_round(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(
+        np.float32(0.7978845608028654) * h * (np.float32(1.0) + np.float32(0.044715) * h * h)))))
+
+
+@njit(cache=True)
+def _gelu_table(halves, out):
+    # halves: (65536,) f32, every f16 value; out: (65536,) f32 GELU of each (NaN/inf entries unused)
+    for i in range(halves.shape[0]):
+        out[i] = _gelu_f16_formula(halves[i])
+
+
+# ggml_gelu keeps GELU in a table indexed by the f16 bits of the input; so do we (the formula
+# with tanh per element was most of the FFN's time).
+_HALVES = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+GELU_F16 = np.zeros(65536, np.float32)
+_gelu_table(_HALVES, GELU_F16)
+
+
+@njit(cache=True)
+def _gelu_slow(g):
+    # ggml_gelu for one value: exact outside ±10, else the f16 table at the nearest half of g
+    if g <= -10.0:
+        return np.float32(0.0)
+    if g >= 10.0:
+        return g
+    return GELU_F16[f16_bits(_f32_bits(g))]
+
+
+@njit(cache=True)
+def glu(gu, F, gelu, out):
+    # gu: (T, 2F) f32 C-contiguous, gate then up side by side; out: (T, F) f32 = act(gate) * up
+    # Serial: with the table, a whole prompt's activations take about a millisecond.
+    T = gu.shape[0]
+    gbits = gu.view(np.uint32)
+    for t in range(T):
+        if gelu:
+            # f16(gelu(f16(g))) from the table, as ggml_gelu.  First every element as if it were a normal
+            # half below 10 in magnitude (branch-free, so it vectorizes), then the rare others again.
+            for i in range(F):
+                b = gbits[t, i]
+                a = min(max(b & np.uint32(0x7FFFFFFF), np.uint32(0x38800000)), np.uint32(0x411FFFFF))
+                h = ((a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)) - np.uint32(112 << 10)
+                out[t, i] = GELU_F16[((b >> np.uint32(16)) & np.uint32(0x8000)) | h] * gu[t, F + i]
+            for i in range(F):
+                a = gbits[t, i] & np.uint32(0x7FFFFFFF)
+                if a < np.uint32(0x38800000) or a >= np.uint32(0x41200000):  # tiny, >= 10, inf or NaN
+                    out[t, i] = _gelu_slow(gu[t, i]) * gu[t, F + i]
+        else:
+            for i in range(F):
+                g = gu[t, i]
+                out[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[t, F + i]
+
+
 def gated_act(gate, up, gelu, out):
-    # gate, up, out: (T, F) f32; out = act(gate) * up
-    T, F = gate.shape
-    for t in prange(T):
-        for i in range(F):
-            g = gate[t, i]
-            if gelu:
-                # tanh approximation through an f16 table, as ggml_gelu: f16(gelu(f16(g))), exact outside ±10
-                if g <= -10.0:
-                    a = np.float32(0.0)
-                elif g >= 10.0:
-                    a = g
-                else:
-                    h = f16_round(g)
-                    a = f16_round(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(
-                        np.float32(0.7978845608028654) * h * (np.float32(1.0) + np.float32(0.044715) * h * h)))))
+    """out (T, F) = act(gate) * up."""
+    F = gate.shape[1]
+    glu(np.ascontiguousarray(np.concatenate([gate, up], axis=1)), F, gelu, out)
+
+
+@njit(cache=True, fastmath=True)
+def _rmsnorm_row(x, w, eps, out):
+    # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row of rmsnorm, same arithmetic
+    D = x.shape[0]
+    ss = np.float32(0.0)
+    for i in range(D):
+        ss += x[i] * x[i]
+    scale = np.float32(1.0) / np.float32(math.sqrt(ss / D + eps))
+    for i in range(D):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
+    # One token's Q or K: dst (H, hd) = round_f16(rope(norm(src + bias)) * scale), each step optional:
+    # bias (H*hd,) or (0,); norm (hd,) or (0,) (per-head RMSNorm); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
+    H, D = dst.shape
+    for h in range(H):
+        for i in range(D):
+            v = src[h * D + i]
+            if bias.shape[0] > 0:
+                v += bias[h * D + i]
+            dst[h, i] = v
+        if norm.shape[0] > 0:
+            _rmsnorm_row(dst[h], norm, eps, dst[h])
+        if rot:
+            half = cos_t.shape[0]
+            if neox:
+                for i in range(half):
+                    a = dst[h, i]
+                    b = dst[h, i + half]
+                    dst[h, i] = a * cos_t[i] - b * sin_t[i]
+                    dst[h, i + half] = a * sin_t[i] + b * cos_t[i]
             else:
-                a = g / (np.float32(1.0) + np.float32(math.exp(-g)))
-            out[t, i] = a * up[t, i]
+                for i in range(half):
+                    a = dst[h, 2 * i]
+                    b = dst[h, 2 * i + 1]
+                    dst[h, 2 * i] = a * cos_t[i] - b * sin_t[i]
+                    dst[h, 2 * i + 1] = a * sin_t[i] + b * cos_t[i]
+        if scale != 1.0:
+            for i in range(D):
+                dst[h, i] *= scale
+    round_f16(dst)
+
+
+@njit(cache=True)
+def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, k, v, kf, vf):
+    # What follows the Q/K/V products, in one call: biases, per-head norms, RoPE, the Q prescale and
+    # the f16 rounding of Q, K and V (llama.cpp keeps K/V in f16 and rounds Q for its products).
+    # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
+    # q_norm, k_norm: (hd,) or (0,); cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
+    # q: (T, H, hd) f32 out; k: (T, Hkv, hd), v: (T, Hkv, hdv) uint16 out, f16 bits: the cache rows of
+    # these tokens; kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch
+    T = qkv.shape[0]
+    Nq = q.shape[1] * q.shape[2]
+    Nk = k.shape[1] * k.shape[2]
+    Nv = v.shape[1] * v.shape[2]
+    kb = kf.reshape(Nk).view(np.uint32)
+    vb = vf.reshape(Nv).view(np.uint32)
+    for t in range(T):
+        row = qkv[t]
+        _heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
+        _heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
+        _heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
+        kt = k[t].reshape(Nk)
+        vt = v[t].reshape(Nv)
+        for i in range(Nk):
+            kt[i] = f16_bits(kb[i])
+        for i in range(Nv):
+            vt[i] = f16_bits(vb[i])
+
+
+@njit(cache=True, fastmath=True)
+def residual_norm(x, o, post_norm, eps, next_norm, xn):
+    # After a block: x += norm(o) (o normalized in place by post_norm unless it is (0,)), then
+    # xn = norm(x) by next_norm, the input of the next block.  x, o, xn: (T, D) f32; norms: (D,) f32
+    for t in range(x.shape[0]):
+        if post_norm.shape[0] > 0:
+            _rmsnorm_row(o[t], post_norm, eps, o[t])
+        for i in range(x.shape[1]):
+            x[t, i] += o[t, i]
+        _rmsnorm_row(x[t], next_norm, eps, xn[t])
+
+
+@njit(cache=True)
+def embed(type_id, raw, tokens, scale, out):
+    # tokens: (T,) int32; raw: (V, row_bytes) uint8 embedding rows; out: (T, D) f32 = rows * scale
+    for t in range(tokens.shape[0]):
+        dequant_row(type_id, raw[tokens[t]], out[t])
+        if scale != 1.0:
+            for i in range(out.shape[1]):
+                out[t, i] *= scale
 
 
 @njit(cache=True, fastmath=True)

@@ -1,0 +1,279 @@
+"""Weights repacked once, at load, into the layout the matrix kernels (qdot.py) stream best.
+
+Every block-quantized GGML type stores each weight as `scale * q - min` with a small integer q
+and a float scale (and min) per block of 16 or 32 elements.  We expand that into:
+
+- q: (NT, nb, G, NC) int8, the integer quants, in tiles of NC rows.  Within a tile the NC rows
+  of one column k lie next to each other, so the kernel's innermost loop runs over rows: long,
+  contiguous and free of reductions, which is what vectorizes well.  (A 32-element block loop
+  inside a row loop does not.)  Every block of a tile is one contiguous G*NC-byte run, so a
+  tile streams from memory in order.
+- s, m: (NT, nb, NC) scale and min of each block of each row: the f16 bits (uint16) for the
+  legacy types, whose scales are f16 values, float32 for the K-quants (m is a (1, nb, NC) zero
+  placeholder for types without mins).
+
+G is 32 for the legacy types, Q4_K and Q5_K, 16 for Q2_K, Q3_K and Q6_K (their sub-blocks).
+Rows are padded with zeros up to a whole tile.  The scale products are formed exactly as
+`infer.quant.dequant` forms them (e.g. d * sc in float32), so s * q - m is bit-identical to the
+dequantized weight.  Weights that take the same input can be stacked into one matrix (Q, K and
+V; gate and up), so one call computes them side by side.  Repacking is a parallel pass over the
+tensor; the raw tensor stays in place for the embedding lookup.  The packed copy of the default
+model takes about 290 MB (int8: 1 byte per weight, against 4.5 to 8.5 bits in the file).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from infer.quant import types as qt
+from infer.quant.kquants import _F16
+
+from .ops import f16_bits
+
+# How llama.cpp rounds the activations before a dot product with each weight type ("vec_dot_type").
+# Applying the same rounding keeps our logits within llama.cpp's own rounding of the same file.
+ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+ACT_ROUNDING = {
+    qt.F32: ACT_NONE, qt.F16: ACT_F16, qt.BF16: ACT_BF16,
+    qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_0, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_0, qt.Q8_0: ACT_Q8_0,
+    qt.Q2_K: ACT_Q8_K, qt.Q3_K: ACT_Q8_K, qt.Q4_K: ACT_Q8_K, qt.Q5_K: ACT_Q8_K, qt.Q6_K: ACT_Q8_K,
+}
+
+NC = 64  # rows per tile: 4 vectors of 16 lanes, enough independent work per column to hide latency
+
+# Elements per scale block of each repackable type.
+GROUP = {
+    qt.Q4_0: 32, qt.Q4_1: 32, qt.Q5_0: 32, qt.Q5_1: 32, qt.Q8_0: 32,
+    qt.Q2_K: 16, qt.Q3_K: 16, qt.Q4_K: 32, qt.Q5_K: 32, qt.Q6_K: 16,
+}
+HAS_MIN = {qt.Q4_1, qt.Q5_1, qt.Q2_K, qt.Q4_K, qt.Q5_K}
+# Types whose block scales (and mins) are f16 values: kept as f16 bits, half the bytes of float32.
+# (K-quant scales are products d * sc, not representable in f16.)
+F16_SCALES = {qt.Q4_0, qt.Q4_1, qt.Q5_0, qt.Q5_1, qt.Q8_0}
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """A (N, K) weight as int8 quants in row tiles plus float32 block scales (see module doc)."""
+
+    type_id: int  # GGML type (of the first part, for a concatenation: all share G, mins and activation rounding)
+    n: int  # rows N (output features)
+    k: int  # row length K (input features)
+    group: int  # G
+    q: np.ndarray  # (NT, K//G, G, NC) int8
+    s: np.ndarray  # (NT, K//G, NC) float32, or uint16 f16 bits for F16_SCALES types
+    m: np.ndarray  # (NT, K//G, NC) like s; (1, K//G, NC) zeros when the type has no mins
+    has_min: bool
+    src: tuple  # the QTensors it was packed from, stacked row-wise
+    act: int  # how the activations are rounded for it (matmul.ACT_ROUNDING of its type)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.s.nbytes + self.m.nbytes
+
+
+@njit(cache=True, inline="always")
+def _h(src, o):
+    # src: (k,) uint8; the little-endian f16 at byte o, as float32
+    return _F16[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+
+
+@njit(cache=True, inline="always")
+def _k4_scale_min(src, s, j):
+    # Q4_K/Q5_K: (scale, min) of sub-block j from the 12 packed bytes at s (ggml's get_scale_min_k4)
+    if j < 4:
+        return np.int32(src[s + j]) & 63, np.int32(src[s + j + 4]) & 63
+    sc = (np.int32(src[s + j + 4]) & 15) | ((np.int32(src[s + j - 4]) >> 6) << 4)
+    mn = (np.int32(src[s + j + 4]) >> 4) | ((np.int32(src[s + j]) >> 6) << 4)
+    return sc, mn
+
+
+@njit(cache=True, inline="always")
+def _q3_scale(src, s, j):
+    # Q3_K: the 6-bit scale j from the 12 packed bytes at s, minus 32
+    lo = (np.int32(src[s + j]) & 15) if j < 8 else (np.int32(src[s + j - 8]) >> 4)
+    hi = (np.int32(src[s + 8 + (j & 3)]) >> (2 * (j >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(cache=True)
+def unpack_row(type_id, src, q, s, m):
+    # src: (row_bytes,) uint8, one raw row; q: (K,) int8 quants; s, m: (K//G,) float32 block scale
+    # and min, so that weight k = s[k // G] * q[k] - m[k // G] (m untouched for types without mins)
+    K = q.shape[0]
+    if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
+        size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
+            22 if type_id == qt.Q5_0 else 24)  # bytes per block
+        off = 8 if type_id == qt.Q4_0 else 16 if type_id == qt.Q5_0 else 0  # q - off is the signed quant
+        for b in range(K // 32):
+            o = b * size
+            t = b * 32
+            s[b] = _h(src, o)
+            if type_id == qt.Q8_0:
+                for j in range(32):
+                    q[t + j] = np.int8(np.int32(src[o + 2 + j]) - (np.int32(src[o + 2 + j]) >> 7 << 8))
+                continue
+            if type_id == qt.Q4_1 or type_id == qt.Q5_1:
+                m[b] = -_h(src, o + 2)
+            qh = np.int64(0)
+            if type_id == qt.Q5_0 or type_id == qt.Q5_1:
+                p = o + 2 if type_id == qt.Q5_0 else o + 4
+                qh = np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16) | (np.int64(src[p + 3]) << 24)
+            qs = o + size - 16
+            for j in range(16):
+                x = np.int32(src[qs + j])
+                q[t + j] = (x & 15) + (((qh >> j) & 1) << 4) - off
+                q[t + 16 + j] = (x >> 4) + (((qh >> (j + 16)) & 1) << 4) - off
+    elif type_id == qt.Q4_K or type_id == qt.Q5_K:
+        size = 144 if type_id == qt.Q4_K else 176
+        qs = 16 if type_id == qt.Q4_K else 48
+        for b in range(K // 256):
+            o = b * size
+            d = _h(src, o)
+            dmin = _h(src, o + 2)
+            for j in range(8):
+                sc, mn = _k4_scale_min(src, o + 4, j)
+                s[8 * b + j] = d * np.float32(sc)
+                m[8 * b + j] = dmin * np.float32(mn)
+                t = 256 * b + 32 * j
+                base = o + qs + 32 * (j >> 1)
+                sh = 4 * (j & 1)
+                for l in range(32):
+                    v = (np.int32(src[base + l]) >> sh) & 15
+                    if type_id == qt.Q5_K:
+                        v |= ((np.int32(src[o + 16 + l]) >> j) & 1) << 4
+                    q[t + l] = v
+    elif type_id == qt.Q2_K or type_id == qt.Q3_K or type_id == qt.Q6_K:
+        size = 84 if type_id == qt.Q2_K else 110 if type_id == qt.Q3_K else 210
+        for b in range(K // 256):
+            o = b * size
+            for hh in range(2):
+                for kk in range(4):
+                    for p in range(2):
+                        sb = 16 * b + 8 * hh + 2 * kk + p  # the 16-element sub-block
+                        t = 16 * sb
+                        if type_id == qt.Q2_K:
+                            sc = np.int32(src[o + 8 * hh + 2 * kk + p])
+                            s[sb] = _h(src, o + 80) * np.float32(sc & 15)
+                            m[sb] = _h(src, o + 82) * np.float32(sc >> 4)
+                            for l in range(16):
+                                q[t + l] = (np.int32(src[o + 16 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
+                        elif type_id == qt.Q3_K:
+                            s[sb] = _h(src, o + 108) * np.float32(_q3_scale(src, o + 96, 8 * hh + 2 * kk + p))
+                            for l in range(16):
+                                lo = (np.int32(src[o + 32 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
+                                hb = (np.int32(src[o + 16 * p + l]) >> (4 * hh + kk)) & 1
+                                q[t + l] = lo + 4 * hb - 4
+                        else:
+                            sc = np.int32(src[o + 192 + 8 * hh + 2 * kk + p])
+                            s[sb] = _h(src, o + 208) * np.float32(sc - (sc >> 7 << 8))
+                            for l in range(16):
+                                i = 16 * p + l
+                                lo = (np.int32(src[o + 64 * hh + 32 * (kk & 1) + i]) >> (4 * (kk >> 1))) & 15
+                                hi = (np.int32(src[o + 128 + 32 * hh + i]) >> (2 * kk)) & 3
+                                q[t + l] = (lo | (hi << 4)) - 32
+
+
+@njit(cache=True, parallel=True)
+def pack_rows(type_id, raw, q, s, m, has_min, rq, rs, rm):
+    # raw: (N, row_bytes) uint8; q: (NT, nb, G, NC) int8; s, m: (NT, nb, NC) f32 (m: (1, nb, NC) zeros if no mins)
+    # rq: (n_chunks, NC, K) int8, rs, rm: (n_chunks, NC, nb) f32 scratch, one tile's rows per parallel chunk
+    N = raw.shape[0]
+    NT, nb, G, nc = q.shape
+    n_chunks = rq.shape[0]
+    for c in prange(n_chunks):
+        tq, ts, tm = rq[c], rs[c], rm[c]
+        for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
+            for r in range(nc):
+                row = tile * nc + r
+                if row < N:
+                    unpack_row(type_id, raw[row], tq[r], ts[r], tm[r])
+                else:  # padding rows: zero weights
+                    tq[r, :] = 0
+                    ts[r, :] = 0.0
+                    tm[r, :] = 0.0
+            # transpose into the tile, rows innermost: contiguous writes
+            qt, st = q[tile], s[tile]
+            mt = m[tile] if has_min else m[0]
+            for b in range(nb):
+                for r in range(nc):
+                    st[b, r] = ts[r, b]
+                if has_min:
+                    for r in range(nc):
+                        mt[b, r] = tm[r, b]
+                for j in range(G):
+                    for r in range(nc):
+                        qt[b, j, r] = tq[r, b * G + j]
+
+
+def pack_weight(w) -> PackedWeight | None:
+    """The repacked form of a 2-D QTensor, or None for types kept as they are (F32, F16, BF16)."""
+    return pack_stacked((w,))
+
+
+def stackable(ws) -> bool:
+    """Whether QTensors of the same row length can be packed as one matrix, their rows stacked:
+    every type repackable with the same block size, mins and activation rounding, and every part
+    but the last a whole number of tiles (so each part's outputs start at a known column)."""
+    return (
+        all(w.type_id in GROUP for w in ws)
+        and len({(GROUP[w.type_id], w.type_id in HAS_MIN, w.type_id in F16_SCALES, ACT_ROUNDING[w.type_id],
+                  w.shape[-1]) for w in ws}) == 1
+        and all(w.raw.shape[0] % NC == 0 for w in ws[:-1])
+    )
+
+
+def pack_stacked(ws) -> PackedWeight | None:
+    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be."""
+    ws = tuple(ws)
+    if not stackable(ws):
+        return None
+    t0 = ws[0].type_id
+    G, has_min, K = GROUP[t0], t0 in HAS_MIN, ws[0].shape[-1]
+    nts = [-(-w.raw.shape[0] // NC) for w in ws]
+    nt, nb = sum(nts), K // G
+    q = np.empty((nt, nb, G, NC), np.int8)
+    s = np.empty((nt, nb, NC), np.float32)
+    m = np.empty((nt, nb, NC), np.float32) if has_min else np.zeros((1, nb, NC), np.float32)
+    n_chunks = min(16, max(nts))
+    rq = np.empty((n_chunks, NC, K), np.int8)
+    rs = np.zeros((n_chunks, NC, nb), np.float32)
+    rm = np.zeros((n_chunks, NC, nb), np.float32)
+    a = 0
+    for w, n in zip(ws, nts):
+        pack_rows(w.type_id, w.raw, q[a:a + n], s[a:a + n], m[a:a + n] if has_min else m, has_min, rq, rs, rm)
+        a += n
+    if t0 in F16_SCALES:
+        s, m = _to_f16_bits(s), _to_f16_bits(m)
+    return PackedWeight(t0, sum(w.raw.shape[0] for w in ws), K, G, q, s, m, has_min, ws, ACT_ROUNDING[t0])
+
+
+def _to_f16_bits(a: np.ndarray) -> np.ndarray:
+    out = np.empty(a.shape, np.uint16)
+    f32_to_f16_bits(a.reshape(-1), out.reshape(-1))
+    return out
+
+
+@njit(cache=True, parallel=True)
+def f32_to_f16_bits(a, out):
+    # a: (n,) f32 values that are f16 values (exactly); out: (n,) uint16 their f16 bits
+    bits = a.view(np.uint32)
+    for i in prange(a.shape[0]):
+        out[i] = f16_bits(bits[i])
+
+
+# Packed copies are made once per tensor (or stack of tensors, keyed on the first) and shared by
+# every runner of the same weights; they live as long as the tensor.
+_PACKED: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+
+def packed(w, *more) -> PackedWeight | None:
+    """pack_stacked((w, *more)), computed once per tuple of tensors."""
+    group = _PACKED.setdefault(w, {})
+    key = tuple(id(t) for t in more)
+    if key not in group:
+        group[key] = pack_stacked((w, *more))
+    return group[key]

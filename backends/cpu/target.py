@@ -1,0 +1,45 @@
+"""What the CPU that numba compiles for offers, for the kernels written as explicit LLVM vector code.
+
+Numba compiles for the host CPU unless NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise (for a
+portable cache, say); its on-disk cache is keyed on that CPU, so these choices stay consistent
+with the cached code.  Neither choice affects results, only speed.
+"""
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba.core import config
+
+
+def _features() -> str:
+    if config.CPU_FEATURES is not None:
+        return config.CPU_FEATURES
+    return llvm.get_host_cpu_features().flatten() if (config.CPU_NAME or "host") == "host" else ""
+
+
+_FEATURES = _features()
+_TRIPLE = llvm.get_process_triple()
+
+# float32 lanes per vector: 16 with AVX-512, else 8 (two 128-bit registers on NEON: LLVM splits)
+VECTOR_WIDTH = 16 if "+avx512f" in _FEATURES else 8
+
+# Whether f16 -> f32 has an instruction (x86 F16C: vcvtph2ps; every aarch64).  Without one, LLVM would
+# call a runtime helper that numba does not link, so half_to_float below converts with integer ops.
+F16_NATIVE = "+f16c" in _FEATURES or _TRIPLE.startswith(("aarch64", "arm64"))
+
+
+def half_to_float(builder, bits):
+    """<n x i16> f16 bits -> <n x float>.  Finite values only (K/V and block scales are finite)."""
+    n = bits.type.count
+    f32 = ir.VectorType(ir.FloatType(), n)
+    if F16_NATIVE:
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), n)), f32)
+    i32 = ir.VectorType(ir.IntType(32), n)
+    b = builder.zext(bits, i32)
+    splat = lambda v: ir.Constant(i32, [v] * n)
+    # exponent and mantissa moved into float32 position, then scaled by 2**112 to rebias the
+    # exponent (15 -> 127); subnormal halves come out right too, as float32 denormals times 2**112
+    mag = builder.bitcast(builder.shl(builder.and_(b, splat(0x7FFF)), splat(13)), f32)
+    val = builder.fmul(mag, ir.Constant(f32, [2.0 ** 112] * n))
+    sign = builder.shl(builder.and_(b, splat(0x8000)), splat(16))
+    return builder.bitcast(builder.or_(builder.bitcast(val, i32), sign), f32)

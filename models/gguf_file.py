@@ -113,10 +113,6 @@ class GGUFFile:
         return str(self.metadata.get("general.architecture", ""))
 
 
-def read_metadata(path: str | Path) -> dict[str, Any]:
-    return read_gguf(path).metadata
-
-
 def read_gguf(path: str | Path) -> GGUFFile:
     """Parse a GGUF file; tensor data stays on disk behind a read-only memory map."""
     path = Path(path)

@@ -8,7 +8,6 @@ for the rules these loops follow to vectorize.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 

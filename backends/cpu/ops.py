@@ -86,20 +86,6 @@ def rmsnorm(x, w, eps, out):
             out[t, i] = x[t, i] * scale * w[i]
 
 
-@njit(cache=True, fastmath=True)
-def rmsnorm_heads(x, w, eps):
-    # x: (T, H, D) f32, normalized in place per head; w: (D,) f32
-    T, H, D = x.shape
-    for t in range(T):
-        for h in range(H):
-            ss = np.float32(0.0)
-            for i in range(D):
-                ss += x[t, h, i] * x[t, h, i]
-            scale = np.float32(1.0) / np.float32(math.sqrt(ss / D + eps))
-            for i in range(D):
-                x[t, h, i] = x[t, h, i] * scale * w[i]
-
-
 @njit(cache=True)
 def rope_cache(positions, n_rot, base, pos_scale, freq_factors, cos_out, sin_out):
     # positions: (T,) int32; freq_factors: (n_rot/2,) f32 (ones when the model has none)
@@ -113,28 +99,6 @@ def rope_cache(positions, n_rot, base, pos_scale, freq_factors, cos_out, sin_out
             cos_out[t, i] = np.cos(angle)
             sin_out[t, i] = np.sin(angle)
             theta = np.float32(theta * theta_scale)
-
-
-@njit(cache=True, fastmath=True)
-def rope(x, cos_t, sin_t, neox):
-    # x: (T, H, D) f32 rotated in place over its first 2*cos_t.shape[1] dims
-    # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
-    T, H, D = x.shape
-    half = cos_t.shape[1]
-    for t in range(T):
-        for h in range(H):
-            if neox:
-                for i in range(half):
-                    a = x[t, h, i]
-                    b = x[t, h, i + half]
-                    x[t, h, i] = a * cos_t[t, i] - b * sin_t[t, i]
-                    x[t, h, i + half] = a * sin_t[t, i] + b * cos_t[t, i]
-            else:
-                for i in range(half):
-                    a = x[t, h, 2 * i]
-                    b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * cos_t[t, i] - b * sin_t[t, i]
-                    x[t, h, 2 * i + 1] = a * sin_t[t, i] + b * cos_t[t, i]
 
 
 @njit(cache=True)
@@ -192,12 +156,6 @@ def glu(gu, F, gelu, out):
             for i in range(F):
                 g = gu[t, i]
                 out[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[t, F + i]
-
-
-def gated_act(gate, up, gelu, out):
-    """out (T, F) = act(gate) * up."""
-    F = gate.shape[1]
-    glu(np.ascontiguousarray(np.concatenate([gate, up], axis=1)), F, gelu, out)
 
 
 @njit(cache=True, fastmath=True)
@@ -292,24 +250,6 @@ def embed(type_id, raw, tokens, scale, out):
         if scale != 1.0:
             for i in range(out.shape[1]):
                 out[t, i] *= scale
-
-
-@njit(cache=True, fastmath=True)
-def add_into(x, y):
-    # x, y: (T, D) f32; x += y
-    T, D = x.shape
-    for t in range(T):
-        for i in range(D):
-            x[t, i] += y[t, i]
-
-
-@njit(cache=True, fastmath=True)
-def add_bias(x, b):
-    # x: (T, D) f32; b: (D,) f32
-    T, D = x.shape
-    for t in range(T):
-        for i in range(D):
-            x[t, i] += b[i]
 
 
 @njit(cache=True)

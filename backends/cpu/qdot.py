@@ -213,13 +213,6 @@ def quantize_row(mode, x, xq, dxb, bsum):
 
 
 @njit(cache=True, parallel=True)
-def quantize_activations(mode, x, xq, dxb, bsum):
-    # x: (T, K) f32; xq: (T, K), dxb, bsum: (T, K//16) f32: quantize_row for every token
-    for t in prange(x.shape[0]):
-        quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
-
-
-@njit(cache=True, parallel=True)
 def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)

@@ -209,11 +209,6 @@ def pack_rows(type_id, raw, q, s, m, has_min, rq, rs, rm):
                         qt[b, j, r] = tq[r, b * G + j]
 
 
-def pack_weight(w) -> PackedWeight | None:
-    """The repacked form of a 2-D QTensor, or None for types kept as they are (F32, F16, BF16)."""
-    return pack_stacked((w,))
-
-
 def stackable(ws) -> bool:
     """Whether QTensors of the same row length can be packed as one matrix, their rows stacked:
     every type repackable with the same block size, mins and activation rounding, and every part

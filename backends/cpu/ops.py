@@ -73,17 +73,27 @@ def round_f16(x):
             u[i] = (b + np.uint32(0x0FFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True)
+def _rms_scale(x, eps):
+    # x: (D,) f32 -> 1/sqrt(mean(x*x) + eps) with ggml's arithmetic: float32 squares summed in double,
+    # a float32 mean, float32 sqrt and division. Normalized activations reach hundreds on Gemma, so a
+    # 1-ulp difference here flips a Q8 activation rounding downstream; no fastmath.
+    D = x.shape[0]
+    s = 0.0
+    for i in range(D):
+        s += np.float32(x[i] * x[i])
+    mean = np.float32(s / D)
+    return np.float32(1.0) / np.float32(math.sqrt(np.float32(mean + eps)))
+
+
+@njit(cache=True)
 def rmsnorm(x, w, eps, out):
     # x: (T, D) f32; w: (D,) f32; out: (T, D) f32 (may alias x)
     T, D = x.shape
     for t in range(T):
-        ss = np.float32(0.0)
+        scale = _rms_scale(x[t], eps)
         for i in range(D):
-            ss += x[t, i] * x[t, i]
-        scale = np.float32(1.0) / np.float32(math.sqrt(ss / D + eps))
-        for i in range(D):
-            out[t, i] = x[t, i] * scale * w[i]
+            out[t, i] = np.float32(x[t, i] * scale) * w[i]
 
 
 @njit(cache=True)
@@ -158,16 +168,12 @@ def glu(gu, F, gelu, out):
                 out[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[t, F + i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True)
 def _rmsnorm_row(x, w, eps, out):
     # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row of rmsnorm, same arithmetic
-    D = x.shape[0]
-    ss = np.float32(0.0)
-    for i in range(D):
-        ss += x[i] * x[i]
-    scale = np.float32(1.0) / np.float32(math.sqrt(ss / D + eps))
-    for i in range(D):
-        out[i] = x[i] * scale * w[i]
+    scale = _rms_scale(x, eps)
+    for i in range(x.shape[0]):
+        out[i] = np.float32(x[i] * scale) * w[i]
 
 
 @njit(cache=True, fastmath=True)

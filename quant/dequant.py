@@ -22,7 +22,7 @@ How the loops are written so that LLVM vectorizes them (checked on the generated
   right in the value's own width, so that LLVM can keep the vector code in 32-bit lanes.
 - No array views in the row functions (a view takes a reference); F32/BF16 bits are
   reinterpreted with a bitcast intrinsic (`_as_f32`).
-- f16 scales go through `_F16`, a 65536-entry float32 table frozen into the code as a constant.
+- f16 scales go through `F16_TO_F32`, a 65536-entry float32 table frozen into the code as a constant.
 
 numba's on-disk cache does not follow calls into other modules: after editing kquants.py,
 delete quant/__pycache__/*.nbi and *.nbc, or dequant_row keeps the old K-quant code.
@@ -36,8 +36,8 @@ from numba.extending import intrinsic
 
 from infer.quant import types as qt
 from infer.quant.kquants import (
-    _F16,
-    _f16,
+    F16_TO_F32,
+    f16_at,
     _fi,
     _shr,
     _len32,
@@ -106,7 +106,7 @@ def dequant_row_f16(src, dst):
     # src: (2*n,) uint8, little-endian f16 bits; dst: (n,) float32
     n = min(dst.shape[0], src.shape[0] // 2)
     for i in range(n):
-        dst[i] = _F16[np.int64(src[2 * i]) | (np.int64(src[2 * i + 1]) << 8)]
+        dst[i] = F16_TO_F32[np.int64(src[2 * i]) | (np.int64(src[2 * i + 1]) << 8)]
 
 
 @njit(cache=True)
@@ -131,7 +131,7 @@ def dequant_row_q4_0(src, dst):
     for b in range(nb):
         o = b * 18
         t = b * 32
-        d = _f16(src, o)
+        d = f16_at(src, o)
         for j in range(h):
             x = src[o + 2 + j]
             dst[t + j] = d * _fi((x & 15) - 8)
@@ -149,8 +149,8 @@ def dequant_row_q4_1(src, dst):
     for b in range(nb):
         o = b * 20
         t = b * 32
-        d = _f16(src, o)
-        m = _f16(src, o + 2)
+        d = f16_at(src, o)
+        m = f16_at(src, o + 2)
         for j in range(h):
             x = src[o + 4 + j]
             dst[t + j] = d * _fi(x & 15) + m
@@ -179,7 +179,7 @@ def dequant_row_q5_0(src, dst):
     for b in range(nb):
         o = b * 22
         t = b * 32
-        d = _f16(src, o)
+        d = f16_at(src, o)
         qh = _u32(src, o + 2)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 6 + j]
@@ -200,8 +200,8 @@ def dequant_row_q5_1(src, dst):
     for b in range(nb):
         o = b * 24
         t = b * 32
-        d = _f16(src, o)
-        m = _f16(src, o + 2)
+        d = f16_at(src, o)
+        m = f16_at(src, o + 2)
         qh = _u32(src, o + 4)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 8 + j]
@@ -222,7 +222,7 @@ def dequant_row_q8_0(src, dst):
     for b in range(nb):
         o = b * 34
         t = b * 32
-        d = _f16(src, o)
+        d = f16_at(src, o)
         for j in range(k):
             dst[t + j] = d * _fi(np.int8(src[o + 2 + j]))
 

@@ -1,6 +1,7 @@
 """Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
-Also the small helpers shared with `dequant.py` (`_F16`, `_f16`, `_fi`, `_shr`, `_len32`).
+Also the helpers shared with `dequant.py` (`_fi`, `_shr`, `_len32`) and, under public names
+(`F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`), with the CPU backend's weight repacking.
 Layouts follow ggml's block_q*_K structs; see /work/shared/docs/ggml-quants.md, and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
 for the rules these loops follow to vectorize.
@@ -15,13 +16,13 @@ QK_K = 256
 
 # f16 bits -> float32 for every 16-bit pattern, as numpy converts them (subnormals, inf, NaN).
 # numba freezes this global into the compiled code as a constant (also with cache=True).
-_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @njit(cache=True, inline="always")
-def _f16(src, o):
+def f16_at(src, o):
     # src: (k,) uint8; the little-endian f16 at byte o, as float32
-    return _F16[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+    return F16_TO_F32[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
 
 
 @njit(cache=True, inline="always")
@@ -66,7 +67,7 @@ def _len32(n, nb, shift):
 
 
 @njit(cache=True, inline="always")
-def _scale_min_k4(src, s, j):
+def scale_min_k4(src, s, j):
     # src: (k,) uint8 with the 12 packed scale bytes at s; (scale, min) of sub-block j (ggml's get_scale_min_k4)
     if j < 4:
         sc = np.int32(src[s + j]) & 63
@@ -75,6 +76,25 @@ def _scale_min_k4(src, s, j):
         sc = (np.int32(src[s + j + 4]) & 15) | ((np.int32(src[s + j - 4]) >> 6) << 4)
         m = (np.int32(src[s + j + 4]) >> 4) | ((np.int32(src[s + j]) >> 6) << 4)
     return sc, m
+
+
+@njit(cache=True, inline="always")
+def k4_scales(src, o):
+    # src: (k,) uint8 with a Q4_K/Q5_K super-block at byte o -> its 8 (scale, min) pairs as float32,
+    # d * sc_j and dmin * m_j, as scalars: the row loops keep them in registers
+    d = f16_at(src, o)
+    dmin = f16_at(src, o + 2)
+    sc0, m0 = scale_min_k4(src, o + 4, 0)
+    sc1, m1 = scale_min_k4(src, o + 4, 1)
+    sc2, m2 = scale_min_k4(src, o + 4, 2)
+    sc3, m3 = scale_min_k4(src, o + 4, 3)
+    sc4, m4 = scale_min_k4(src, o + 4, 4)
+    sc5, m5 = scale_min_k4(src, o + 4, 5)
+    sc6, m6 = scale_min_k4(src, o + 4, 6)
+    sc7, m7 = scale_min_k4(src, o + 4, 7)
+    f = np.float32
+    return (d * f(sc0), dmin * f(m0), d * f(sc1), dmin * f(m1), d * f(sc2), dmin * f(m2), d * f(sc3), dmin * f(m3),
+            d * f(sc4), dmin * f(m4), d * f(sc5), dmin * f(m5), d * f(sc6), dmin * f(m6), d * f(sc7), dmin * f(m7))
 
 
 @njit(cache=True)
@@ -90,8 +110,8 @@ def dequant_row_q2_k(src, dst):
     for b in range(nb):
         o = b * 84
         t = b * QK_K
-        d = _f16(src, o + 80)
-        dmin = _f16(src, o + 82)
+        d = f16_at(src, o + 80)
+        dmin = f16_at(src, o + 82)
         for hh in range(2):
             s = o + 8 * hh  # scales[8hh + 2k + p]
             d00, m00 = d * np.float32(src[s] & 15), dmin * np.float32(src[s] >> 4)
@@ -118,7 +138,7 @@ def dequant_row_q2_k(src, dst):
 
 
 @njit(cache=True, inline="always")
-def _q3_scale(src, s, j):
+def q3_scale(src, s, j):
     # src: (k,) uint8 with Q3_K's 12 packed scale bytes at s; the 6-bit scale j, minus 32
     if j < 8:
         lo = np.int32(src[s + j]) & 15
@@ -141,17 +161,17 @@ def dequant_row_q3_k(src, dst):
     for b in range(nb):
         o = b * 110
         t = b * QK_K
-        d = _f16(src, o + 108)
+        d = f16_at(src, o + 108)
         for hh in range(2):
             j = 8 * hh
-            d00 = d * np.float32(_q3_scale(src, o + 96, j))
-            d01 = d * np.float32(_q3_scale(src, o + 96, j + 1))
-            d10 = d * np.float32(_q3_scale(src, o + 96, j + 2))
-            d11 = d * np.float32(_q3_scale(src, o + 96, j + 3))
-            d20 = d * np.float32(_q3_scale(src, o + 96, j + 4))
-            d21 = d * np.float32(_q3_scale(src, o + 96, j + 5))
-            d30 = d * np.float32(_q3_scale(src, o + 96, j + 6))
-            d31 = d * np.float32(_q3_scale(src, o + 96, j + 7))
+            d00 = d * np.float32(q3_scale(src, o + 96, j))
+            d01 = d * np.float32(q3_scale(src, o + 96, j + 1))
+            d10 = d * np.float32(q3_scale(src, o + 96, j + 2))
+            d11 = d * np.float32(q3_scale(src, o + 96, j + 3))
+            d20 = d * np.float32(q3_scale(src, o + 96, j + 4))
+            d21 = d * np.float32(q3_scale(src, o + 96, j + 5))
+            d30 = d * np.float32(q3_scale(src, o + 96, j + 6))
+            d31 = d * np.float32(q3_scale(src, o + 96, j + 7))
             q = o + 32 + 32 * hh
             e = t + 128 * hh
             hs = 4 * hh
@@ -183,24 +203,7 @@ def dequant_row_q4_k(src, dst):
     for b in range(nb):
         o = b * 144
         t = b * QK_K
-        d = _f16(src, o)
-        dmin = _f16(src, o + 2)
-        sc, m = _scale_min_k4(src, o + 4, 0)
-        d0, n0 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 1)
-        d1, n1 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 2)
-        d2, n2 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 3)
-        d3, n3 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 4)
-        d4, n4 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 5)
-        d5, n5 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 6)
-        d6, n6 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 7)
-        d7, n7 = d * np.float32(sc), dmin * np.float32(m)
+        d0, n0, d1, n1, d2, n2, d3, n3, d4, n4, d5, n5, d6, n6, d7, n7 = k4_scales(src, o)
         q = o + 16
         for l in range(w):
             x0 = src[q + l]
@@ -229,24 +232,7 @@ def dequant_row_q5_k(src, dst):
     for b in range(nb):
         o = b * 176
         t = b * QK_K
-        d = _f16(src, o)
-        dmin = _f16(src, o + 2)
-        sc, m = _scale_min_k4(src, o + 4, 0)
-        d0, n0 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 1)
-        d1, n1 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 2)
-        d2, n2 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 3)
-        d3, n3 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 4)
-        d4, n4 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 5)
-        d5, n5 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 6)
-        d6, n6 = d * np.float32(sc), dmin * np.float32(m)
-        sc, m = _scale_min_k4(src, o + 4, 7)
-        d7, n7 = d * np.float32(sc), dmin * np.float32(m)
+        d0, n0, d1, n1, d2, n2, d3, n3, d4, n4, d5, n5, d6, n6, d7, n7 = k4_scales(src, o)
         qh = o + 16
         q = o + 48
         for l in range(w):
@@ -278,7 +264,7 @@ def dequant_row_q6_k(src, dst):
     for b in range(nb):
         o = b * 210
         t = b * QK_K
-        d = _f16(src, o + 208)
+        d = f16_at(src, o + 208)
         for hh in range(2):
             s = o + 192 + 8 * hh  # scales[8hh + 2k + p]
             d00 = d * np.float32(np.int8(src[s]))

@@ -18,10 +18,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from infer.quant.kquants import _F16
+from infer.quant.kquants import F16_TO_F32
 
 from .ops import round_f16
-from .target import VECTOR_WIDTH, half_to_float
+from .target import VECTOR_WIDTH, half_to_float, splat
 
 
 W = VECTOR_WIDTH  # float32 lanes per vector
@@ -38,11 +38,6 @@ def _load_f16(builder, data, off):
     # W f16 values (uint16 bits) at element off of data, widened to float32
     p = builder.bitcast(builder.gep(data, [off]), ir.VectorType(ir.IntType(16), W).as_pointer())
     return half_to_float(builder, builder.load(p, align=2))
-
-
-def _splat(builder, x):
-    v = builder.insert_element(ir.Constant(_VF, ir.Undefined), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined), ir.Constant(ir.VectorType(_I32, W), [0] * W))
 
 
 def _fma(builder):
@@ -115,7 +110,7 @@ def _weighted_rows(typingctx, v, kh, lo, n, i0, s, out, o0):
         with cgutils.for_range(builder, n_) as loop:
             j = loop.index
             row = builder.add(builder.mul(builder.add(lo_, j), builder.mul(H, Dv)), base)
-            ws = _splat(builder, builder.load(builder.gep(sa.data, [j])))
+            ws = splat(builder, builder.load(builder.gep(sa.data, [j])))
             for u in range(4):
                 vv = _load_f16(builder, va.data, builder.add(row, ir.Constant(_I64, u * W)))
                 builder.store(fma(vv, ws, builder.load(accs[u])), accs[u])
@@ -160,7 +155,7 @@ def attention(q, k_cache, v_cache, q_pos, window, scale, softcap, out, scores):
                 for j in range(n):
                     acc = np.float32(0.0)
                     for i in range(D):
-                        acc += q[t, h, i] * _F16[k_cache[lo + j, kh, i]]
+                        acc += q[t, h, i] * F16_TO_F32[k_cache[lo + j, kh, i]]
                     sw[j] = acc
             m = np.float32(-np.inf)
             for j in range(n):
@@ -185,5 +180,5 @@ def attention(q, k_cache, v_cache, q_pos, window, scale, softcap, out, scores):
             for i in range(nv, Dv):
                 acc = np.float32(0.0)
                 for j in range(n):
-                    acc += sw[j] * _F16[v_cache[lo + j, kh, i]]
+                    acc += sw[j] * F16_TO_F32[v_cache[lo + j, kh, i]]
                 o[i] = acc

@@ -9,7 +9,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from infer.quant.dequant import dequant_row
-from infer.quant.kquants import _F16
+from infer.quant.kquants import F16_TO_F32
 
 
 @njit(cache=True)
@@ -56,7 +56,7 @@ def f16_round(v):
         return v
     if a >= np.uint32(0x477FF000):  # from 65520 up, the nearest half is infinity
         return np.float32(np.inf) if b == a else np.float32(-np.inf)
-    return _F16[f16_bits(b)]
+    return F16_TO_F32[f16_bits(b)]
 
 
 @njit(cache=True)
@@ -128,9 +128,8 @@ def _gelu_table(halves, out):
 
 # ggml_gelu keeps GELU in a table indexed by the f16 bits of the input; so do we (the formula
 # with tanh per element was most of the FFN's time).
-_HALVES = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 GELU_F16 = np.zeros(65536, np.float32)
-_gelu_table(_HALVES, GELU_F16)
+_gelu_table(F16_TO_F32, GELU_F16)
 
 
 @njit(cache=True)

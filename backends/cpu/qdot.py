@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 from .ops import f16_round
 from .repack import ACT_Q8_0, NC
-from .target import VECTOR_WIDTH, half_to_float
+from .target import VECTOR_WIDTH, half_to_float, splat
 
 PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in parallel
 
@@ -42,11 +42,6 @@ assert NC % ROWS == 0
 I8, I32, I64, F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 VF = ir.VectorType(F32, W)
 VI8 = ir.VectorType(I8, W)
-
-
-def _splat(builder, scalar):
-    v = builder.insert_element(ir.Constant(VF, ir.Undefined), scalar, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(VF, ir.Undefined), ir.Constant(ir.VectorType(I32, W), [0] * W))
 
 
 class _Arr:
@@ -118,7 +113,7 @@ def _make_dot_rows(TT: int):
                             w.append(builder.sitofp(builder.sext(builder.load(p, align=1), ir.VectorType(I32, W)), VF))
                         for tt in range(TT):
                             xi = add(mul(add(t0_, c64(tt)), K), add(xb, j))
-                            xs = _splat(builder, builder.load(builder.gep(xa.data, [xi])))
+                            xs = splat(builder, builder.load(builder.gep(xa.data, [xi])))
                             for v in range(VC):
                                 builder.store(fma(w[v], xs, builder.load(cacc[tt][v])), cacc[tt][v])
                     c = [[builder.load(p) for p in row] for row in cacc]
@@ -126,11 +121,11 @@ def _make_dot_rows(TT: int):
                     sub = c64(g // 16)
                     for tt in range(TT):
                         di = add(mul(add(t0_, c64(tt)), K16), mul(b, sub))
-                        dx = _splat(builder, builder.load(builder.gep(da.data, [di])))
+                        dx = splat(builder, builder.load(builder.gep(da.data, [di])))
                         bs = builder.load(builder.gep(ba.data, [di]))
                         if g == 32:
                             bs = builder.fadd(bs, builder.load(builder.gep(ba.data, [add(di, c64(1))])))
-                        nbs = _splat(builder, builder.fneg(bs))
+                        nbs = splat(builder, builder.fneg(bs))
                         for v in range(VC):
                             off = add(sb, c64(v * W))
                             sv = load_scales(sa, off)

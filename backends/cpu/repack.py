@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.kquants import _F16
+from infer.quant.kquants import f16_at, q3_scale, scale_min_k4
 
 from .ops import f16_bits
 
@@ -75,30 +75,6 @@ class PackedWeight:
         return self.q.nbytes + self.s.nbytes + self.m.nbytes
 
 
-@njit(cache=True, inline="always")
-def _h(src, o):
-    # src: (k,) uint8; the little-endian f16 at byte o, as float32
-    return _F16[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
-
-
-@njit(cache=True, inline="always")
-def _k4_scale_min(src, s, j):
-    # Q4_K/Q5_K: (scale, min) of sub-block j from the 12 packed bytes at s (ggml's get_scale_min_k4)
-    if j < 4:
-        return np.int32(src[s + j]) & 63, np.int32(src[s + j + 4]) & 63
-    sc = (np.int32(src[s + j + 4]) & 15) | ((np.int32(src[s + j - 4]) >> 6) << 4)
-    mn = (np.int32(src[s + j + 4]) >> 4) | ((np.int32(src[s + j]) >> 6) << 4)
-    return sc, mn
-
-
-@njit(cache=True, inline="always")
-def _q3_scale(src, s, j):
-    # Q3_K: the 6-bit scale j from the 12 packed bytes at s, minus 32
-    lo = (np.int32(src[s + j]) & 15) if j < 8 else (np.int32(src[s + j - 8]) >> 4)
-    hi = (np.int32(src[s + 8 + (j & 3)]) >> (2 * (j >> 2))) & 3
-    return (lo | (hi << 4)) - 32
-
-
 @njit(cache=True)
 def unpack_row(type_id, src, q, s, m):
     # src: (row_bytes,) uint8, one raw row; q: (K,) int8 quants; s, m: (K//G,) float32 block scale
@@ -111,13 +87,13 @@ def unpack_row(type_id, src, q, s, m):
         for b in range(K // 32):
             o = b * size
             t = b * 32
-            s[b] = _h(src, o)
+            s[b] = f16_at(src, o)
             if type_id == qt.Q8_0:
                 for j in range(32):
                     q[t + j] = np.int8(np.int32(src[o + 2 + j]) - (np.int32(src[o + 2 + j]) >> 7 << 8))
                 continue
             if type_id == qt.Q4_1 or type_id == qt.Q5_1:
-                m[b] = -_h(src, o + 2)
+                m[b] = -f16_at(src, o + 2)
             qh = np.int64(0)
             if type_id == qt.Q5_0 or type_id == qt.Q5_1:
                 p = o + 2 if type_id == qt.Q5_0 else o + 4
@@ -132,10 +108,10 @@ def unpack_row(type_id, src, q, s, m):
         qs = 16 if type_id == qt.Q4_K else 48
         for b in range(K // 256):
             o = b * size
-            d = _h(src, o)
-            dmin = _h(src, o + 2)
+            d = f16_at(src, o)
+            dmin = f16_at(src, o + 2)
             for j in range(8):
-                sc, mn = _k4_scale_min(src, o + 4, j)
+                sc, mn = scale_min_k4(src, o + 4, j)
                 s[8 * b + j] = d * np.float32(sc)
                 m[8 * b + j] = dmin * np.float32(mn)
                 t = 256 * b + 32 * j
@@ -157,19 +133,19 @@ def unpack_row(type_id, src, q, s, m):
                         t = 16 * sb
                         if type_id == qt.Q2_K:
                             sc = np.int32(src[o + 8 * hh + 2 * kk + p])
-                            s[sb] = _h(src, o + 80) * np.float32(sc & 15)
-                            m[sb] = _h(src, o + 82) * np.float32(sc >> 4)
+                            s[sb] = f16_at(src, o + 80) * np.float32(sc & 15)
+                            m[sb] = f16_at(src, o + 82) * np.float32(sc >> 4)
                             for l in range(16):
                                 q[t + l] = (np.int32(src[o + 16 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
                         elif type_id == qt.Q3_K:
-                            s[sb] = _h(src, o + 108) * np.float32(_q3_scale(src, o + 96, 8 * hh + 2 * kk + p))
+                            s[sb] = f16_at(src, o + 108) * np.float32(q3_scale(src, o + 96, 8 * hh + 2 * kk + p))
                             for l in range(16):
                                 lo = (np.int32(src[o + 32 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
                                 hb = (np.int32(src[o + 16 * p + l]) >> (4 * hh + kk)) & 1
                                 q[t + l] = lo + 4 * hb - 4
                         else:
                             sc = np.int32(src[o + 192 + 8 * hh + 2 * kk + p])
-                            s[sb] = _h(src, o + 208) * np.float32(sc - (sc >> 7 << 8))
+                            s[sb] = f16_at(src, o + 208) * np.float32(sc - (sc >> 7 << 8))
                             for l in range(16):
                                 i = 16 * p + l
                                 lo = (np.int32(src[o + 64 * hh + 32 * (kk & 1) + i]) >> (4 * (kk >> 1))) & 15

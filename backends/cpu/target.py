@@ -36,10 +36,18 @@ def half_to_float(builder, bits):
         return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), n)), f32)
     i32 = ir.VectorType(ir.IntType(32), n)
     b = builder.zext(bits, i32)
-    splat = lambda v: ir.Constant(i32, [v] * n)
+    const = lambda v: ir.Constant(i32, [v] * n)
     # exponent and mantissa moved into float32 position, then scaled by 2**112 to rebias the
     # exponent (15 -> 127); subnormal halves come out right too, as float32 denormals times 2**112
-    mag = builder.bitcast(builder.shl(builder.and_(b, splat(0x7FFF)), splat(13)), f32)
+    mag = builder.bitcast(builder.shl(builder.and_(b, const(0x7FFF)), const(13)), f32)
     val = builder.fmul(mag, ir.Constant(f32, [2.0 ** 112] * n))
-    sign = builder.shl(builder.and_(b, splat(0x8000)), splat(16))
+    sign = builder.shl(builder.and_(b, const(0x8000)), const(16))
     return builder.bitcast(builder.or_(builder.bitcast(val, i32), sign), f32)
+
+
+def splat(builder, x):
+    """A float32 scalar broadcast to <VECTOR_WIDTH x float>."""
+    vf = ir.VectorType(ir.FloatType(), VECTOR_WIDTH)
+    v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), VECTOR_WIDTH), [0] * VECTOR_WIDTH)
+    return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), lanes)

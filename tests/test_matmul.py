@@ -1,4 +1,5 @@
-"""The CPU matmul for every GGML type against dequantize-then-multiply with llama.cpp's activation rounding."""
+"""The CPU matmul for every GGML type against dequantize-then-multiply with llama.cpp's activation rounding:
+the repacked int8 path the model runs, and the reference path qmatmul takes for raw tensors."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
-from infer.backends.cpu.repack import ACT_NONE, ACT_ROUNDING
 from infer.backends.cpu.matmul import round_activations
+from infer.backends.cpu.repack import ACT_NONE, ACT_ROUNDING, pack_stacked
 from infer.quant.tensor import QTensor
 from tiny_models import _tensor
 
@@ -23,12 +24,14 @@ def _weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 17])
-def test_qmatmul_matches_reference(qtype, T):
+@pytest.mark.parametrize("repacked", [True, False], ids=["packed", "raw"])
+def test_qmatmul_matches_reference(qtype, T, repacked):
     rows, n = 192, 512
     w = _weight(qtype, rows, n, seed=int(qtype) * 7 + T)
     x = np.random.default_rng(T).normal(0, 1, size=(T, n)).astype(np.float32)
     out = np.zeros((T, rows), np.float32)
-    qmatmul(w, x, out, MatmulWorkspace(32, n, rows * n, 4))
+    # float types are never repacked: both ids run the raw path for them
+    qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, rows * n, 4))
     xr = x.copy()
     if ACT_ROUNDING[int(qtype)] != ACT_NONE:
         round_activations(ACT_ROUNDING[int(qtype)], x, xr)

@@ -1,10 +1,11 @@
 """Products of activations with weights kept in their GGML block types.
 
-Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8 tiles and
-multiplied as llama.cpp does, with 8-bit activations and exact integer block dots (qdot.py).
-Float weights (F32, F16, BF16) keep the float path: small batches dequantize one weight row at
-a time into a per-thread buffer and dot it with every activation row; large batches dequantize
-the whole matrix once and hand the product to BLAS.
+Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8 tiles
+(repack.py) and multiplied as llama.cpp does, with 8-bit activations and exact integer block
+dots (qdot.py). Weights kept as they are (F32, F16, BF16, or any type not repacked) take the
+reference path: the activations are rounded as llama.cpp rounds them for that type, then small
+batches dequantize one weight row at a time into a per-thread buffer and dot it with every
+activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from infer.quant.dequant import dequant_row, dequant_rows
 
 from .ops import f16_round
 from .qdot import matmul_packed
-from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_ROUNDING, NC, PackedWeight, packed  # noqa: F401
+from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_ROUNDING, NC, PackedWeight
 
-# Float weights: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
+# Reference path: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
 BLAS_MIN_ROWS = 16
 ROW_TILE = 4  # weight rows dequantized together so each activation row is reused from L1
 
@@ -113,19 +114,17 @@ class MatmulWorkspace:
 
 
 def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 0) -> None:
-    """out[:, col0:col0+N] = x (T, K) @ W.T for W of shape (N, K): a QTensor or its PackedWeight.
-
-    out may be wider than N (several products side by side).
+    """out[:, col0:col0+N] = x (T, K) @ W.T for W of shape (N, K): a PackedWeight, or a QTensor
+    of any type (the reference path). out may be wider than N (several products side by side).
     """
-    pw = w if isinstance(w, PackedWeight) else packed(w)
-    if pw is not None:
+    if isinstance(w, PackedWeight):
         x = np.ascontiguousarray(x, np.float32)
-        matmul_packed(pw.act, x, pw.q, pw.s, pw.m, pw.has_min, pw.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
         return
-    _float_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
+    _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 
 
-def _float_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) -> None:
+def _reference_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) -> None:
     T = x.shape[0]
     N, K = w.raw.shape[0], w.shape[-1]
     mode = ACT_ROUNDING[w.type_id]

@@ -17,12 +17,12 @@ Rows are padded with zeros up to a whole tile.  The scale products are formed ex
 `infer.quant.dequant` forms them (e.g. d * sc in float32), so s * q - m is bit-identical to the
 dequantized weight.  Weights that take the same input can be stacked into one matrix (Q, K and
 V; gate and up), so one call computes them side by side.  Repacking is a parallel pass over the
-tensor; the raw tensor stays in place for the embedding lookup.  The packed copy of the default
+tensor, done once by whoever runs the weights (the CPU transformer keeps its packed copies);
+the raw tensor stays in place for the embedding lookup.  The packed copy of the default
 model takes about 290 MB (int8: 1 byte per weight, against 4.5 to 8.5 bits in the file).
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +68,7 @@ class PackedWeight:
     m: np.ndarray  # (NT, K//G, NC) like s; (1, K//G, NC) zeros when the type has no mins
     has_min: bool
     src: tuple  # the QTensors it was packed from, stacked row-wise
-    act: int  # how the activations are rounded for it (matmul.ACT_ROUNDING of its type)
+    act: int  # how the activations are rounded for it (ACT_ROUNDING of its type)
 
     @property
     def nbytes(self) -> int:
@@ -234,17 +234,3 @@ def f32_to_f16_bits(a, out):
     bits = a.view(np.uint32)
     for i in prange(a.shape[0]):
         out[i] = f16_bits(bits[i])
-
-
-# Packed copies are made once per tensor (or stack of tensors, keyed on the first) and shared by
-# every runner of the same weights; they live as long as the tensor.
-_PACKED: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
-
-
-def packed(w, *more) -> PackedWeight | None:
-    """pack_stacked((w, *more)), computed once per tuple of tensors."""
-    group = _PACKED.setdefault(w, {})
-    key = tuple(id(t) for t in more)
-    if key not in group:
-        group[key] = pack_stacked((w, *more))
-    return group[key]

@@ -20,7 +20,7 @@ import numpy as np
 from .attention import attention
 from .matmul import MatmulWorkspace, qmatmul
 from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
-from .repack import GROUP, packed
+from .repack import GROUP, pack_stacked
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
@@ -42,15 +42,20 @@ class KVCache:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
+def _pack(w):
+    """The repacked form of a QTensor, or the QTensor itself for types kept as they are."""
+    return pack_stacked((w,)) or w
+
+
 def _products(*ws) -> list[tuple[object, int]]:
     """(weight, first output column) pairs computing the weights' products side by side: one
     stacked packed matrix if possible, else each weight (packed, or kept as it is) on its own."""
-    stacked = packed(*ws) if len(ws) > 1 else None
+    stacked = pack_stacked(ws)
     if stacked is not None:
         return [(stacked, 0)]
     out, col = [], 0
     for w in ws:
-        out.append((packed(w) or w, col))
+        out.append((_pack(w), col))
         col += w.raw.shape[0]
     return out
 
@@ -80,8 +85,8 @@ class _Layer:
     @classmethod
     def prepare(cls, lw) -> "_Layer":
         return cls(
-            qkv=_products(lw.wq, lw.wk, lw.wv), wo=packed(lw.wo) or lw.wo,
-            gate_up=_products(lw.w_gate, lw.w_up), down=packed(lw.w_down) or lw.w_down,
+            qkv=_products(lw.wq, lw.wk, lw.wv), wo=_pack(lw.wo),
+            gate_up=_products(lw.w_gate, lw.w_up), down=_pack(lw.w_down),
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
@@ -127,9 +132,9 @@ class CpuTransformer:
             np.ascontiguousarray(weights.rope_freqs, np.float32) if weights.rope_freqs is not None
             else np.ones(half, np.float32)
         )
-        # Repacked weights (made once per tensor and shared by runners of the same weights).
+        # Weights repacked once for the matrix kernels; this runner owns the copies.
         self.layers = [_Layer.prepare(lw) for lw in weights.layers]
-        self.output = packed(weights.output) or weights.output
+        self.output = _pack(weights.output)
         self.output_norm = _vec(weights.output_norm)
         # Largest float (unpacked) body weight: the dense buffer of their prefill path.
         body = [t for lw in weights.layers for t in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]

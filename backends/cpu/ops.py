@@ -87,13 +87,18 @@ def _rms_scale(x, eps):
 
 
 @njit(cache=True)
+def _rmsnorm_row(x, w, eps, out):
+    # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row, with ggml's arithmetic (_rms_scale)
+    scale = _rms_scale(x, eps)
+    for i in range(x.shape[0]):
+        out[i] = np.float32(x[i] * scale) * w[i]
+
+
+@njit(cache=True)
 def rmsnorm(x, w, eps, out):
     # x: (T, D) f32; w: (D,) f32; out: (T, D) f32 (may alias x)
-    T, D = x.shape
-    for t in range(T):
-        scale = _rms_scale(x[t], eps)
-        for i in range(D):
-            out[t, i] = np.float32(x[t, i] * scale) * w[i]
+    for t in range(x.shape[0]):
+        _rmsnorm_row(x[t], w, eps, out[t])
 
 
 @njit(cache=True)
@@ -167,17 +172,9 @@ def glu(gu, F, gelu, out):
                 out[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * gu[t, F + i]
 
 
-@njit(cache=True)
-def _rmsnorm_row(x, w, eps, out):
-    # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row of rmsnorm, same arithmetic
-    scale = _rms_scale(x, eps)
-    for i in range(x.shape[0]):
-        out[i] = np.float32(x[i] * scale) * w[i]
-
-
 @njit(cache=True, fastmath=True)
 def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
-    # One token's Q or K: dst (H, hd) = round_f16(rope(norm(src + bias)) * scale), each step optional:
+    # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
     # bias (H*hd,) or (0,); norm (hd,) or (0,) (per-head RMSNorm); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
     H, D = dst.shape
     for h in range(H):
@@ -205,7 +202,6 @@ def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
         if scale != 1.0:
             for i in range(D):
                 dst[h, i] *= scale
-    round_f16(dst)
 
 
 @njit(cache=True)
@@ -225,11 +221,12 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
     for t in range(T):
         row = qkv[t]
         _heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
+        round_f16(q[t])
         _heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
         _heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
         kt = k[t].reshape(Nk)
         vt = v[t].reshape(Nv)
-        for i in range(Nk):
+        for i in range(Nk):  # f16_bits rounds to the nearest half as it converts
             kt[i] = f16_bits(kb[i])
         for i in range(Nv):
             vt[i] = f16_bits(vb[i])

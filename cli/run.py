@@ -34,6 +34,8 @@ def run(
     model_name, prompt = (args[0], args[1]) if len(args) == 2 else (None, args[0])
     if prompt == "-":
         prompt = sys.stdin.read()
+    if raw and system:
+        raise typer.BadParameter("--system has no effect with --raw")
     with reported():
         from infer.engine.llm import EngineConfig
         from infer.engine.sampler import SamplingParams
@@ -45,8 +47,6 @@ def run(
         config = EngineConfig(n_ctx=ctx, n_threads=threads)
         llm = _load(model_name, config, quiet=as_json)
         if raw:
-            if system:
-                raise typer.BadParameter("--system has no effect with --raw")
             ids = llm.encode_raw(prompt)
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -65,7 +65,7 @@ def _load(model_name: str | None, config, quiet: bool):
     path = resolve_model(model_name)
     console = Console(stderr=True)
     first = not kernels_compiled()
-    msg = "Compiling kernels (first run only, about a minute)…" if first else f"Loading {path.name}…"
+    msg = "Compiling kernels (first run only)…" if first else f"Loading {path.name}…"
     if quiet or not console.is_terminal:
         llm = LLM.load(path, config)
     else:

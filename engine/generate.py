@@ -16,8 +16,8 @@ from .sampler import SamplingParams, make_rng, make_sampler
 from .stop import StopMatcher
 
 
-class PromptTooLongError(ValueError):
-    """The prompt does not fit in the context window."""
+class PromptError(ValueError):
+    """A prompt that cannot be run: empty, or longer than the context window."""
 
 
 @dataclass
@@ -44,9 +44,9 @@ def generate(runner, tokenizer, prompt_ids: list[int], params: SamplingParams, n
     """Stream the completion of prompt_ids under params with `runner` (a backend transformer)."""
     n_prompt = len(prompt_ids)
     if n_prompt == 0:
-        raise PromptTooLongError("the prompt is empty: nothing to continue from")
+        raise PromptError("the prompt is empty: nothing to continue from")
     if n_prompt >= n_ctx:
-        raise PromptTooLongError(
+        raise PromptError(
             f"the prompt has {n_prompt} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
         )
     t_start = time.perf_counter()

@@ -10,7 +10,7 @@ import typer
 
 def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.chat_template import ChatTemplateError
-    from infer.engine.generate import PromptError
+    from infer.engine.engine import PromptError
     from infer.engine.sampler import InvalidSamplingParams
     from infer.engine.tokenizer import TokenizerError
     from infer.models.config import ModelConfigError

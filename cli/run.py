@@ -37,7 +37,7 @@ def run(
     if raw and system:
         raise typer.BadParameter("--system has no effect with --raw")
     with reported():
-        from infer.engine.llm import EngineConfig
+        from infer.engine.engine import EngineConfig
         from infer.engine.sampler import SamplingParams
 
         params = SamplingParams(
@@ -90,7 +90,7 @@ def _generate(llm, ids: list[int], params, as_json: bool) -> None:
                 out.flush()
         if chunk.finish_reason is not None:
             final = chunk
-    st = final.stats
+    st = final.usage
     if as_json:
         json.dump({
             "text": "".join(text_parts),

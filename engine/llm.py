@@ -2,33 +2,15 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from infer.models.loader import Model, load_model
 
 from .chat_template import load_chat_template
-from .generate import Chunk, generate
+from .engine import Engine, EngineConfig, Event
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
-
-DEFAULT_CTX = 4096
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    n_ctx: int = DEFAULT_CTX  # capped at the model's training context
-    n_threads: int = 0  # 0: every core
-    backend: str = "cpu"
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 8:
-            raise ValueError(f"--ctx must be at least 8, got {self.n_ctx}")
-        if self.n_threads < 0:
-            raise ValueError(f"--threads must be positive, got {self.n_threads}")
-        if self.backend != "cpu":
-            raise ValueError(f"unknown backend {self.backend!r} (available: cpu)")
 
 
 class LLM:
@@ -40,6 +22,7 @@ class LLM:
         self.n_ctx = min(config.n_ctx, model.config.n_ctx_train)
         self.tokenizer = Tokenizer.from_metadata(model.metadata)
         self.runner = CpuTransformer(model.config, model.weights, n_threads=config.n_threads or os.cpu_count())
+        self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())
         tok = self.tokenizer
         self.template = load_chat_template(
             model.metadata.get("tokenizer.chat_template"),
@@ -67,5 +50,6 @@ class LLM:
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
-        return generate(self.runner, self.tokenizer, prompt_ids, params, self.n_ctx)
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
+        """Stream one request through the engine (other requests may share its steps)."""
+        return self.engine.generate(prompt_ids, params)

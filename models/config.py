@@ -35,6 +35,14 @@ ARCH_FLAGS: dict[str, ArchFlags] = {
 
 
 @dataclass(frozen=True)
+class KVGroup:
+    """Layers whose KV cache is paged together: same attention window, so same blocks needed."""
+
+    window: int  # 0: full causal attention; else the sliding window
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str
     flags: ArchFlags
@@ -62,6 +70,17 @@ class ModelConfig:
     @property
     def embed_scale(self) -> float:
         return math.sqrt(self.n_embd) if self.flags.scale_embeddings else 1.0
+
+    @property
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        """The global layers, then the sliding-window layers (if any): each group has its own blocks,
+        so the sliding-window layers can drop the blocks that fall out of their window."""
+        full = tuple(i for i, swa in enumerate(self.layer_swa) if not swa)
+        local = tuple(i for i, swa in enumerate(self.layer_swa) if swa)
+        groups = [KVGroup(0, full)] if full else []
+        if local:
+            groups.append(KVGroup(self.sliding_window, local))
+        return tuple(groups)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int | None = None) -> "ModelConfig":

@@ -37,7 +37,8 @@ N_GEN = 32
 
 @pytest.fixture(scope="module")
 def ours(gemma_path):
-    from infer.engine.llm import LLM, EngineConfig
+    from infer.engine.llm import LLM
+    from infer.engine.engine import EngineConfig
 
     return LLM.load(gemma_path, EngineConfig(n_ctx=256, n_threads=2))
 

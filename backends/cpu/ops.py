@@ -205,17 +205,18 @@ def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
 
 
 @njit(cache=True)
-def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, k, v, kf, vf):
+def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, k_pool, v_pool, slots, kf, vf):
     # What follows the Q/K/V products, in one call: biases, per-head norms, RoPE, the Q prescale and
     # the f16 rounding of Q, K and V (llama.cpp keeps K/V in f16 and rounds Q for its products).
     # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
     # q_norm, k_norm: (hd,) or (0,); cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
-    # q: (T, H, hd) f32 out; k: (T, Hkv, hd), v: (T, Hkv, hdv) uint16 out, f16 bits: the cache rows of
-    # these tokens; kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch
+    # q: (T, H, hd) f32 out; k_pool: (n_slots, Hkv, hd), v_pool: (n_slots, Hkv, hdv) uint16, f16 bits:
+    # the layer's KV cache, token t written to row slots[t] (slots: (T,) int32)
+    # kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch
     T = qkv.shape[0]
     Nq = q.shape[1] * q.shape[2]
-    Nk = k.shape[1] * k.shape[2]
-    Nv = v.shape[1] * v.shape[2]
+    Nk = k_pool.shape[1] * k_pool.shape[2]
+    Nv = v_pool.shape[1] * v_pool.shape[2]
     kb = kf.reshape(Nk).view(np.uint32)
     vb = vf.reshape(Nv).view(np.uint32)
     for t in range(T):
@@ -224,8 +225,8 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
         round_f16(q[t])
         _heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
         _heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
-        kt = k[t].reshape(Nk)
-        vt = v[t].reshape(Nv)
+        kt = k_pool[slots[t]].reshape(Nk)
+        vt = v_pool[slots[t]].reshape(Nv)
         for i in range(Nk):  # f16_bits rounds to the nearest half as it converts
             kt[i] = f16_bits(kb[i])
         for i in range(Nv):

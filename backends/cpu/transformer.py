@@ -17,29 +17,16 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from infer.backends.batch import Batch
+
 from .attention import attention
+from .kv_pool import KVPool, SequenceKV
 from .matmul import MatmulWorkspace, qmatmul
 from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
 from .repack import GROUP, pack_stacked
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
-
-
-@dataclass
-class KVCache:
-    """Keys and values of one sequence: row p of each layer's array is position p."""
-
-    k: list[np.ndarray]  # per layer (n_ctx, n_head_kv, head_dim) uint16: f16 bits, as llama.cpp keeps them
-    v: list[np.ndarray]  # per layer (n_ctx, n_head_kv, head_dim_v) uint16
-
-    @property
-    def n_ctx(self) -> int:
-        return self.k[0].shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
 def _pack(w):
@@ -142,12 +129,15 @@ class CpuTransformer:
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
 
-    def new_kv_cache(self, n_ctx: int) -> KVCache:
-        c = self.cfg
-        return KVCache(
-            k=[np.zeros((n_ctx, c.n_head_kv, c.head_dim), np.uint16) for _ in range(c.n_layer)],
-            v=[np.zeros((n_ctx, c.n_head_kv, c.head_dim_v), np.uint16) for _ in range(c.n_layer)],
-        )
+    def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
+        return KVPool.bytes_per_block(self.cfg, block_size)
+
+    def new_kv_pool(self, n_blocks: list[int], block_size: int) -> KVPool:
+        return KVPool(self.cfg, n_blocks, block_size)
+
+    def new_kv_cache(self, n_ctx: int) -> SequenceKV:
+        """A cache for one sequence of up to n_ctx tokens (for forward)."""
+        return SequenceKV(self.cfg, n_ctx)
 
     def warmup(self) -> None:
         """One token through every kernel, so compiling (or loading compiled code) happens now."""
@@ -155,11 +145,12 @@ class CpuTransformer:
 
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None or self._ws.n_ctx < n_ctx:
+            n_ctx = max(n_ctx, 2 * self._ws.n_ctx if self._ws else 256)
             self._ws = Workspace(self.cfg, self.max_tokens, n_ctx, self.max_weight_elems, self.n_threads)
         return self._ws
 
-    def forward(self, tokens: np.ndarray, pos0: int, cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        """Run tokens at positions pos0.. through the model, writing their K/V into cache.
+    def forward(self, tokens: np.ndarray, pos0: int, cache: SequenceKV, all_logits: bool = False) -> np.ndarray:
+        """Run tokens of one sequence at positions pos0.. through the model, writing their K/V into cache.
 
         Returns logits (T, V) for every token if all_logits, else (1, V) for the last one;
         the array is a view of an internal buffer, valid until the next call.
@@ -169,22 +160,33 @@ class CpuTransformer:
             raise ValueError("forward needs at least one token")
         if pos0 + T > cache.n_ctx:
             raise ValueError(f"{pos0 + T} tokens exceed the context of {cache.n_ctx}")
-        if T > self.max_tokens:
-            out = None
-            for s in range(0, T, self.max_tokens):
-                out = self.forward(tokens[s:s + self.max_tokens], pos0 + s, cache, all_logits)
-                if all_logits:
-                    raise ValueError("all_logits needs at most max_tokens tokens per call")
-            return out
+        if all_logits and T > self.max_tokens:
+            raise ValueError("all_logits needs at most max_tokens tokens per call")
+        out = None
+        for s in range(0, T, self.max_tokens):
+            part = tokens[s:s + self.max_tokens]
+            batch = Batch.single(part, pos0 + s, cache.tables, cache.pool.block_size, all_logits)
+            out = self.forward_batch(batch, cache.pool)
+        return out
+
+    def forward_batch(self, batch: Batch, pool: KVPool) -> np.ndarray:
+        """One forward pass over tokens of any number of sequences (at most max_tokens tokens).
+
+        Writes each token's K/V to its slot in pool and returns the logits of batch.logit_rows,
+        (R, V): a view of an internal buffer, valid until the next call.  Every row is computed
+        exactly as it would be alone, so batching never changes a sequence's results.
+        """
+        T = len(batch.tokens)
+        if not 0 < T <= self.max_tokens:
+            raise ValueError(f"a forward pass takes 1 to {self.max_tokens} tokens, got {T}")
         cfg = self.cfg
-        ws = self._workspace(cache.n_ctx)
+        ws = self._workspace(int(batch.positions.max()) + 1)
         mm = ws.mm
         x, xn = ws.x[:T], ws.xn[:T]
-        pos = ws.positions[:T]
-        pos[:] = np.arange(pos0, pos0 + T, dtype=np.int32)
+        pos = batch.positions
 
         emb = self.w.token_embd
-        embed(emb.type_id, emb.raw, np.ascontiguousarray(tokens, np.int32), np.float32(cfg.embed_scale), x)
+        embed(emb.type_id, emb.raw, batch.tokens, np.float32(cfg.embed_scale), x)
 
         ws_cos, ws_sin = ws.cos[:, :T], ws.sin[:, :T]
         rope_cache(pos, cfg.n_rot, cfg.rope_base, cfg.rope_scale, self.freq_factors, ws_cos[0], ws_sin[0])
@@ -200,16 +202,17 @@ class CpuTransformer:
         kq_scale = np.float32(1.0) if cfg.flags.prescale_q else np.float32(cfg.attn_scale)
         softcap_attn = np.float32(cfg.attn_logit_softcap)
         n_ff = cfg.n_ff
+        bs = pool.block_size
         layers = self.layers
         rmsnorm(x, layers[0].attn_norm, eps, xn)
         for il, ly in enumerate(layers):
             r = 1 if cfg.layer_swa[il] else 0
             for w, col in ly.qkv:
                 qmatmul(w, xn, qkv, mm, col)
-            kc, vc = cache.k[il][pos0:pos0 + T], cache.v[il][pos0:pos0 + T]
+            g, kc, vc = pool.layer(il)
             qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, eps, ws_cos[r], ws_sin[r], neox, q_scale,
-                     q3, kc, vc, ws.kf, ws.vf)
-            attention(q3, cache.k[il], cache.v[il], pos, cfg.sliding_window if r else 0,
+                     q3, kc, vc, batch.slots[g], ws.kf, ws.vf)
+            attention(q3, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
                       kq_scale, softcap_attn, attn3, ws.scores)
             qmatmul(ly.wo, attn, o, mm)
             residual_norm(x, o, ly.post_attn_norm, eps, ly.ffn_norm, xn)
@@ -220,8 +223,15 @@ class CpuTransformer:
             nxt = layers[il + 1].attn_norm if il + 1 < len(layers) else self.output_norm
             residual_norm(x, o, ly.post_ffn_norm, eps, nxt, xn)
 
-        rows = xn if all_logits else xn[T - 1:T]
-        logits = self.logits[:rows.shape[0]]
+        R = len(batch.logit_rows)
+        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
+            return self.logits[:0]
+        if R == T and (R == 1 or np.array_equal(batch.logit_rows, np.arange(T))):
+            rows = xn
+        else:
+            rows = ws.x[:R]  # x is spent: gather the wanted rows into it
+            np.take(xn, batch.logit_rows, axis=0, out=rows)
+        logits = self.logits[:R]
         qmatmul(self.output, rows, logits, mm)
         if cfg.final_logit_softcap > 0:
             softcap(logits, np.float32(cfg.final_logit_softcap))

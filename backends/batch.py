@@ -1,0 +1,31 @@
+"""What one forward pass computes: tokens of several sequences and where their K/V live.
+
+Built by the engine's scheduler, consumed by any backend.  Positions of a sequence map to cache
+rows through its block table: position p is row table[p // bs] * bs + p % bs of the pool.
+Each KV group (see ModelConfig.kv_groups) has its own pool and tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Batch:
+    tokens: np.ndarray  # (T,) int32
+    positions: np.ndarray  # (T,) int32
+    tok_seq: np.ndarray  # (T,) int32: the row of each table that belongs to the token's sequence
+    slots: np.ndarray  # (G, T) int32: the cache row each token's K/V is written to, per group
+    tables: list[np.ndarray]  # per group (S, max_blocks) int32 block tables (-1: not held)
+    logit_rows: np.ndarray  # (R,) int32: the tokens whose logits are returned, in this order
+
+    @classmethod
+    def single(cls, tokens: np.ndarray, pos0: int, tables: list[np.ndarray], block_size: int,
+               all_logits: bool = False) -> "Batch":
+        """Tokens of one sequence at positions pos0.. (tables: per group (1, max_blocks))."""
+        T = len(tokens)
+        pos = np.arange(pos0, pos0 + T, dtype=np.int32)
+        slots = np.stack([t[0][pos // block_size] * block_size + pos % block_size for t in tables]).astype(np.int32)
+        rows = np.arange(T, dtype=np.int32) if all_logits else np.array([T - 1], np.int32)
+        return cls(np.ascontiguousarray(tokens, np.int32), pos, np.zeros(T, np.int32), slots, tables, rows)

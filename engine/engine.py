@@ -1,0 +1,364 @@
+"""The engine: many requests at once over one model, as a stream of per-request events.
+
+add_request() queues a prompt with its sampling parameters and returns an id; each step() runs
+one forward pass for every running sequence (continuous batching, see scheduler.py), samples
+the sequences that reached their next token and emits events: a token with its text delta, and
+at the end a finish event with the reason and usage.  add_request() and cancel() are safe to
+call from any thread, while one thread steps the engine (start() runs such a loop in the
+background; without it, stream() steps the engine itself).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from infer.backends.batch import Batch
+
+from .block_manager import BlockManager, KVUsage
+from .sampler import SamplingParams, make_rng, make_sampler
+from .scheduler import Scheduler, ScheduledStep, Sequence
+from .stop import StopMatcher
+
+DEFAULT_CTX = 4096
+BLOCK_SIZE = 16
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be run: empty, or longer than the context window."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = DEFAULT_CTX  # most tokens of one sequence; capped at the model's training context
+    n_threads: int = 0  # 0: every core
+    backend: str = "cpu"
+    max_seqs: int = 8  # sequences running at once (--parallel)
+    max_batch_tokens: int = 512  # tokens one forward pass takes: decodes first, then prefill chunks
+    kv_memory: int = 0  # bytes for the KV pool; 0: room for max_seqs sequences of n_ctx tokens
+    block_size: int = BLOCK_SIZE
+    prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 8:
+            raise ValueError(f"--ctx must be at least 8, got {self.n_ctx}")
+        if self.n_threads < 0:
+            raise ValueError(f"--threads must be positive, got {self.n_threads}")
+        if self.backend != "cpu":
+            raise ValueError(f"unknown backend {self.backend!r} (available: cpu)")
+        if self.max_seqs < 1:
+            raise ValueError(f"--parallel must be at least 1, got {self.max_seqs}")
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"the batch token budget must be positive, got {self.max_batch_tokens}")
+        if self.kv_memory < 0:
+            raise ValueError(f"--kv-memory must be positive, got {self.kv_memory}")
+        if self.block_size < 1:
+            raise ValueError(f"the KV block size must be positive, got {self.block_size}")
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
+    ttft_ms: float = 0.0  # request added to first token (queueing and prefill included)
+    prefill_tok_s: float = 0.0  # prompt tokens computed per second, from admission to first token
+    decode_tok_s: float = 0.0  # tokens after the first, over the time after the first
+
+
+@dataclass
+class Event:
+    """A piece of one request's stream: new text and the token that produced it; the last event
+    of a request has a finish_reason ("stop", "length" or "cancelled"), its usage and every
+    generated token id."""
+
+    request_id: int
+    text: str
+    token_id: int | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+class _Request:
+    def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool):
+        self.seq = Sequence(rid, list(prompt), len(prompt))
+        self.params = params
+        self.sample = make_sampler(params)
+        self.rng = make_rng(params.seed)
+        self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
+        self.history[:len(prompt)] = prompt
+        self.detok = tokenizer.detokenizer()
+        self.stop = StopMatcher(tuple(params.stop))
+        self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if keep else None
+        self.t_added = time.perf_counter()
+        self.t_admitted = 0.0
+        self.t_first = 0.0
+        self.done = False
+
+
+class Engine:
+    def __init__(self, runner, tokenizer, model_config, config: EngineConfig = EngineConfig(), model_key: bytes = b""):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.n_ctx = min(config.n_ctx, model_config.n_ctx_train)
+        bs = config.block_size
+        groups = model_config.kv_groups
+        windows = [g.window for g in groups]
+        per_block = runner.bytes_per_block(bs)
+        n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config)
+        self.pool = runner.new_kv_pool(n_blocks, bs)
+        self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block)
+        budget = min(config.max_batch_tokens, runner.max_tokens)
+        self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
+        self.eog = tokenizer.eog_ids
+        self._ids = itertools.count(1)
+        self._requests: dict[int, _Request] = {}
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request) / ("cancel", id)
+        self._step_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop_loop = False
+        self.steps = 0
+
+    @staticmethod
+    def pool_blocks(n_ctx: int, windows: list[int], per_block: tuple[int, ...], config: EngineConfig) -> list[int]:
+        """Blocks per KV group: one sequence of n_ctx tokens needs ceil(n_ctx / bs) blocks in a
+        full-attention group and at most its window plus one prefill chunk in a sliding-window group."""
+        bs = config.block_size
+        full = math.ceil(n_ctx / bs)
+        per_seq = [full if w == 0 else min(full, math.ceil((w + config.max_batch_tokens) / bs) + 1) for w in windows]
+        if not config.kv_memory:
+            return [n * config.max_seqs for n in per_seq]
+        seq_bytes = sum(n * b for n, b in zip(per_seq, per_block))
+        if config.kv_memory < seq_bytes:
+            raise ValueError(
+                f"--kv-memory {config.kv_memory / 2**20:.1f} MiB cannot hold one sequence of {n_ctx} tokens "
+                f"(needs {seq_bytes / 2**20:.1f} MiB); raise it or lower --ctx"
+            )
+        scale = config.kv_memory / seq_bytes
+        return [max(n, int(n * scale)) for n in per_seq]
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def check_prompt(self, prompt: list[int]) -> None:
+        if len(prompt) == 0:
+            raise PromptError("the prompt is empty: nothing to continue from")
+        if len(prompt) >= self.n_ctx:
+            raise PromptError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx}; shorten it or raise --ctx"
+            )
+
+    def add_request(self, prompt: list[int], params: SamplingParams, keep_events: bool = True) -> int:
+        """Queue a request; returns its id.  Events go to stream(id) unless keep_events is False
+        (then only step()'s return value carries them)."""
+        self.check_prompt(prompt)
+        rid = next(self._ids)
+        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events)))
+        self._wake.set()
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        self._inbox.put(("cancel", rid))
+        self._wake.set()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    def usage(self) -> KVUsage:
+        return self.blocks.usage()
+
+    def prefix_hit_rate(self) -> float:
+        b = self.blocks
+        return b.hit_tokens / b.lookup_tokens if b.lookup_tokens else 0.0
+
+    # -- stepping ---------------------------------------------------------------------------------
+
+    def _drain_inbox(self, events: list[Event]) -> None:
+        while True:
+            try:
+                op, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if op == "add":
+                self._requests[arg.seq.id] = arg
+                self.scheduler.add(arg.seq)
+            else:
+                req = self._requests.get(arg)
+                if req is not None and not req.done:
+                    self.scheduler.finish(req.seq)
+                    self._finish(req, "cancelled", events, flush=False)
+
+    def step(self) -> list[Event]:
+        """Run one forward pass (if anything is to run) and return the events it produced."""
+        with self._step_lock:
+            events: list[Event] = []
+            self._drain_inbox(events)
+            sched = self.scheduler.schedule()
+            if sched.items:
+                self._run(sched, events)
+            self.steps += 1
+            for ev in events:
+                req = self._requests.get(ev.request_id)
+                if req is None:
+                    continue
+                if req.events is not None:
+                    req.events.put(ev)  # stream() forgets the request once it has read the finish
+                elif ev.finish_reason is not None:
+                    del self._requests[ev.request_id]
+            return events
+
+    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[Sequence]]:
+        bs = self.config.block_size
+        toks, pos, tok_seq = [], [], []
+        rows, sampled = [], []
+        seqs = [s for s, _ in sched.items]
+        for i, (seq, n) in enumerate(sched.items):
+            start = seq.num_computed
+            toks.extend(seq.tokens[start:start + n])
+            pos.extend(range(start, start + n))
+            tok_seq.extend([i] * n)
+            if start + n == seq.num_tokens:  # its last token: sample the next one from these logits
+                rows.append(len(toks) - 1)
+                sampled.append(seq)
+        positions = np.asarray(pos, np.int32)
+        tables = []
+        slots = np.empty((len(self.blocks.pools), len(toks)), np.int32)
+        for g in range(len(self.blocks.pools)):
+            ts = [self.blocks.tables(s.id)[g] for s in seqs]
+            arr = np.full((len(ts), max(len(t) for t in ts)), -1, np.int32)
+            for i, t in enumerate(ts):
+                arr[i, :len(t)] = t
+            tables.append(arr)
+            slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
+        batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
+                      np.asarray(rows, np.int32))
+        return batch, sampled
+
+    def _run(self, sched: ScheduledStep, events: list[Event]) -> None:
+        now = time.perf_counter()
+        for seq, _ in sched.items:
+            req = self._requests[seq.id]
+            if not req.t_admitted:
+                req.t_admitted = now
+        for g, src, dst in sched.copies:
+            self.pool.copy_block(g, src, dst)
+        batch, sampled = self._batch(sched)
+        logits = self.runner.forward_batch(batch, self.pool)
+        self.scheduler.commit(sched)
+        for r, seq in enumerate(sampled):
+            self._advance(self._requests[seq.id], logits[r], events)
+
+    def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> None:
+        seq = req.seq
+        n = seq.num_tokens
+        tok = int(req.sample(logits, req.history[:n], req.rng))
+        if not req.t_first:
+            req.t_first = time.perf_counter()
+        if tok in self.eog:
+            self.scheduler.finish(seq)
+            self._finish(req, "stop", events)
+            return
+        seq.tokens.append(tok)
+        req.history[n] = tok
+        text, stopped = req.stop.feed(req.detok.add(tok))
+        if text:
+            events.append(Event(seq.id, text, tok))
+        if stopped:
+            self.scheduler.finish(seq)
+            self._finish(req, "stop", events, flush=False)
+        elif len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
+            self.scheduler.finish(seq)
+            self._finish(req, "length", events)
+
+    def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True) -> None:
+        seq = req.seq
+        req.done = True
+        tail = ""
+        if flush:
+            # release bytes the detokenizer and the stop matcher were still holding back
+            text, stopped = req.stop.feed(req.detok.flush())
+            tail = text if stopped else text + req.stop.flush()
+            if stopped:
+                reason = "stop"
+        t_end = time.perf_counter()
+        out = seq.output
+        u = Usage(prompt_tokens=seq.num_prompt, completion_tokens=len(out), cached_tokens=seq.num_cached)
+        if req.t_first:
+            u.ttft_ms = (req.t_first - req.t_added) * 1000
+            u.prefill_tok_s = (seq.num_prompt - seq.num_cached) / max(req.t_first - req.t_admitted, 1e-9)
+            if len(out) > 1:
+                u.decode_tok_s = (len(out) - 1) / max(t_end - req.t_first, 1e-9)
+        events.append(Event(seq.id, tail, None, reason, u, list(out)))
+
+    # -- consuming --------------------------------------------------------------------------------
+
+    def stream(self, rid: int) -> Iterator[Event]:
+        """The events of request rid until its finish event.  Without a background loop, this
+        steps the engine (serving every request) until rid is done."""
+        req = self._requests.get(rid)
+        if req is None:
+            self._drain_pending()
+            req = self._requests.get(rid)
+        if req is None or req.events is None:
+            raise KeyError(f"no request {rid} with kept events")
+        try:
+            while True:
+                if self._thread is None:
+                    try:
+                        ev = req.events.get_nowait()
+                    except queue.Empty:
+                        self.step()
+                        continue
+                else:
+                    ev = req.events.get()
+                yield ev
+                if ev.finish_reason is not None:
+                    return
+        finally:
+            if not req.done:  # the consumer stopped early: nothing else will read this request
+                self.cancel(rid)
+                if self._thread is None:
+                    self.step()
+            self._requests.pop(rid, None)
+
+    def _drain_pending(self) -> None:
+        with self._step_lock:
+            self._drain_inbox([])
+
+    def generate(self, prompt: list[int], params: SamplingParams) -> Iterator[Event]:
+        """One request's events, as a generator (the CLI's and the server's common path)."""
+        return self.stream(self.add_request(prompt, params))
+
+    # -- background loop --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Step the engine in a background thread whenever there is work."""
+        if self._thread is not None:
+            return
+        self._stop_loop = False
+        self._thread = threading.Thread(target=self._loop, name="infer-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop_loop:
+            if self.has_work():
+                self.step()
+            else:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop_loop = True
+        self._wake.set()
+        self._thread.join()
+        self._thread = None

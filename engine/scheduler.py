@@ -1,0 +1,137 @@
+"""Continuous batching: which tokens of which sequences the next forward pass computes.
+
+Each step takes every running sequence's next tokens (one for a sequence that is decoding, a
+chunk for one still in its prompt) and then admits waiting sequences, all under a token budget,
+so decode steps keep flowing while a long prompt is prefilled in chunks.  A sequence is
+admitted when the KV pool has blocks for it (after its cached prefix); when the pool runs out,
+the newest running sequence is preempted: its blocks are freed and it is recomputed later
+(its prompt and what it generated so far, much of it found again in the prefix cache).
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    id: int
+    tokens: list[int]  # the prompt, then every generated token
+    num_prompt: int
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    num_cached: int = 0  # prompt tokens the prefix cache provided at first admission
+    num_preempted: int = 0
+    admitted: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+
+@dataclass
+class ScheduledStep:
+    items: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens to compute)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (group, src, dst) before the pass
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512):
+        if max_seqs < 1 or max_batch_tokens < 1:
+            raise ValueError("max_seqs and max_batch_tokens must be positive")
+        self.blocks = blocks
+        self.max_seqs = max_seqs
+        self.max_batch_tokens = max_batch_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.n_preempted = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a sequence (finished or cancelled) wherever it is, freeing its blocks at once."""
+        if seq.status == SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.free(seq.id)
+        elif seq.status == SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.id)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed = 0
+        seq.num_preempted += 1
+        self.n_preempted += 1
+        self.waiting.appendleft(seq)  # first in line once blocks free up
+
+    def schedule(self) -> ScheduledStep:
+        step = ScheduledStep()
+        budget = self.max_batch_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n_new = min(seq.num_tokens - seq.num_computed, budget)
+            while not self.blocks.can_append(seq.id, n_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                step.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != SeqStatus.RUNNING:
+                break  # it was the newest left: nothing after it runs either
+            step.copies += self.blocks.append(seq.id, n_new)
+            step.items.append((seq, n_new))
+            budget -= n_new
+            i += 1
+        if step.preempted:
+            return step  # the pool is full: admit nobody this step
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            seq = self.waiting[0]
+            cached = self.blocks.begin(seq.id, seq.tokens)
+            n_new = min(seq.num_tokens - cached, budget)
+            if not self.blocks.can_append(seq.id, n_new):
+                self.blocks.free(seq.id)
+                break
+            if not seq.admitted:
+                seq.num_cached = cached
+                seq.admitted = True
+            seq.num_computed = cached
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            step.copies += self.blocks.append(seq.id, n_new)
+            step.items.append((seq, n_new))
+            budget -= n_new
+        return step
+
+    def commit(self, step: ScheduledStep) -> None:
+        """The forward pass of `step` ran: its sequences' new K/V are in the cache."""
+        for seq, n in step.items:
+            if seq.status == SeqStatus.RUNNING:
+                self.blocks.commit(seq.id, seq.tokens, n)
+                seq.num_computed += n

@@ -1,0 +1,186 @@
+"""The engine on real models: batching, prefix reuse, preemption and cancelling change nothing
+a request computes, and free every block."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from infer.engine.engine import EngineConfig, PromptError
+from infer.engine.llm import LLM
+from infer.engine.sampler import SamplingParams
+from tiny_models import write_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    # gemma3: a sliding window of 6 next to global layers, so both KV groups are exercised
+    return write_tiny_model(tmp_path_factory.mktemp("engine") / "tiny-gemma3.gguf", "gemma3", seed=11)
+
+
+def tiny_prompts(n: int = 8) -> list[list[int]]:
+    rng = np.random.default_rng(5)
+    shared = [1] + rng.integers(3, 320, 20).tolist()
+    out = []
+    for i in range(n):
+        tail = rng.integers(3, 320, int(rng.integers(3, 40))).tolist()
+        out.append((shared if i % 2 else [1]) + tail)  # half share a 21-token prefix
+    return out
+
+
+def run_all(llm: LLM, prompts, params=GREEDY) -> tuple[list[list[int]], int]:
+    """Submit every prompt at once and step until done; (tokens per prompt, most sequences in one step)."""
+    eng = llm.engine
+    ids = [eng.add_request(p, params, keep_events=False) for p in prompts]
+    out: dict[int, list[int]] = {}
+    widest = 0
+    while eng.has_work():
+        for ev in eng.step():
+            if ev.finish_reason is not None:
+                out[ev.request_id] = ev.token_ids
+        widest = max(widest, len(eng.scheduler.running))
+    return [out[i] for i in ids], widest
+
+
+def alone(path, prompts, config, params=GREEDY) -> list[list[int]]:
+    res = []
+    for p in prompts:
+        llm = LLM.load(path, config)  # a fresh engine: no cache, nothing else running
+        res.append(run_all(llm, [p], params)[0][0])
+    return res
+
+
+def test_batched_equals_alone_tiny(tiny_path):
+    # a small token budget, so prompts are chunked differently when they run together
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
+    prompts = tiny_prompts()
+    together, widest = run_all(LLM.load(tiny_path, config), prompts)
+    assert widest == 8
+    assert together == alone(tiny_path, prompts, config)
+    assert all(len(t) > 0 for t in together)
+
+
+def test_preemption_recomputes_exactly(tiny_path):
+    roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64)
+    # room for little more than one full-context sequence: the newest are preempted and recomputed
+    per_seq = LLM.load(tiny_path, roomy).engine.blocks.block_bytes
+    tight = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64,
+                         kv_memory=int(1.3 * (8 * per_seq[0] + 8 * per_seq[1])))
+    llm = LLM.load(tiny_path, tight)
+    prompts = tiny_prompts()
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    eng = llm.engine
+    ids = [eng.add_request(p, params, keep_events=False) for p in prompts]
+    out = {}
+    while eng.has_work():
+        for ev in eng.step():
+            if ev.finish_reason is not None:
+                out[ev.request_id] = ev.token_ids
+    assert eng.scheduler.n_preempted > 0
+    assert [out[i] for i in ids] == alone(tiny_path, prompts, roomy, params)
+    assert eng.usage().blocks_used == (0, 0)
+
+
+def test_prefix_cache_and_multi_turn_reuse(tiny_path):
+    config = EngineConfig(n_ctx=256, n_threads=2)
+    llm = LLM.load(tiny_path, config)
+    eng = llm.engine
+    bs = config.block_size
+    first = [1] + list(range(10, 60))  # 51 tokens: three full blocks
+    ev = list(eng.generate(first, GREEDY))[-1]
+    assert ev.usage.cached_tokens == 0
+    # a second request with the same 48-token prefix takes it from the cache
+    second = first[:48] + [7, 8, 9]
+    ev2 = list(eng.generate(second, GREEDY))[-1]
+    assert ev2.usage.cached_tokens == 48
+    assert ev2.token_ids == alone(tiny_path, [second], config)[0]
+    # the next turn of a conversation prefills only its new tokens
+    turn2 = first + ev.token_ids + [5, 6, 7]
+    ev3 = list(eng.generate(turn2, GREEDY))[-1]
+    assert ev3.usage.cached_tokens == (len(first) + len(ev.token_ids) - 1) // bs * bs
+    assert ev3.token_ids == alone(tiny_path, [turn2], config)[0]
+    # a prompt made of cached blocks only: everything but the last token is reused, and the
+    # shared last block is copied before that token's K/V is written again
+    whole = first[:48]
+    ev4 = list(eng.generate(whole, GREEDY))[-1]
+    assert ev4.usage.cached_tokens == 47
+    assert ev4.token_ids == alone(tiny_path, [whole], config)[0]
+    # the same while the first holder still runs: its last block is shared, so it is copied
+    a = eng.add_request(whole, GREEDY)
+    eng.step()
+    b = eng.add_request(whole, GREEDY)
+    copies = []
+    orig = eng.pool.copy_block
+    eng.pool.copy_block = lambda g, src, dst: (copies.append((g, src, dst)), orig(g, src, dst))
+    outs = [list(eng.stream(r))[-1] for r in (a, b)]
+    del eng.pool.copy_block
+    assert len(copies) == 2  # one per KV group
+    assert outs[1].usage.cached_tokens == 47
+    assert outs[0].token_ids == outs[1].token_ids == ev4.token_ids
+    assert eng.usage().blocks_used == (0, 0)
+
+
+def test_cancel_frees_blocks_and_prompt_too_long(tiny_path):
+    llm = LLM.load(tiny_path, EngineConfig(n_ctx=64, n_threads=2))
+    eng = llm.engine
+    with pytest.raises(PromptError, match="64"):
+        eng.add_request(list(range(3, 70)), GREEDY)
+    with pytest.raises(PromptError, match="empty"):
+        eng.add_request([], GREEDY)
+    rid = eng.add_request([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50))
+    stream = eng.stream(rid)
+    for _ in range(5):
+        next(stream)
+    assert sum(eng.usage().blocks_used) > 0
+    eng.cancel(rid)
+    rest = list(stream)
+    assert rest[-1].finish_reason == "cancelled"
+    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+    # a consumer that walks away cancels its request too
+    s2 = eng.generate([1, 9, 9], SamplingParams(temperature=0.0, max_tokens=50))
+    next(s2)
+    s2.close()
+    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+
+
+def test_background_loop_serves_threads(tiny_path):
+    config = EngineConfig(n_ctx=256, n_threads=2)
+    llm = LLM.load(tiny_path, config)
+    prompts = tiny_prompts(6)
+    expected = alone(tiny_path, prompts, config)
+    results: dict[int, list[int]] = {}
+    llm.engine.start()
+    try:
+        def client(i):
+            evs = list(llm.engine.generate(prompts[i], GREEDY))
+            results[i] = evs[-1].token_ids
+            assert "".join(e.text for e in evs) == llm.tokenizer.decode(evs[-1].token_ids)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        llm.engine.stop()
+    assert [results[i] for i in range(len(prompts))] == expected
+    assert llm.engine.usage().blocks_used == (0, 0)
+
+
+def test_batched_equals_alone_gemma(gemma_path):
+    config = EngineConfig(n_ctx=512, n_threads=2, max_seqs=8)
+    llm = LLM.load(gemma_path, config)
+    questions = ["Why is the sky blue?", "Write a haiku about rain.", "What is 17 times 23?",
+                 "Name three rivers in Europe.", "Translate 'good morning' into French.",
+                 "What does a compiler do?", "Give me a synonym for happy.", "Who wrote Hamlet?"]
+    prompts = [llm.encode_chat([{"role": "user", "content": q}]) for q in questions]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    together, widest = run_all(llm, prompts, params)
+    assert widest == 8
+    solo = []
+    for p in prompts:
+        fresh = LLM(llm.model, config)
+        solo.append(run_all(fresh, [p], params)[0][0])
+    assert together == solo

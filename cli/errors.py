@@ -10,7 +10,7 @@ import typer
 
 def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.chat_template import ChatTemplateError
-    from infer.engine.engine import PromptError
+    from infer.engine.engine import EngineConfigError, PromptError
     from infer.engine.sampler import InvalidSamplingParams
     from infer.engine.tokenizer import TokenizerError
     from infer.models.config import ModelConfigError
@@ -19,7 +19,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.models.resolve import ModelNotFoundError
     from infer.quant.types import UnsupportedQuantType
 
-    return (ChatTemplateError, PromptError, InvalidSamplingParams, TokenizerError, ModelConfigError,
+    return (ChatTemplateError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
             GGUFError, ModelLoadError, ModelNotFoundError, UnsupportedQuantType, OSError)
 
 

@@ -44,7 +44,7 @@ def run(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
-        config = EngineConfig(n_ctx=ctx, n_threads=threads)
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1)
         llm = _load(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)

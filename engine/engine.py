@@ -34,6 +34,10 @@ class PromptError(ValueError):
     """A prompt that cannot be run: empty, or longer than the context window."""
 
 
+class EngineConfigError(ValueError):
+    """Engine settings that cannot work (a KV pool too small for one sequence, say)."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     n_ctx: int = DEFAULT_CTX  # most tokens of one sequence; capped at the model's training context
@@ -47,19 +51,19 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
-            raise ValueError(f"--ctx must be at least 8, got {self.n_ctx}")
+            raise EngineConfigError(f"--ctx must be at least 8, got {self.n_ctx}")
         if self.n_threads < 0:
-            raise ValueError(f"--threads must be positive, got {self.n_threads}")
+            raise EngineConfigError(f"--threads must be positive, got {self.n_threads}")
         if self.backend != "cpu":
-            raise ValueError(f"unknown backend {self.backend!r} (available: cpu)")
+            raise EngineConfigError(f"unknown backend {self.backend!r} (available: cpu)")
         if self.max_seqs < 1:
-            raise ValueError(f"--parallel must be at least 1, got {self.max_seqs}")
+            raise EngineConfigError(f"--parallel must be at least 1, got {self.max_seqs}")
         if self.max_batch_tokens < 1:
-            raise ValueError(f"the batch token budget must be positive, got {self.max_batch_tokens}")
+            raise EngineConfigError(f"the batch token budget must be positive, got {self.max_batch_tokens}")
         if self.kv_memory < 0:
-            raise ValueError(f"--kv-memory must be positive, got {self.kv_memory}")
+            raise EngineConfigError(f"--kv-memory must be positive, got {self.kv_memory}")
         if self.block_size < 1:
-            raise ValueError(f"the KV block size must be positive, got {self.block_size}")
+            raise EngineConfigError(f"the KV block size must be positive, got {self.block_size}")
 
 
 @dataclass
@@ -139,7 +143,7 @@ class Engine:
             return [n * config.max_seqs for n in per_seq]
         seq_bytes = sum(n * b for n, b in zip(per_seq, per_block))
         if config.kv_memory < seq_bytes:
-            raise ValueError(
+            raise EngineConfigError(
                 f"--kv-memory {config.kv_memory / 2**20:.1f} MiB cannot hold one sequence of {n_ctx} tokens "
                 f"(needs {seq_bytes / 2**20:.1f} MiB); raise it or lower --ctx"
             )
@@ -262,7 +266,7 @@ class Engine:
         tok = int(req.sample(logits, req.history[:n], req.rng))
         if not req.t_first:
             req.t_first = time.perf_counter()
-        if tok in self.eog:
+        if tok in self.eog and not req.params.ignore_eos:
             self.scheduler.finish(seq)
             self._finish(req, "stop", events)
             return

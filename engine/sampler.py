@@ -50,6 +50,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:

@@ -109,3 +109,26 @@ def test_tiny_model_runs(tmp_path: Path):
     r = infer("run", str(p), "abc", "--raw", "--temperature", "0", "--max-tokens", "4", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["completion_tokens"] >= 1
+
+
+def test_bench_json_on_tiny_model(tmp_path: Path):
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=3)
+    r = infer("bench", str(path), "-p", "32", "-n", "8", "--parallel", "3", "-r", "2", "--threads", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"model", "backend", "threads", "parallel", "prompt_tokens", "gen_tokens", "prefill_tok_s",
+                        "decode_tok_s", "aggregate_decode_tok_s", "ttft_ms"}
+    assert (out["backend"], out["threads"], out["parallel"], out["prompt_tokens"], out["gen_tokens"]) == ("cpu", 2, 3, 32, 8)
+    assert out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0 and out["ttft_ms"] > 0
+    # three streams share each step: together they beat one stream's rate
+    assert out["aggregate_decode_tok_s"] > out["decode_tok_s"]
+
+
+def test_bench_table_and_bad_kv_memory(tmp_path: Path):
+    path = write_tiny_model(tmp_path / "tiny.gguf", "qwen2", seed=4)
+    r = infer("bench", str(path), "-p", "16", "-n", "4", "-r", "1")
+    assert r.returncode == 0, r.stderr
+    assert "pp16" in r.stdout and "tg4" in r.stdout and "KV pool" in r.stdout
+    assert_one_line_error(infer("bench", str(path), "--kv-memory", "1K"), "--kv-memory", "cannot hold")
+    bad = infer("bench", str(path), "--kv-memory", "lots")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

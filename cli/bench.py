@@ -1,0 +1,76 @@
+"""`infer bench [MODEL]`: prefill and decode speed, like llama-bench, plus parallel streams."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from .errors import reported
+from .main import app
+from .sizes import parse_size
+
+
+@app.command(help="Measure prefill and decode tok/s on MODEL (a .gguf path, or the embedded default).")
+def bench(
+    model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
+    prompt_tokens: int = typer.Option(512, "--prompt-tokens", "-p", help="Prompt length of the prefill test."),
+    gen_tokens: int = typer.Option(128, "--gen-tokens", "-n", help="Tokens each stream generates."),
+    parallel: int = typer.Option(1, "--parallel", help="Concurrent streams in the decode test."),
+    repetitions: int = typer.Option(3, "--repetitions", "-r", help="Runs per test (mean ± sd)."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
+    threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: all cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    with reported():
+        from infer.engine.benchmark import BenchResult, run_bench
+        from infer.engine.engine import EngineConfig
+
+        from .run import _load
+
+        config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
+                              kv_memory=parse_size(kv_memory) if kv_memory else 0)
+        llm = _load(model, config, quiet=True)
+        res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
+        ms = BenchResult.mean_sd
+        kv = llm.engine.usage()
+        name = llm.model.config.name or llm.model.path.name
+        row = {
+            "model": name,
+            "path": str(llm.model.path),
+            "backend": config.backend,
+            "threads": llm.runner.n_threads,
+            "parallel": parallel,
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": gen_tokens,
+            "repetitions": repetitions,
+            "prefill_tok_s": round(ms(res.prefill_tok_s)[0], 2),
+            "prefill_tok_s_sd": round(ms(res.prefill_tok_s)[1], 2),
+            "decode_tok_s": round(ms(res.decode_tok_s)[0], 2),
+            "decode_tok_s_sd": round(ms(res.decode_tok_s)[1], 2),
+            "aggregate_decode_tok_s": round(ms(res.aggregate_decode_tok_s)[0], 2),
+            "aggregate_decode_tok_s_sd": round(ms(res.aggregate_decode_tok_s)[1], 2),
+            "ttft_ms": round(ms(res.ttft_ms)[0], 2),
+            "kv_pool_bytes": kv.bytes_total,
+        }
+        if as_json:
+            json.dump(row, sys.stdout)
+            sys.stdout.write("\n")
+            return
+        out = sys.stdout
+        out.write(f"model: {name} ({llm.model.path})\n")
+        out.write(f"backend {config.backend}, threads {row['threads']}, KV pool {kv.bytes_total / 2**20:.1f} MiB "
+                  f"({' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)\n\n")
+        out.write(f"| {'test':<22} | {'t/s':>18} |\n|{'-' * 24}|{'-' * 20}|\n")
+
+        def line(test, xs):
+            m, sd = ms(xs)
+            out.write(f"| {test:<22} | {m:>9.2f} ± {sd:<6.2f} |\n")
+
+        line(f"pp{prompt_tokens}", res.prefill_tok_s)
+        line(f"tg{gen_tokens}" + (f" per stream x{parallel}" if parallel > 1 else ""), res.decode_tok_s)
+        if parallel > 1:
+            line(f"tg{gen_tokens} aggregate x{parallel}", res.aggregate_decode_tok_s)
+        out.write(f"\nttft (pp{prompt_tokens}): {row['ttft_ms']:.1f} ms\n")

@@ -322,7 +322,10 @@ class Engine:
                         self.step()
                         continue
                 else:
-                    ev = req.events.get()
+                    try:  # a timeout, so a KeyboardInterrupt reaches this thread promptly
+                        ev = req.events.get(timeout=0.1)
+                    except queue.Empty:
+                        continue
                 yield ev
                 if ev.finish_reason is not None:
                     return

@@ -1,0 +1,115 @@
+"""`infer chat` driven as a person drives it: in a pseudo-terminal, with pexpect."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+PROMPT = ">>> "
+
+
+@pytest.fixture()
+def env(tmp_path):
+    # a private infer home, so the chat history file lands in tmp_path
+    return dict(os.environ, INFER_HOME=str(tmp_path), HF_HUB_OFFLINE="1", TERM="dumb", COLUMNS="200")
+
+
+def spawn(env, gemma_path, *args, timeout=300):
+    child = pexpect.spawn(sys.executable, ["-m", "infer.cli", "chat", str(gemma_path), *args], env=env,
+                          encoding="utf-8", timeout=timeout, dimensions=(50, 200))
+    child.expect_exact(PROMPT)
+    return child
+
+
+def say(child, line: str) -> str:
+    """Send a line and return what came back before the next prompt."""
+    child.sendline(line)
+    child.expect_exact(PROMPT)
+    return child.before
+
+
+def test_session(env, gemma_path, tmp_path):
+    child = spawn(env, gemma_path, "--max-tokens", "24")
+    assert "temperature = 0.0" in say(child, "/set temperature 0")
+    first = say(child, "Hello! Who are you?")
+    assert first.replace("Hello! Who are you?", "").strip()  # a reply came
+    assert "0 reused from the cache" in say(child, "/stats")
+    say(child, "What can you do?")
+    stats = say(child, "/stats")
+    reused = int(re.search(r"(\d+) reused from the cache", stats).group(1))
+    assert reused >= 16  # the second turn's prompt starts with the first turn's blocks
+    assert "unknown command '/frobnicate'" in say(child, "/frobnicate")
+    conv = tmp_path / "conv.json"
+    assert "saved 4 messages" in say(child, f"/save {conv}")
+    saved = json.loads(conv.read_text())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert saved["messages"][0]["content"] == "Hello! Who are you?"
+    assert "new conversation" in say(child, "/clear")
+    assert "used by 0 messages" in say(child, "/show")
+    assert "loaded 4 messages" in say(child, f"/load {conv}")
+    shown = say(child, "/show")
+    assert "used by 4 messages" in shown and "temperature 0.0" in shown
+    # a multi-line message
+    child.sendline('"""')
+    child.sendline("Line one")
+    child.sendline('line two"""')
+    child.expect_exact(PROMPT)
+    assert "used by 6 messages" in say(child, "/show")
+    # Ctrl-C stops a reply in progress; the partial reply stays in the conversation
+    say(child, "/set max_tokens 2000")
+    child.sendline("Tell me a very long story about a dragon and a knight.")
+    child.expect_exact("knight.")  # the echo of the line
+    child.expect(r"\w")  # the reply has started
+    child.sendintr()
+    child.expect_exact("(stopped)")
+    child.expect_exact(PROMPT)
+    assert "used by 8 messages" in say(child, "/show")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert (tmp_path / "chat_history").exists()  # readline history kept across sessions
+
+
+def test_ctrl_d_and_ctrl_c_at_empty_prompt_exit(env, gemma_path):
+    child = spawn(env, gemma_path)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    child = spawn(env, gemma_path)
+    child.sendintr()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_context_overflow_drops_oldest_turns(env, gemma_path):
+    child = spawn(env, gemma_path, "--ctx", "96", "--max-tokens", "16", "--temperature", "0", "--system", "Be brief.")
+    seen = ""
+    for i in range(6):
+        seen += say(child, f"Tell me fact number {i} about the ocean.")
+    assert "outgrew the context of 96 tokens" in seen
+    shown = say(child, "/show")
+    assert "system: 'Be brief.'" in shown
+    used = int(re.search(r"context: (\d+) of 96", shown).group(1))
+    assert used < 96
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+
+
+def test_piped_input_answers_once(env, gemma_path):
+    cmd = [sys.executable, "-m", "infer.cli", "chat", str(gemma_path), "--temperature", "0", "--max-tokens", "8"]
+    r = subprocess.run(cmd + ["--json"], input="What is 2+2?\n", capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["reply"] and out["completion_tokens"] <= 8 and out["finish_reason"] in ("stop", "length")
+    plain = subprocess.run(cmd, input="What is 2+2?\n", capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == 0 and plain.stdout.strip() == out["reply"].strip()
+    empty = subprocess.run(cmd, input="", capture_output=True, text=True, env=env, timeout=300)
+    assert empty.returncode != 0 and "Traceback" not in empty.stderr

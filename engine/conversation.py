@@ -38,10 +38,24 @@ class Conversation:
     system: str | None = None
     messages: list[dict] = field(default_factory=list)  # user and assistant turns, no system
     reserve: int = 256  # tokens kept free for the reply when fitting the prompt
+    # what the engine computed last turn: the prompt's text and ids, then the reply's text and ids
+    _last: tuple[str, list[int]] | None = field(default=None, repr=False)
+    _prompt: tuple[str, list[int]] = field(default=("", []), repr=False)  # this turn's, as fitted
 
     def full_messages(self) -> list[dict]:
         sys_msg = [{"role": "system", "content": self.system}] if self.system else []
         return sys_msg + self.messages
+
+    def _encode(self) -> tuple[str, list[int]]:
+        """The conversation's prompt text and ids.  When the text continues last turn's prompt and
+        reply, the ids do too: the reply's tokens as generated (re-tokenizing its text could split
+        it differently), then the new text's, so the prefix cache finds every earlier block."""
+        llm = self.llm
+        text = llm.template.render(self.full_messages(), add_generation_prompt=True)
+        if self._last is not None and text.startswith(self._last[0]):
+            tail = llm.tokenizer.encode(text[len(self._last[0]):], add_special=False, parse_special=True)
+            return text, self._last[1] + tail
+        return text, llm.encode_chat(self.full_messages())
 
     def fit(self) -> tuple[list[int], int]:
         """The prompt of the conversation, dropping the oldest turns until it fits; (ids, turns dropped)."""
@@ -49,17 +63,19 @@ class Conversation:
         budget = max(n_ctx - min(self.reserve, n_ctx // 4), 1)
         dropped = 0
         while True:
-            ids = self.llm.encode_chat(self.full_messages())
+            text, ids = self._encode()
             if len(ids) < budget or len(self.messages) <= 1:
                 break
             # drop the oldest exchange (a user turn and the reply to it)
             n = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
             del self.messages[:n]
             dropped += n
+            self._last = None
         if len(ids) >= n_ctx:
             raise PromptError(
                 f"the message alone has {len(ids)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
             )
+        self._prompt = (text, ids)
         return ids, dropped
 
     def turn(self, text: str, params: SamplingParams, stats: TurnStats) -> Iterator[Event]:
@@ -73,6 +89,7 @@ class Conversation:
             raise
         stats.prompt_tokens = len(ids)
         parts: list[str] = []
+        self._last = None
         try:
             for ev in self.llm.generate(ids, params):
                 parts.append(ev.text)
@@ -81,12 +98,16 @@ class Conversation:
                     stats.cached_tokens, stats.completion_tokens = u.cached_tokens, u.completion_tokens
                     stats.ttft_ms, stats.decode_tok_s = u.ttft_ms, u.decode_tok_s
                     stats.finish_reason = ev.finish_reason
+                    if ev.finish_reason != "stop" or not params.stop:  # a stop string cut the text
+                        text, prompt_ids = self._prompt
+                        self._last = (text + "".join(parts), prompt_ids + ev.token_ids)
                 yield ev
         finally:
             self.messages.append({"role": "assistant", "content": "".join(parts)})
 
     def clear(self) -> None:
         self.messages.clear()
+        self._last = None
 
     def to_json(self) -> dict:
         return {"system": self.system, "messages": self.messages}
@@ -111,4 +132,5 @@ class Conversation:
         system = data.get("system")
         sys_msgs = [m["content"] for m in msgs if m["role"] == "system"]
         self.system = system if isinstance(system, str) else (sys_msgs[0] if sys_msgs else None)
+        self._last = None
         self.messages = [dict(role=m["role"], content=m["content"]) for m in msgs if m["role"] != "system"]

@@ -8,7 +8,8 @@ from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.matmul import round_activations
-from infer.backends.cpu.repack import ACT_NONE, ACT_ROUNDING, pack_stacked
+from infer.backends.cpu.repack import ACT_NONE, ACT_ROUNDING, GROUP, pack_stacked
+from infer.backends.cpu.target import VNNI
 from infer.quant.tensor import QTensor
 from tiny_models import _tensor
 
@@ -32,8 +33,47 @@ def test_qmatmul_matches_reference(qtype, T, repacked):
     out = np.zeros((T, rows), np.float32)
     # float types are never repacked: both ids run the raw path for them
     qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, rows * n, 4))
+    ref = _reference(qtype, w, x)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
+def _reference(qtype, w, x):
+    """x (rounded as llama.cpp rounds it for the type) @ W.T in float64."""
     xr = x.copy()
     if ACT_ROUNDING[int(qtype)] != ACT_NONE:
         round_activations(ACT_ROUNDING[int(qtype)], x, xr)
-    ref = xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
-    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    return xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
+
+
+REPACKED = [t for t in TYPES if int(t) in GROUP]
+
+
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
+@pytest.mark.parametrize("T", [1, 3, 4, 8, 13])
+def test_vnni_layout_bit_identical(qtype, T):
+    """Both packed layouts on every repackable type: the portable one, and where the CPU has
+    AVX-512 VNNI, the integer-dot kernel's, which must give the very same floats."""
+    rows, n = 192, 512
+    w = _weight(qtype, rows, n, seed=int(qtype) * 11 + T)
+    x = np.random.default_rng(100 + T).normal(0, 1, size=(T, n)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero activation block (zero scale, zero quants)
+    ws = MatmulWorkspace(32, n, rows * n, 4)
+    ref = _reference(qtype, w, x)
+    outs = []
+    for vnni in ([False, True] if VNNI else [False]):
+        p = pack_stacked((w,), vnni=vnni)
+        assert p.vnni == vnni
+        out = np.zeros((T, rows), np.float32)
+        qmatmul(p, x, out, ws)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+        outs.append(out)
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+
+
+def test_no_vnni_env(monkeypatch):
+    """INFER_NO_VNNI=1 at pack time selects the portable layout."""
+    w = _weight(GT.Q8_0, 64, 256, seed=1)
+    monkeypatch.setenv("INFER_NO_VNNI", "1")
+    assert not pack_stacked((w,)).vnni
+    monkeypatch.delenv("INFER_NO_VNNI")
+    assert pack_stacked((w,)).vnni == VNNI

@@ -2,9 +2,9 @@
 
 Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8 tiles
 (repack.py) and multiplied as llama.cpp does, with 8-bit activations and exact integer block
-dots (qdot.py). Weights kept as they are (F32, F16, BF16, or any type not repacked) take the
-reference path: the activations are rounded as llama.cpp rounds them for that type, then small
-batches dequantize one weight row at a time into a per-thread buffer and dot it with every
+dots (qdot.py; on CPUs with AVX-512 VNNI, integer dot instructions with bit-identical results).
+Weights kept as they are (F32, F16, BF16, or any type not repacked) take the reference path: the
+activations are rounded as llama.cpp rounds them for that type, then small batches dequantize one weight row at a time into a per-thread buffer and dot it with every
 activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from numba import njit, prange
 from infer.quant.dequant import dequant_row, dequant_rows
 
 from .ops import f16_round
-from .qdot import matmul_packed
+from .qdot import TT_MAX, matmul_packed, matmul_packed_vnni
 from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_ROUNDING, NC, PackedWeight
 
 # Reference path: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
@@ -110,7 +110,8 @@ class MatmulWorkspace:
         self.xq = np.zeros(max_tokens * max_k, np.float32)
         self.dxb = np.zeros(max_tokens * max_k // 16, np.float32)
         self.bsum = np.zeros(max_tokens * max_k // 16, np.float32)
-        self.acc = np.zeros((n_chunks, 4, NC), np.float32)
+        self.xi = np.zeros(max_tokens * max_k, np.int8)  # the same quants as int8, for the VNNI kernel
+        self.acc = np.zeros((n_chunks, TT_MAX, NC), np.float32)
 
 
 def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 0) -> None:
@@ -119,7 +120,10 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
     """
     if isinstance(w, PackedWeight):
         x = np.ascontiguousarray(x, np.float32)
-        matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        if w.vnni:
+            matmul_packed_vnni(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xi, ws.dxb, ws.bsum, out, col0, ws.acc)
+        else:
+            matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

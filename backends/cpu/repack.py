@@ -8,6 +8,13 @@ and a float scale (and min) per block of 16 or 32 elements.  We expand that into
   contiguous and free of reductions, which is what vectorizes well.  (A 32-element block loop
   inside a row loop does not.)  Every block of a tile is one contiguous G*NC-byte run, so a
   tile streams from memory in order.
+  On a CPU with AVX-512 VNNI (target.VNNI) the kernel takes integer dot products of 4 columns
+  at a time (qdot.py), so each block is laid out (G//4, NC, 4) instead: the 4 consecutive
+  quants of a row that one int32 lane consumes are adjacent, and NC rows of them follow each
+  other.  They are stored as q + 128 in uint8 (vpdpbusd's unsigned operand; every type's quants
+  lie in [-128, 127]), so the array is (NT, nb, G//4, NC, 4) uint8, the same size.  Only one
+  layout is kept, chosen when packing: INFER_NO_VNNI=1 (or pack_stacked(..., vnni=False))
+  selects the portable one, to run or test its kernels on a VNNI machine.
 - s, m: (NT, nb, NC) scale and min of each block of each row: the f16 bits (uint16) for the
   legacy types, whose scales are f16 values, float32 for the K-quants (m is a (1, nb, NC) zero
   placeholder for types without mins).
@@ -23,6 +30,7 @@ model takes about 290 MB (int8: 1 byte per weight, against 4.5 to 8.5 bits in th
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +40,7 @@ from infer.quant import types as qt
 from infer.quant.kquants import f16_at, q3_scale, scale_min_k4
 
 from .ops import f16_bits
+from .target import VNNI
 
 # How llama.cpp rounds the activations before a dot product with each weight type ("vec_dot_type").
 # Applying the same rounding keeps our logits within llama.cpp's own rounding of the same file.
@@ -63,12 +72,13 @@ class PackedWeight:
     n: int  # rows N (output features)
     k: int  # row length K (input features)
     group: int  # G
-    q: np.ndarray  # (NT, K//G, G, NC) int8
+    q: np.ndarray  # (NT, K//G, G, NC) int8, or with vnni (NT, K//G, G//4, NC, 4) uint8 holding q + 128
     s: np.ndarray  # (NT, K//G, NC) float32, or uint16 f16 bits for F16_SCALES types
     m: np.ndarray  # (NT, K//G, NC) like s; (1, K//G, NC) zeros when the type has no mins
     has_min: bool
     src: tuple  # the QTensors it was packed from, stacked row-wise
     act: int  # how the activations are rounded for it (ACT_ROUNDING of its type)
+    vnni: bool = False  # q in the layout of the VNNI kernel (see module doc)
 
     @property
     def nbytes(self) -> int:
@@ -154,11 +164,14 @@ def unpack_row(type_id, src, q, s, m):
 
 
 @njit(cache=True, parallel=True)
-def pack_rows(type_id, raw, q, s, m, has_min, rq, rs, rm):
-    # raw: (N, row_bytes) uint8; q: (NT, nb, G, NC) int8; s, m: (NT, nb, NC) f32 (m: (1, nb, NC) zeros if no mins)
+def pack_rows(type_id, raw, q, s, m, has_min, vnni, rq, rs, rm):
+    # raw: (N, row_bytes) uint8; q: (NT, nb, G*NC) int8, each block's bytes in the layout `vnni` picks
+    # (see module doc); s, m: (NT, nb, NC) f32 (m: (1, nb, NC) zeros if no mins)
     # rq: (n_chunks, NC, K) int8, rs, rm: (n_chunks, NC, nb) f32 scratch, one tile's rows per parallel chunk
     N = raw.shape[0]
-    NT, nb, G, nc = q.shape
+    NT, nb, GN = q.shape
+    nc = s.shape[2]
+    G = GN // nc
     n_chunks = rq.shape[0]
     for c in prange(n_chunks):
         tq, ts, tm = rq[c], rs[c], rm[c]
@@ -180,9 +193,16 @@ def pack_rows(type_id, raw, q, s, m, has_min, rq, rs, rm):
                 if has_min:
                     for r in range(nc):
                         mt[b, r] = tm[r, b]
-                for j in range(G):
-                    for r in range(nc):
-                        qt[b, j, r] = tq[r, b * G + j]
+                if vnni:
+                    # (G//4, NC, 4): q + 128 as uint8 (stored through int8: the same bits)
+                    for j4 in range(G // 4):
+                        for r in range(nc):
+                            for i in range(4):
+                                qt[b, (j4 * nc + r) * 4 + i] = tq[r, b * G + 4 * j4 + i] ^ np.int8(-128)
+                else:
+                    for j in range(G):
+                        for r in range(nc):
+                            qt[b, j * nc + r] = tq[r, b * G + j]
 
 
 def stackable(ws) -> bool:
@@ -197,16 +217,26 @@ def stackable(ws) -> bool:
     )
 
 
-def pack_stacked(ws) -> PackedWeight | None:
-    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be."""
+def use_vnni() -> bool:
+    """Whether weights packed now take the VNNI layout: where the CPU has it, unless the
+    environment sets INFER_NO_VNNI=1 (to run or test the portable kernels on such a CPU)."""
+    return VNNI and os.environ.get("INFER_NO_VNNI", "") in ("", "0")
+
+
+def pack_stacked(ws, vnni: bool | None = None) -> PackedWeight | None:
+    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be.
+    vnni: the layout (see module doc); None picks use_vnni()'s.  True needs a CPU with VNNI."""
     ws = tuple(ws)
     if not stackable(ws):
         return None
+    vnni = use_vnni() if vnni is None else bool(vnni)
+    if vnni and not VNNI:
+        raise ValueError("the VNNI layout needs a CPU with AVX-512 VNNI")
     t0 = ws[0].type_id
     G, has_min, K = GROUP[t0], t0 in HAS_MIN, ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
     nt, nb = sum(nts), K // G
-    q = np.empty((nt, nb, G, NC), np.int8)
+    q = np.empty((nt, nb, G * NC), np.int8)
     s = np.empty((nt, nb, NC), np.float32)
     m = np.empty((nt, nb, NC), np.float32) if has_min else np.zeros((1, nb, NC), np.float32)
     n_chunks = min(16, max(nts))
@@ -215,11 +245,12 @@ def pack_stacked(ws) -> PackedWeight | None:
     rm = np.zeros((n_chunks, NC, nb), np.float32)
     a = 0
     for w, n in zip(ws, nts):
-        pack_rows(w.type_id, w.raw, q[a:a + n], s[a:a + n], m[a:a + n] if has_min else m, has_min, rq, rs, rm)
+        pack_rows(w.type_id, w.raw, q[a:a + n], s[a:a + n], m[a:a + n] if has_min else m, has_min, vnni, rq, rs, rm)
         a += n
+    q = q.view(np.uint8).reshape(nt, nb, G // 4, NC, 4) if vnni else q.reshape(nt, nb, G, NC)
     if t0 in F16_SCALES:
         s, m = _to_f16_bits(s), _to_f16_bits(m)
-    return PackedWeight(t0, sum(w.raw.shape[0] for w in ws), K, G, q, s, m, has_min, ws, ACT_ROUNDING[t0])
+    return PackedWeight(t0, sum(w.raw.shape[0] for w in ws), K, G, q, s, m, has_min, ws, ACT_ROUNDING[t0], vnni)
 
 
 def _to_f16_bits(a: np.ndarray) -> np.ndarray:

@@ -27,6 +27,16 @@ VECTOR_WIDTH = 16 if "+avx512f" in _FEATURES else 8
 # call a runtime helper that numba does not link, so half_to_float below converts with integer ops.
 F16_NATIVE = "+f16c" in _FEATURES or _TRIPLE.startswith(("aarch64", "arm64"))
 
+# AVX-512 VNNI (vpdpbusd: u8 x s8 dot products of 4 bytes into int32 lanes), for the packed
+# matmul (qdot.py).  Only with 16-lane vectors: the kernel's tiles assume 512-bit registers.
+VNNI = "+avx512vnni" in _FEATURES and VECTOR_WIDTH == 16
+
+# The byte operands of llvm.x86.avx512.vpdpbusd.512: <64 x i8> in LLVM 22 (which reads the older
+# <16 x i32> form only through its auto-upgrade), <16 x i32> before (their own form, or upgraded
+# if the change came earlier).  Not probed: a mistyped intrinsic declaration can abort an LLVM
+# built with assertions instead of raising an error.
+VNNI_BYTES = llvm.llvm_version_info >= (22,)
+
 
 def half_to_float(builder, bits):
     """<n x i16> f16 bits -> <n x float>.  Finite values only (K/V and block scales are finite)."""

@@ -4,8 +4,8 @@ Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8
 (repack.py) and multiplied as llama.cpp does, with 8-bit activations and exact integer block
 dots (qdot.py; on CPUs with AVX-512 VNNI, integer dot instructions with bit-identical results).
 Weights kept as they are (F32, F16, BF16, or any type not repacked) take the reference path: the
-activations are rounded as llama.cpp rounds them for that type, then small batches dequantize one weight row at a time into a per-thread buffer and dot it with every
-activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
+activations are rounded as llama.cpp rounds them for that type, then small batches dequantize
+one weight row at a time into a per-thread buffer and dot it with every activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
+from . import options as opt
 from .errors import reported, user_errors
 from .main import app
 
@@ -32,16 +33,16 @@ SETTABLE = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, 
 def chat(
     model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
     max_tokens: int = typer.Option(1024, "--max-tokens", "-n", help="Most tokens per reply."),
-    temperature: float = typer.Option(0.8, "--temperature", "-t", help="0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k", help="0 disables."),
-    top_p: float = typer.Option(0.95, "--top-p", help="1.0 disables."),
-    min_p: float = typer.Option(0.05, "--min-p", help="0 disables."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1.0 disables."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
-    stop: List[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads (0: all cores)."),
+    temperature: float = opt.TEMPERATURE,
+    top_k: int = opt.TOP_K,
+    top_p: float = opt.TOP_P,
+    min_p: float = opt.MIN_P,
+    repeat_penalty: float = opt.REPEAT_PENALTY,
+    seed: Optional[int] = opt.SEED,
+    stop: List[str] = opt.STOP,
+    system: Optional[str] = opt.SYSTEM,
+    ctx: int = opt.CTX,
+    threads: int = opt.THREADS,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:

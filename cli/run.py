@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from . import options as opt
 from .errors import reported
 from .main import app
 
@@ -15,17 +16,17 @@ from .main import app
 def run(
     args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="Optional model path, then the prompt ('-' reads stdin)."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens to generate."),
-    temperature: float = typer.Option(0.8, "--temperature", "-t", help="0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k", help="0 disables."),
-    top_p: float = typer.Option(0.95, "--top-p", help="1.0 disables."),
-    min_p: float = typer.Option(0.05, "--min-p", help="0 disables."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1.0 disables."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible sampling."),
-    stop: List[str] = typer.Option([], "--stop", help="Stop at this string (repeatable)."),
-    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    temperature: float = opt.TEMPERATURE,
+    top_k: int = opt.TOP_K,
+    top_p: float = opt.TOP_P,
+    min_p: float = opt.MIN_P,
+    repeat_penalty: float = opt.REPEAT_PENALTY,
+    seed: Optional[int] = opt.SEED,
+    stop: List[str] = opt.STOP,
+    system: Optional[str] = opt.SYSTEM,
     raw: bool = typer.Option(False, "--raw", help="No chat template: tokenize the prompt as is."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads (0: all cores)."),
+    ctx: int = opt.CTX,
+    threads: int = opt.THREADS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:

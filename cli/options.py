@@ -1,0 +1,15 @@
+"""Options several commands share (run, chat): one declaration each, the same flags everywhere."""
+from __future__ import annotations
+
+import typer
+
+TEMPERATURE = typer.Option(0.8, "--temperature", "-t", help="0 is greedy.")
+TOP_K = typer.Option(40, "--top-k", help="0 disables.")
+TOP_P = typer.Option(0.95, "--top-p", help="1.0 disables.")
+MIN_P = typer.Option(0.05, "--min-p", help="0 disables.")
+REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", help="1.0 disables.")
+SEED = typer.Option(None, "--seed", help="Seed for reproducible sampling.")
+STOP = typer.Option([], "--stop", help="Stop at this string (repeatable).")
+SYSTEM = typer.Option(None, "--system", help="System prompt.")
+CTX = typer.Option(4096, "--ctx", "-c", help="Context size in tokens.")
+THREADS = typer.Option(0, "--threads", help="CPU threads (0: all cores).")

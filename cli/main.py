@@ -18,7 +18,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root() -> None:
-    """Run quantized LLMs locally: infer run, infer chat, infer bench."""
+    """Run quantized LLMs locally: infer run, infer chat, infer bench, infer serve."""
 
 
 def _configure_numba_cache() -> None:
@@ -36,7 +36,7 @@ def _configure_numba_cache() -> None:
 
 def main() -> None:
     _configure_numba_cache()
-    from . import bench, chat, run  # noqa: F401  (registers the commands)
+    from . import bench, chat, run, serve  # noqa: F401  (registers the commands)
 
     try:
         app()

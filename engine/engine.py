@@ -15,14 +15,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from infer.backends.batch import Batch
 
 from .block_manager import BlockManager, KVUsage
-from .sampler import SamplingParams, make_rng, make_sampler
+from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
 
@@ -79,8 +79,9 @@ class Usage:
 @dataclass
 class Event:
     """A piece of one request's stream: new text and the token that produced it; the last event
-    of a request has a finish_reason ("stop", "length" or "cancelled"), its usage and every
-    generated token id."""
+    of a request has a finish_reason ("stop", "length", "cancelled" or "error"), its usage and every
+    generated token id.  With SamplingParams.logprobs set, `logprobs` has one entry per token
+    generated since the previous event (a token whose text is held back reports with the next)."""
 
     request_id: int
     text: str
@@ -88,10 +89,15 @@ class Event:
     finish_reason: str | None = None
     usage: Usage | None = None
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+
+
+EventSink = Callable[[Event], None]
 
 
 class _Request:
-    def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool):
+    def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool,
+                 sink: EventSink | None = None):
         self.seq = Sequence(rid, list(prompt), len(prompt))
         self.params = params
         self.sample = make_sampler(params)
@@ -100,7 +106,9 @@ class _Request:
         self.history[:len(prompt)] = prompt
         self.detok = tokenizer.detokenizer()
         self.stop = StopMatcher(tuple(params.stop))
-        self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if keep else None
+        self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if keep and sink is None else None
+        self.sink = sink
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None  # not yet reported
         self.t_added = time.perf_counter()
         self.t_admitted = 0.0
         self.t_first = 0.0
@@ -130,6 +138,7 @@ class Engine:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop_loop = False
+        self.last_error: BaseException | None = None  # what made fail_all() end the running requests
         self.steps = 0
 
     @staticmethod
@@ -160,12 +169,15 @@ class Engine:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx}; shorten it or raise --ctx"
             )
 
-    def add_request(self, prompt: list[int], params: SamplingParams, keep_events: bool = True) -> int:
+    def add_request(self, prompt: list[int], params: SamplingParams, keep_events: bool = True,
+                    sink: EventSink | None = None) -> int:
         """Queue a request; returns its id.  Events go to stream(id) unless keep_events is False
-        (then only step()'s return value carries them)."""
+        (then only step()'s return value carries them) or a sink is given: then sink(event) is
+        called with each one from the stepping thread, so it must be quick and must not block
+        (an asyncio server passes loop.call_soon_threadsafe with its queue's put_nowait)."""
         self.check_prompt(prompt)
         rid = next(self._ids)
-        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events)))
+        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink)))
         self._wake.set()
         return rid
 
@@ -175,6 +187,14 @@ class Engine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty()
+
+    def num_waiting(self) -> int:
+        """Requests not yet running: queued for admission, preempted, or not yet seen by a step
+        (a pending cancel counts too, for the moment until the next step drains it)."""
+        return len(self.scheduler.waiting) + self._inbox.qsize()
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
 
     def usage(self) -> KVUsage:
         return self.blocks.usage()
@@ -209,15 +229,41 @@ class Engine:
             if sched.items:
                 self._run(sched, events)
             self.steps += 1
-            for ev in events:
-                req = self._requests.get(ev.request_id)
-                if req is None:
-                    continue
-                if req.events is not None:
-                    req.events.put(ev)  # stream() forgets the request once it has read the finish
-                elif ev.finish_reason is not None:
-                    del self._requests[ev.request_id]
+            self._deliver(events)
             return events
+
+    def _deliver(self, events: list[Event]) -> None:
+        for ev in events:
+            req = self._requests.get(ev.request_id)
+            if req is None:
+                continue
+            if req.sink is not None:
+                try:
+                    req.sink(ev)
+                except Exception:
+                    # its consumer is gone (a closed event loop, say): stop computing for it
+                    if ev.finish_reason is None:
+                        self.cancel(ev.request_id)
+            if req.events is not None:
+                req.events.put(ev)  # stream() forgets the request once it has read the finish
+            elif ev.finish_reason is not None:
+                del self._requests[ev.request_id]
+
+    def fail_all(self, error: BaseException) -> None:
+        """End every live request with finish_reason "error" and free its blocks: after a step
+        raised, the background loop does this so that no consumer waits forever."""
+        with self._step_lock:
+            events: list[Event] = []
+            self._drain_inbox(events)
+            for req in list(self._requests.values()):
+                if not req.done:
+                    try:
+                        self.scheduler.finish(req.seq)
+                    except Exception:
+                        pass  # the failed step may have left its blocks half-assigned; it ends regardless
+                    self._finish(req, "error", events, flush=False)
+            self.last_error = error
+            self._deliver(events)
 
     def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[Sequence]]:
         bs = self.config.block_size
@@ -272,9 +318,11 @@ class Engine:
             return
         seq.tokens.append(tok)
         req.history[n] = tok
+        if req.logprobs is not None:
+            req.logprobs.append(token_logprob(logits, tok, req.params.logprobs))
         text, stopped = req.stop.feed(req.detok.add(tok))
         if text:
-            events.append(Event(seq.id, text, tok))
+            events.append(Event(seq.id, text, tok, logprobs=self._take_logprobs(req)))
         if stopped:
             self.scheduler.finish(seq)
             self._finish(req, "stop", events, flush=False)
@@ -300,7 +348,14 @@ class Engine:
             u.prefill_tok_s = (seq.num_prompt - seq.num_cached) / max(req.t_first - req.t_admitted, 1e-9)
             if len(out) > 1:
                 u.decode_tok_s = (len(out) - 1) / max(t_end - req.t_first, 1e-9)
-        events.append(Event(seq.id, tail, None, reason, u, list(out)))
+        events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req)))
+
+    @staticmethod
+    def _take_logprobs(req: _Request) -> list[TokenLogprob] | None:
+        if req.logprobs is None:
+            return None
+        taken, req.logprobs = req.logprobs, []
+        return taken
 
     # -- consuming --------------------------------------------------------------------------------
 
@@ -357,7 +412,10 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop_loop:
             if self.has_work():
-                self.step()
+                try:
+                    self.step()
+                except Exception as e:  # a bug, not a request's fault: fail what runs, keep serving
+                    self.fail_all(e)
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()

@@ -18,6 +18,9 @@ Stage = Callable[[np.ndarray, np.ndarray], Candidates]
 Sampler = Callable[[np.ndarray, np.ndarray, "np.random.Generator | None"], int]
 
 
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+
+
 class InvalidSamplingParams(ValueError):
     """A sampling parameter is out of range or of the wrong type."""
 
@@ -51,6 +54,7 @@ class SamplingParams:
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
+    logprobs: int | None = None  # None: off; k: each token's logprob and the k likeliest alternatives
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:
@@ -73,6 +77,10 @@ class SamplingParams:
             raise InvalidSamplingParams(f"seed must be a non-negative integer or None, got {self.seed}")
         if _integer("max_tokens", self.max_tokens) < 1:
             raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= _integer("logprobs", self.logprobs) <= MAX_LOGPROBS:
+            raise InvalidSamplingParams(
+                f"logprobs must be between 0 and {MAX_LOGPROBS} (or None = off), got {self.logprobs}"
+            )
         stop = self.stop
         if isinstance(stop, str):
             raise InvalidSamplingParams(f"stop must be a sequence of strings, not a single string {stop!r}")
@@ -240,6 +248,28 @@ def sample_softmax(ids: np.ndarray, logits: np.ndarray, rng: np.random.Generator
 def greedy(ids: np.ndarray, logits: np.ndarray) -> int:
     """The highest-logit id; the first one wins ties."""
     return int(ids[int(np.argmax(logits))])
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (id, logprob) of the likeliest tokens, most likely first
+
+
+def token_logprob(logits: np.ndarray, token_id: int, k: int) -> TokenLogprob:
+    """The log-softmax of the raw logits (before penalties and filters) at token_id, and the top k."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    mx = float(x.max())
+    lse = mx + math.log(float(np.exp(x - mx).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        ids, vals = _top_sorted(np.arange(x.size, dtype=np.int64), x, min(k, x.size))
+        top = tuple((int(i), float(v) - lse) for i, v in zip(ids, vals))
+    return TokenLogprob(int(token_id), float(x[token_id]) - lse, top)
 
 
 # ---------------------------------------------------------------- composition

@@ -169,6 +169,103 @@ def test_background_loop_serves_threads(tiny_path):
     assert llm.engine.usage().blocks_used == (0, 0)
 
 
+def test_sink_gets_the_stream_events_and_queue_depth(tiny_path):
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=1)
+    llm = LLM.load(tiny_path, config)
+    eng = llm.engine
+    prompts = tiny_prompts(3)
+    expected = alone(tiny_path, prompts, config)
+    got: dict[int, list] = {}
+    done = threading.Event()
+
+    def sink(ev):
+        got.setdefault(ev.request_id, []).append(ev)
+        if len(got) == 3 and all(evs[-1].finish_reason for evs in got.values()):
+            done.set()
+
+    ids = [eng.add_request(p, GREEDY, sink=sink) for p in prompts]
+    assert eng.num_waiting() == 3 and eng.num_running() == 0  # nothing stepped yet
+    eng.step()
+    assert eng.num_running() == 1 and eng.num_waiting() == 2  # max_seqs=1: the others queue
+    eng.start()
+    try:
+        assert done.wait(60)
+    finally:
+        eng.stop()
+    for rid, want in zip(ids, expected):
+        evs = got[rid]
+        assert [e.finish_reason for e in evs[:-1]] == [None] * (len(evs) - 1)
+        assert evs[-1].token_ids == want and evs[-1].logprobs is None
+        assert "".join(e.text for e in evs) == llm.tokenizer.decode(want)
+    assert eng.num_waiting() == 0 and eng.usage().blocks_used == (0, 0)
+    with pytest.raises(KeyError):  # a sink request has no queue for stream()
+        list(eng.stream(eng.add_request(prompts[0], GREEDY, sink=sink)))
+
+
+def test_logprobs_are_the_raw_log_softmax(tiny_path):
+    from infer.engine.sampler import InvalidSamplingParams
+
+    with pytest.raises(InvalidSamplingParams, match="logprobs"):
+        SamplingParams(logprobs=21)
+    llm = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2))
+    eng = llm.engine
+    prompt = tiny_prompts(1)[0]
+    # a repeat penalty changes what is sampled, never the reported (raw) logprobs
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=3, repeat_penalty=1.3)
+    evs = list(eng.generate(prompt, params))
+    lps = [lp for e in evs for lp in e.logprobs]
+    assert [lp.token_id for lp in lps] == evs[-1].token_ids
+    # recompute each position's logits with a fresh engine, one greedy token at a time
+    ref = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2, prefix_cache=False))
+    seq = list(prompt)
+    for lp in lps:
+        captured = {}
+        runner = ref.runner
+        real = runner.forward_batch
+
+        def spy(batch, pool):
+            out = real(batch, pool)
+            captured["row"] = np.array(out[-1], dtype=np.float64)
+            return out
+
+        runner.forward_batch = spy
+        list(ref.engine.generate(seq, SamplingParams(temperature=0.0, max_tokens=1)))
+        runner.forward_batch = real
+        x = captured["row"]
+        logsm = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+        assert lp.logprob == pytest.approx(logsm[lp.token_id], abs=1e-4)
+        order = np.argsort(-logsm, kind="stable")[:3]
+        assert [t for t, _ in lp.top] == order.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(logsm[order].tolist(), abs=1e-4)
+        seq.append(lp.token_id)
+
+
+def test_failed_step_ends_requests_and_loop_keeps_serving(tiny_path):
+    llm = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2))
+    eng = llm.engine
+    real = llm.runner.forward_batch
+    calls = {"n": 0}
+
+    def flaky(batch, pool):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected")
+        return real(batch, pool)
+
+    llm.runner.forward_batch = flaky
+    eng.start()
+    try:
+        prompts = tiny_prompts(2)
+        ends = [list(eng.generate(p, GREEDY))[-1] for p in prompts[:1]]
+        assert ends[0].finish_reason == "error" and isinstance(eng.last_error, RuntimeError)
+        assert eng.usage().blocks_used == (0, 0)
+        after = list(eng.generate(prompts[1], GREEDY))[-1]  # the loop survived
+    finally:
+        eng.stop()
+    assert after.finish_reason == "length" and after.token_ids == alone(tiny_path, prompts[1:], EngineConfig(
+        n_ctx=256, n_threads=2))[0]
+
+
 def test_batched_equals_alone_gemma(gemma_path):
     config = EngineConfig(n_ctx=512, n_threads=2, max_seqs=8)
     llm = LLM.load(gemma_path, config)

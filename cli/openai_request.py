@@ -1,0 +1,184 @@
+"""The fields of an OpenAI request, checked and turned into what the engine takes.
+
+Everything a client sends is validated here, with OpenAI's error shape for what is wrong
+(APIError), so the server's routes only deal with well-formed jobs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from infer.engine.chat_template import MessageError, validate_messages
+from infer.engine.sampler import InvalidSamplingParams, SamplingParams
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -9999
+
+
+
+class APIError(Exception):
+    """A request the server refuses, rendered in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+
+
+def present(body: dict, name: str) -> bool:
+    return body.get(name) is not None  # OpenAI clients send null for "not set"
+
+
+def number_field(body: dict, name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise APIError(400, f"'{name}' must be a number, got {kind(v)}", name, "invalid_type")
+    return v
+
+
+def int_field(body: dict, name: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise APIError(400, f"'{name}' must be an integer, got {kind(v)}", name, "invalid_type")
+    return v
+
+
+def bool_field(body: dict, name: str) -> bool:
+    v = body.get(name)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise APIError(400, f"'{name}' must be true or false, got {kind(v)}", name, "invalid_type")
+    return v
+
+
+def kind(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(type(v), type(v).__name__)
+
+
+def text_field(value: str, param: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"'{param}' is not valid Unicode (it has a lone surrogate)", param,
+                       "invalid_value") from None
+    return value
+
+
+def stop_field(body: dict) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise APIError(400, "'stop' must be a non-empty string or a list of non-empty strings", "stop", "invalid_type")
+    if len(items) > 16:
+        raise APIError(400, f"'stop' takes at most 16 strings, got {len(items)}", "stop", "invalid_value")
+    return tuple(text_field(s, "stop") for s in items)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated generation request, not yet tokenized."""
+
+    params: SamplingParams
+    max_tokens: int | None  # None: up to the end of the context
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+
+
+def parse_job(body: dict, logprobs_k: int | None) -> Job:
+    """The fields chat and completions share, checked and turned into SamplingParams."""
+    n = int_field(body, "n")
+    if n is not None and n != 1:
+        raise APIError(400, f"'n' must be 1: this server returns one choice per request, got {n}", "n", "invalid_value")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise APIError(400, f"'user' must be a string, got {kind(body['user'])}", "user", "invalid_type")
+    if body.get("logit_bias"):
+        raise APIError(400, "'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
+    stream = bool_field(body, "stream")
+    opts = body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise APIError(400, f"'stream_options' must be an object, got {kind(opts)}", "stream_options",
+                           "invalid_type")
+        if not stream:
+            raise APIError(400, "'stream_options' is only allowed with 'stream': true", "stream_options",
+                           "invalid_value")
+        include_usage = bool_field(opts, "include_usage")
+    max_tokens = int_field(body, "max_completion_tokens")
+    name = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = int_field(body, "max_tokens"), "max_tokens"
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError(400, f"'{name}' must be at least 1, got {max_tokens}", name, "invalid_value")
+    seed = int_field(body, "seed")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise APIError(400, f"'seed' must be between 0 and 2**64 - 1, got {seed}", "seed", "invalid_value")
+    # ignore_eos is llama.cpp's extension, for benchmarks that need a fixed number of tokens
+    kw: dict[str, Any] = {"stop": stop_field(body), "seed": seed, "logprobs": logprobs_k,
+                          "ignore_eos": bool_field(body, "ignore_eos")}
+    for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
+        v = number_field(body, field)
+        if v is not None:
+            kw[field] = v
+    top_k = int_field(body, "top_k")
+    if top_k is not None:
+        kw["top_k"] = top_k
+    try:
+        params = SamplingParams(**kw)
+    except InvalidSamplingParams as e:
+        param = str(e).split()[0]
+        raise APIError(400, str(e), param if param in kw else None, "invalid_value") from None
+    return Job(params, max_tokens, stream, include_usage, logprobs_k is not None)
+
+
+def chat_messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "'messages' must be a non-empty array of {role, content} objects", "messages",
+                       "invalid_value" if isinstance(msgs, list) else "invalid_type")
+    out = []
+    for i, m in enumerate(msgs):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise APIError(400, f"'{p}' must be an object with 'role' and 'content', got {kind(m)}", p, "invalid_type")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise APIError(400, f"'{p}.role' must be one of {', '.join(CHAT_ROLES)}, got {role!r}"[:300],
+                           f"{p}.role", "invalid_value")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""  # an assistant turn that only called tools
+        elif isinstance(content, list):  # content parts: only text is understood
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise APIError(400, f"'{p}.content' parts must be {{\"type\": \"text\", \"text\": ...}}: "
+                                   "this server reads text only", f"{p}.content", "invalid_value")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif not isinstance(content, str):
+            raise APIError(400, f"'{p}.content' must be a string or an array of text parts, got {kind(content)}",
+                           f"{p}.content", "invalid_type")
+        out.append({"role": "system" if role == "developer" else role, "content": text_field(content, f"{p}.content")})
+    try:
+        return validate_messages(out)
+    except MessageError as e:
+        raise APIError(400, str(e), "messages", "invalid_value") from None
+

@@ -1,0 +1,463 @@
+"""An OpenAI-compatible HTTP front end over the engine: Starlette routes, SSE streams, metrics.
+
+Requests are validated here and become token ids and SamplingParams; the engine steps in its own
+thread and hands each event to the event loop through a per-request asyncio queue.  A request
+whose client goes away is cancelled at once, which frees its KV blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from infer.engine.chat_template import ChatTemplateError
+from infer.engine.engine import Event, PromptError
+from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
+from infer.engine.tokenizer import TokenizerError
+
+from .openai_request import (MIN_LOGPROB, APIError, Job, bool_field, chat_messages, int_field, kind, parse_job,
+                             text_field)
+from .server_metrics import Metrics
+
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_id: str
+    model_aliases: tuple[str, ...] = ()  # other names a request may use for the model
+    api_key: str | None = None
+    max_queue: int = 64  # requests that would wait for a running slot beyond this many get 503
+    max_body: int = 8 * 2**20
+    cors_origins: tuple[str, ...] = ()
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _FrontDoor:
+    """ASGI middleware: the API key on /v1 routes, and a request count by route and status."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics):
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.count_request(path, message["status"])
+            await send(message)
+
+        if self.api_key and path.startswith("/v1") and not self._authorized(scope):
+            err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            return await err.response()(scope, receive, counted)
+        await self.app(scope, receive, counted)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key.encode())
+        return False
+
+
+# ---------------------------------------------------------------- the server
+
+
+class OpenAIServer:
+    def __init__(self, llm, config: ServerConfig):
+        self.llm = llm
+        self.engine = llm.engine
+        self.tokenizer = llm.tokenizer
+        self.config = config
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self.fingerprint = "fp_infer"
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    async def _json_body(self, request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.config.max_body:
+            raise self._too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.config.max_body:
+                raise self._too_large()
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, absurd nesting
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise APIError(400, f"the request body is not valid JSON: {msg}"[:300], None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, f"the request body must be a JSON object, got {kind(body)}", None, "invalid_type")
+        return body
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than {self.config.max_body} bytes", None, "body_too_large")
+
+    def _check_model(self, body: dict) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.config.model_id
+        if not isinstance(model, str):
+            raise APIError(400, f"'model' must be a string, got {kind(model)}", "model", "invalid_type")
+        if model != self.config.model_id and model not in self.config.model_aliases:
+            raise APIError(404, f"the model {model[:200]!r} does not exist; this server has {self.config.model_id!r}",
+                           "model", "model_not_found")
+        return self.config.model_id
+
+    def _fit(self, job: Job, prompt: list[int]) -> SamplingParams:
+        """The job's params with max_tokens checked against (or defaulted to) the room left."""
+        n_ctx, n = self.engine.n_ctx, len(prompt)
+        if n == 0:
+            raise APIError(400, "the prompt is empty", None, "invalid_value")
+        if n >= n_ctx:
+            raise APIError(400, f"the prompt has {n} tokens but the context holds {n_ctx} (with room for at least "
+                           "one generated token); shorten the prompt", None, "context_length_exceeded")
+        if job.max_tokens is None:
+            return replace(job.params, max_tokens=n_ctx - n)
+        if n + job.max_tokens > n_ctx:
+            raise APIError(400, f"the prompt has {n} tokens and max_tokens asks for {job.max_tokens} more, "
+                           f"{n + job.max_tokens} in all, but the context holds {n_ctx}; lower max_tokens or shorten "
+                           "the prompt", "max_tokens", "context_length_exceeded")
+        return replace(job.params, max_tokens=job.max_tokens)
+
+    async def _events(self, request: Request, prompt: list[int], params: SamplingParams) -> AsyncIterator[Event]:
+        """The engine's events for one request, until its finish; the request is cancelled (its KV
+        blocks freed) as soon as the client disconnects or the consumer stops early."""
+        eng = self.engine
+        free_slots = max(0, eng.scheduler.max_seqs - eng.num_running())
+        if eng.num_waiting() + 1 > self.config.max_queue + free_slots:  # it would wait beyond the queue
+            raise APIError(503, f"the server is overloaded ({self.config.max_queue} requests already waiting); "
+                           "retry shortly", None, "server_overloaded", "server_error", {"Retry-After": "1"})
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Event | None] = asyncio.Queue()
+        t0 = time.perf_counter()
+        try:
+            rid = self.engine.add_request(prompt, params, sink=lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
+        except PromptError as e:
+            raise APIError(400, str(e), None, "invalid_value") from None
+
+        async def watch() -> None:
+            try:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+            except Exception:
+                pass  # a broken connection is a gone client too
+            q.put_nowait(None)
+
+        watcher = asyncio.ensure_future(watch())
+        done = False
+        last = None
+        try:
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    raise _ClientGone
+                now = time.perf_counter()
+                if last is None and (ev.token_id is not None or (ev.finish_reason and ev.usage.completion_tokens)):
+                    self.metrics.ttft.observe(now - t0)
+                    last = now
+                elif last is not None and ev.token_id is not None:
+                    self.metrics.itl.observe(now - last)
+                    last = now
+                if ev.finish_reason == "error":
+                    done = True
+                    err = self.engine.last_error
+                    raise APIError(500, f"generation failed: {type(err).__name__}: {err}".splitlines()[0][:300],
+                                   None, "engine_error", "server_error")
+                if ev.finish_reason is not None:
+                    done = True
+                    u = ev.usage
+                    self.metrics.prompt_tokens += u.prompt_tokens
+                    self.metrics.cached_tokens += u.cached_tokens
+                    self.metrics.completion_tokens += u.completion_tokens
+                yield ev
+                if done:
+                    return
+        finally:
+            watcher.cancel()
+            if not done:
+                self.engine.cancel(rid)
+
+    async def _encode(self, fn, arg) -> list[int]:
+        try:
+            return await asyncio.to_thread(fn, arg)
+        except (ChatTemplateError, TokenizerError) as e:
+            raise APIError(400, str(e).splitlines()[0], None, "invalid_value") from None
+
+    # -- logprobs ---------------------------------------------------------------------------------
+
+    def _piece(self, tid: int) -> tuple[str, list[int]]:
+        b = self.tokenizer.token_to_piece(tid, special=True)
+        return b.decode("utf-8", errors="replace"), list(b)
+
+    def _chat_logprobs(self, lps: list[TokenLogprob]) -> list[dict]:
+        out = []
+        for lp in lps:
+            text, raw = self._piece(lp.token_id)
+            top = []
+            for tid, v in lp.top:
+                t, b = self._piece(tid)
+                top.append({"token": t, "logprob": max(v, MIN_LOGPROB), "bytes": b})
+            out.append({"token": text, "logprob": max(lp.logprob, MIN_LOGPROB), "bytes": raw, "top_logprobs": top})
+        return out
+
+    def _completion_logprobs(self, lps: list[TokenLogprob], offset: int) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in lps:
+            text, _ = self._piece(lp.token_id)
+            tokens.append(text)
+            values.append(max(lp.logprob, MIN_LOGPROB))
+            tops.append({self._piece(tid)[0]: max(v, MIN_LOGPROB) for tid, v in lp.top})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+    # -- routes -----------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.config.model_id,
+                             "running": self.engine.num_running(), "waiting": self.engine.num_waiting()})
+
+    async def metrics_route(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.render(self.engine), media_type="text/plain; version=0.0.4")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "infer",
+             "context_length": self.engine.n_ctx},
+        ]})
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await self._json_body(request)
+            model = self._check_model(body)
+            messages = chat_messages(body)
+            want = bool_field(body, "logprobs")
+            top = int_field(body, "top_logprobs")
+            if top is not None and not want:
+                raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
+            if top is not None and not 0 <= top <= MAX_LOGPROBS:
+                raise APIError(400, f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs",
+                               "invalid_value")
+            for unsupported in ("tools", "functions"):
+                if body.get(unsupported):
+                    raise APIError(400, f"'{unsupported}' is not supported by this server", unsupported,
+                                   "unsupported_parameter")
+            fmt = body.get("response_format")
+            if fmt is not None and fmt != {"type": "text"}:
+                raise APIError(400, "'response_format' supports only {\"type\": \"text\"}", "response_format",
+                               "unsupported_parameter")
+            job = parse_job(body, (top or 0) if want else None)
+            prompt = await self._encode(self.llm.encode_chat, messages)
+            params = self._fit(job, prompt)
+            events = self._events(request, prompt, params)
+            first = await anext(events)  # surfaces a 503 or a cancelled request before any header goes out
+        except APIError as e:
+            return e.response()
+        except _ClientGone:
+            return Response(status_code=499)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                "system_fingerprint": self.fingerprint}
+        if job.stream:
+            return self._sse(self._chat_chunks(head, first, events, job))
+        parts, lps = [], []
+        try:
+            ev = first
+            while True:
+                parts.append(ev.text)
+                lps += ev.logprobs or []
+                if ev.finish_reason is not None:
+                    break
+                ev = await anext(events)
+        except APIError as e:
+            return e.response()
+        except _ClientGone:
+            return Response(status_code=499)
+        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
+                  "logprobs": {"content": self._chat_logprobs(lps), "refusal": None} if job.logprobs else None,
+                  "finish_reason": ev.finish_reason}
+        return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
+
+    async def _chat_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job):
+        head = {**head, "object": "chat.completion.chunk"}
+        tail = {"usage": None} if job.include_usage else {}  # OpenAI's chunks but the last have a null usage
+
+        def chunk(delta: dict, finish: str | None = None, lps: list[TokenLogprob] | None = None) -> dict:
+            logprobs = {"content": self._chat_logprobs(lps or []), "refusal": None} if job.logprobs and lps else None
+            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                    **tail}
+
+        yield chunk({"role": "assistant", "content": "", "refusal": None})
+        ev = first
+        while True:
+            if ev.text or ev.logprobs:
+                yield chunk({"content": ev.text}, lps=ev.logprobs)
+            if ev.finish_reason is not None:
+                break
+            ev = await anext(events)
+        yield chunk({}, ev.finish_reason)
+        if job.include_usage:
+            yield {**head, "choices": [], "usage": _usage(ev)}
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = await self._json_body(request)
+            model = self._check_model(body)
+            prompt_in = body.get("prompt")
+            if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
+                prompt_in = prompt_in[0]  # a batch of one
+            if isinstance(prompt_in, str):
+                prompt_in = text_field(prompt_in, "prompt")
+            elif isinstance(prompt_in, list) and prompt_in and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in prompt_in):
+                if not all(0 <= t < self.tokenizer.vocab_size for t in prompt_in):
+                    raise APIError(400, f"'prompt' token ids must be in [0, {self.tokenizer.vocab_size})", "prompt",
+                                   "invalid_value")
+            else:
+                raise APIError(400, "'prompt' must be a string or an array of token ids (one prompt per request)",
+                               "prompt", "invalid_type" if not isinstance(prompt_in, list) else "invalid_value")
+            k = int_field(body, "logprobs")
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise APIError(400, f"'logprobs' must be between 0 and {MAX_LOGPROBS}, got {k}", "logprobs",
+                               "invalid_value")
+            if bool_field(body, "echo"):
+                raise APIError(400, "'echo' is not supported", "echo", "unsupported_parameter")
+            best_of = int_field(body, "best_of")
+            if best_of is not None and best_of != 1:
+                raise APIError(400, f"'best_of' must be 1, got {best_of}", "best_of", "invalid_value")
+            if body.get("suffix"):
+                raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
+            job = parse_job(body, k)
+            prompt = (await self._encode(self.llm.encode_raw, prompt_in)) if isinstance(prompt_in, str) else prompt_in
+            params = self._fit(job, prompt)
+            events = self._events(request, prompt, params)
+            first = await anext(events)
+        except APIError as e:
+            return e.response()
+        except _ClientGone:
+            return Response(status_code=499)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": model, "system_fingerprint": self.fingerprint}
+        if job.stream:
+            return self._sse(self._completion_chunks(head, first, events, job))
+        parts, lps = [], []
+        try:
+            ev = first
+            while True:
+                parts.append(ev.text)
+                lps += ev.logprobs or []
+                if ev.finish_reason is not None:
+                    break
+                ev = await anext(events)
+        except APIError as e:
+            return e.response()
+        except _ClientGone:
+            return Response(status_code=499)
+        choice = {"text": "".join(parts), "index": 0,
+                  "logprobs": self._completion_logprobs(lps, 0) if job.logprobs else None,
+                  "finish_reason": ev.finish_reason}
+        return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
+
+    async def _completion_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job):
+        tail = {"usage": None} if job.include_usage else {}
+        offset = 0
+        ev = first
+        while True:
+            if ev.text or ev.logprobs or ev.finish_reason is not None:
+                lps = self._completion_logprobs(ev.logprobs or [], offset) if job.logprobs else None
+                offset += len(ev.text)
+                yield {**head, "choices": [{"text": ev.text, "index": 0, "logprobs": lps,
+                                            "finish_reason": ev.finish_reason}], **tail}
+            if ev.finish_reason is not None:
+                break
+            ev = await anext(events)
+        if job.include_usage:
+            yield {**head, "choices": [], "usage": _usage(ev)}
+
+    def _sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for c in chunks:
+                    yield b"data: " + json.dumps(c, ensure_ascii=False).encode() + b"\n\n"
+            except _ClientGone:
+                return  # the finally of _events has cancelled the request; nobody is listening
+            except APIError as e:  # the headers are out: the error goes in the stream, as OpenAI's do
+                err = {"message": e.message, "type": e.type, "param": e.param, "code": e.code}
+                yield b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
+                return
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _usage(ev: Event) -> dict:
+    u = ev.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    msg = f"{request.method} {request.url.path}: {exc.detail}"
+    return APIError(exc.status_code, msg[:300], None, code, headers=exc.headers).response()
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # A bug of ours: the client still gets OpenAI's error shape, and the server keeps serving.
+    return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error").response()
+
+
+def create_app(llm, config: ServerConfig) -> Starlette:
+    server = OpenAIServer(llm, config)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        llm.engine.start()
+        try:
+            yield
+        finally:
+            llm.engine.stop()
+
+    routes = [
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics_route, methods=["GET"]),
+    ]
+    middleware = []
+    if config.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                     allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+    middleware.append(Middleware(_FrontDoor, api_key=config.api_key, metrics=server.metrics))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.server = server
+    return app

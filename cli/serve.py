@@ -1,0 +1,88 @@
+"""`infer serve [MODEL]`: an OpenAI-compatible HTTP server (see openai_server.py) on uvicorn."""
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from typing import List, Optional
+
+import typer
+
+from . import options as opt
+from .errors import reported
+from .main import app
+from .sizes import parse_size
+
+
+@app.command(help="Serve MODEL (a .gguf path, or the embedded default) over an OpenAI-compatible HTTP API.")
+def serve(
+    model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    parallel: int = typer.Option(4, "--parallel", help="Sequences generated at once (continuous batching)."),
+    ctx: int = opt.CTX,
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory",
+                                            help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFER_API_KEY", show_default=False,
+                                          help="Require 'Authorization: Bearer KEY' on every /v1 route."),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a free slot; more get 503."),
+    cors: List[str] = typer.Option([], "--cors", help="Allow this browser origin ('*': any; repeatable)."),
+    threads: int = opt.THREADS,
+    max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
+    shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
+                                         help="Seconds running requests get to finish on SIGINT/SIGTERM."),
+) -> None:
+    if not 0 <= port <= 65535:
+        raise typer.BadParameter(f"--port must be in 0..65535, got {port}")
+    if max_queue < 0:
+        raise typer.BadParameter(f"--max-queue must be >= 0, got {max_queue}")
+    if shutdown_timeout < 0:
+        raise typer.BadParameter(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+    body_limit = parse_size(max_body)
+    sock = _listen(host, port)  # before the model loads: a busy port fails at once
+    with reported():
+        import uvicorn
+
+        from infer.engine.engine import EngineConfig
+
+        from .openai_server import ServerConfig, create_app
+        from .run import _load
+
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel,
+                              kv_memory=parse_size(kv_memory) if kv_memory else 0)
+        llm = _load(model, config, quiet=not sys.stderr.isatty())
+        path = llm.model.path
+        aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
+        server_config = ServerConfig(model_id=path.stem, model_aliases=aliases, api_key=api_key or None,
+                                     max_queue=max_queue, max_body=body_limit, cors_origins=tuple(cors))
+        kv = llm.engine.usage()
+        sys.stderr.write(
+            f"infer serve: {path.stem} on http://{host}:{sock.getsockname()[1]}/v1 · parallel {parallel} · "
+            f"ctx {llm.engine.n_ctx} · "
+            f"KV {kv.bytes_total / 2**20:.1f} MiB · threads {llm.runner.n_threads}"
+            f"{' · API key required' if api_key else ''}\n"
+        )
+        uv = uvicorn.Config(create_app(llm, server_config), host=host, port=port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
+        # previous handler; this one makes that a clean exit instead of a kill or a traceback.
+        handled = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            uvicorn.Server(uv).run(sockets=[sock])
+        finally:
+            for sig, handler in handled.items():
+                signal.signal(sig, handler)
+        sys.stderr.write("infer serve: stopped\n")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sys.stderr.write(f"error: cannot listen on {host}:{port}: {e.strerror or e}\n")
+        raise typer.Exit(1) from None
+    return sock

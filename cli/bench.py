@@ -12,9 +12,9 @@ from .main import app
 from .sizes import parse_size
 
 
-@app.command(help="Measure prefill and decode tok/s on MODEL (a .gguf path, or the embedded default).")
+@app.command(help="Measure prefill and decode tok/s on MODEL (a pulled name, a .gguf path, or the embedded default).")
 def bench(
-    model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
+    model: Optional[str] = typer.Argument(None, help="Pulled name or .gguf path (default: the embedded model)."),
     prompt_tokens: int = typer.Option(512, "--prompt-tokens", "-p", help="Prompt length of the prefill test."),
     gen_tokens: int = typer.Option(128, "--gen-tokens", "-n", help="Tokens each stream generates."),
     parallel: int = typer.Option(1, "--parallel", help="Concurrent streams in the decode test."),

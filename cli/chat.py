@@ -29,9 +29,9 @@ SETTABLE = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, 
             "seed": int, "repeat_penalty": float}
 
 
-@app.command(help="Chat with MODEL (a .gguf path, or the embedded default) in the terminal.")
+@app.command(help="Chat with MODEL (a pulled name, a .gguf path, or the embedded default) in the terminal.")
 def chat(
-    model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
+    model: Optional[str] = typer.Argument(None, help="Pulled name or .gguf path (default: the embedded model)."),
     max_tokens: int = typer.Option(1024, "--max-tokens", "-n", help="Most tokens per reply."),
     temperature: float = opt.TEMPERATURE,
     top_k: int = opt.TOP_K,

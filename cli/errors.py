@@ -15,12 +15,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.tokenizer import TokenizerError
     from infer.models.config import ModelConfigError
     from infer.models.gguf_file import GGUFError
+    from infer.models.hub import PullError
     from infer.models.loader import ModelLoadError
     from infer.models.resolve import ModelNotFoundError
     from infer.quant.types import UnsupportedQuantType
 
     return (ChatTemplateError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
-            GGUFError, ModelLoadError, ModelNotFoundError, UnsupportedQuantType, OSError)
+            GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, OSError)
 
 
 @contextmanager

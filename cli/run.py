@@ -12,9 +12,9 @@ from .errors import reported
 from .main import app
 
 
-@app.command(help="Generate a reply to PROMPT (with MODEL, a .gguf path, or the embedded default).")
+@app.command(help="Generate a reply to PROMPT (MODEL: a pulled name, a .gguf path, or the embedded default).")
 def run(
-    args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="Optional model path, then the prompt ('-' reads stdin)."),
+    args: List[str] = typer.Argument(..., metavar="[MODEL] PROMPT", help="Optional model (pulled name or .gguf path), then the prompt ('-' reads stdin)."),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Most tokens to generate."),
     temperature: float = opt.TEMPERATURE,
     top_k: int = opt.TOP_K,

@@ -14,9 +14,9 @@ from .main import app
 from .sizes import parse_size
 
 
-@app.command(help="Serve MODEL (a .gguf path, or the embedded default) over an OpenAI-compatible HTTP API.")
+@app.command(help="Serve MODEL (a pulled name, a .gguf path, or the embedded default) over an OpenAI-compatible HTTP API.")
 def serve(
-    model: Optional[str] = typer.Argument(None, help="Model path (default: the embedded model)."),
+    model: Optional[str] = typer.Argument(None, help="Pulled name or .gguf path (default: the embedded model)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     parallel: int = typer.Option(4, "--parallel", help="Sequences generated at once (continuous batching)."),

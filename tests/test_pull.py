@@ -138,6 +138,21 @@ def test_pull_by_quant_tag_case_insensitive(env, hub, repos, gemma_sha256):
     assert store(env).get("acme/gemma-GGUF:q8_0").files == (GEMMA_Q8,)
 
 
+def test_pulled_model_runs_and_is_listed_shown_removed(env, hub):
+    assert infer(env, "pull", "acme/gemma-GGUF:Q4_K_M").returncode == 0
+    r = infer(env, "run", "acme/gemma-GGUF", "hi", "--max-tokens", "3", "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    assert 1 <= json.loads(r.stdout)["completion_tokens"] <= 3
+    listed = json.loads(infer(env, "list", "--json").stdout)
+    assert [m["name"] for m in listed] == ["acme/gemma-GGUF:Q4_K_M"]
+    shown = infer(env, "show", "acme/gemma-GGUF:q4_k_m")
+    assert shown.returncode == 0 and "gemma3" in shown.stdout
+    path = store(env).get("acme/gemma-GGUF").path
+    assert infer(env, "rm", "acme/gemma-GGUF:Q4_K_M", "--yes").returncode == 0
+    assert store(env).list() == [] and not os.path.exists(path)
+    assert_one_line_error(infer(env, "run", "acme/gemma-GGUF", "hi"), "infer pull")
+
+
 def test_default_quant(env, hub):
     r = infer(env, "pull", "acme/gemma-GGUF")
     assert r.returncode == 0, r.stderr

@@ -16,12 +16,17 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.models.config import ModelConfigError
     from infer.models.gguf_file import GGUFError
     from infer.models.hub import PullError
+    from infer.models.imatrix import ImatrixError
     from infer.models.loader import ModelLoadError
+    from infer.models.convert_hf import ConvertError
+    from infer.models.quantize import QuantizeError
     from infer.models.resolve import ModelNotFoundError
+    from infer.quant.recipe import RecipeError
     from infer.quant.types import UnsupportedQuantType
 
     return (ChatTemplateError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
-            GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, OSError)
+            GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, QuantizeError, ImatrixError,
+            RecipeError, ConvertError, OSError)
 
 
 @contextmanager

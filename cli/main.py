@@ -36,7 +36,7 @@ def _configure_numba_cache() -> None:
 
 def main() -> None:
     _configure_numba_cache()
-    from . import bench, chat, pull, run, serve, store  # noqa: F401  (registers the commands)
+    from . import bench, chat, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
 
     try:
         app()

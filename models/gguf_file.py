@@ -6,7 +6,7 @@ so the header is parsed here with struct; gguf supplies the type enums.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,9 @@ class GGUFFile:
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, QTensor]
+    # Each key's GGUF value type and, for arrays, the element type: rewriting a file (infer quantize)
+    # must keep them, since a u32 stored back as an i32 changes the bytes llama.cpp would write.
+    kv_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     @property
     def architecture(self) -> str:
@@ -135,9 +138,15 @@ def read_gguf(path: str | Path) -> GGUFFile:
         raise GGUFError(f"{path}: corrupt header ({n_tensors} tensors, {n_kv} metadata keys)")
 
     metadata: dict[str, Any] = {}
+    kv_types: dict[str, tuple[int, int | None]] = {}
     for _ in range(n_kv):
         key = cur.string()
-        metadata[key] = cur.value(cur.u32())
+        vtype = cur.u32()
+        etype = None
+        if vtype == GGUFValueType.ARRAY and cur.pos + 4 <= len(cur.buf):
+            (etype,) = struct.unpack_from("<I", cur.buf, cur.pos)
+        kv_types[key] = (vtype, etype)
+        metadata[key] = cur.value(vtype)
 
     infos = []
     for _ in range(n_tensors):
@@ -167,4 +176,4 @@ def read_gguf(path: str | Path) -> GGUFFile:
             )
         shape = tuple(int(d) for d in reversed(ne)) or (1,)
         tensors[name] = QTensor.from_bytes(type_id, shape, mm[start:start + nbytes])
-    return GGUFFile(path, version, metadata, tensors)
+    return GGUFFile(path, version, metadata, tensors, kv_types)

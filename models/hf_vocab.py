@@ -1,0 +1,244 @@
+"""The tokenizer of a Hugging Face folder as GGUF vocabulary keys: SentencePiece (tokenizer.model)
+or byte-level BPE (tokenizer.json), special tokens and the chat template."""
+from __future__ import annotations
+
+import logging
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGUFValueType as VT
+
+from .hf_files import ConvertError, ConvertWarning, Kvs, read_json
+
+logger = logging.getLogger(__name__)
+
+# GGUF token_type values (same numbering as SentencePiece's piece types).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _proto_fields(buf: bytes):
+    """(field number, wire type, value) of one protobuf message; length-delimited values as bytes."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        elif wire == 2:
+            n, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + n], pos + n
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > len(buf):
+            raise ValueError("truncated message")
+        yield field, wire, value
+
+
+def _read_sentencepiece(path: Path) -> tuple[list[str], list[float], list[int], bool]:
+    """Pieces, scores, types and add_dummy_prefix of a SentencePiece ModelProto.
+
+    Only the few fields needed are decoded (ModelProto.pieces = 1 {piece = 1, score = 2, type = 3},
+    ModelProto.normalizer_spec = 3 {add_dummy_prefix = 3}), so the sentencepiece package is not needed.
+    """
+    tokens, scores, types = [], [], []
+    add_dummy_prefix = True  # the proto's default
+    try:
+        for field, wire, value in _proto_fields(path.read_bytes()):
+            if field == 1 and wire == 2:
+                piece, score, ptype = "", 0.0, NORMAL
+                for f, w, v in _proto_fields(value):
+                    if f == 1 and w == 2:
+                        piece = v.decode("utf-8")
+                    elif f == 2 and w == 5:
+                        score = struct.unpack("<f", v)[0]
+                    elif f == 3 and w == 0:
+                        ptype = v
+                tokens.append(piece)
+                scores.append(score)
+                types.append(ptype if 1 <= ptype <= 6 else NORMAL)
+            elif field == 3 and wire == 2:
+                for f, w, v in _proto_fields(value):
+                    if f == 3 and w == 0:
+                        add_dummy_prefix = bool(v)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: not a SentencePiece model ({e})") from None
+    if not tokens:
+        raise ConvertError(f"{path}: not a SentencePiece model (no pieces)")
+    return tokens, scores, types, add_dummy_prefix
+
+
+def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
+    """id -> (text, special) from tokenizer_config.json's added_tokens_decoder and tokenizer.json."""
+    out: dict[int, tuple[str, bool]] = {}
+    tj = folder / "tokenizer.json"
+    if tj.is_file():
+        for t in read_json(tj, "tokenizer").get("added_tokens") or []:
+            if isinstance(t, dict) and "id" in t and "content" in t:
+                out[int(t["id"])] = (str(t["content"]), bool(t.get("special", False)))
+    tc = folder / "tokenizer_config.json"
+    if tc.is_file():
+        for tid, t in (read_json(tc, "tokenizer config").get("added_tokens_decoder") or {}).items():
+            if isinstance(t, dict) and "content" in t:
+                out[int(tid)] = (str(t["content"]), bool(t.get("special", False)))
+    return out
+
+
+def _looks_special(text: str) -> bool:
+    # Added tokens not flagged special but spelled like control tokens are treated as control
+    # tokens by llama.cpp's converter too (e.g. <|im_start|> in some configs).
+    return (text.startswith("<|") and text.endswith("|>")) or text in ("<pad>", "<mask>", "<s>", "</s>", "<unk>")
+
+
+def spm_vocab(folder: Path) -> tuple[list[str], list[float], list[int], bool]:
+    path = folder / "tokenizer.model"
+    tokens, scores, types, add_prefix = _read_sentencepiece(path)
+    for tid, (text, special) in sorted(_added_tokens(folder).items()):
+        if tid < len(tokens):
+            if tokens[tid] != text or special:
+                tokens[tid], types[tid] = text, (CONTROL if special else USER_DEFINED)
+        else:
+            while len(tokens) < tid:
+                tokens.append(f"[PAD{len(tokens)}]")
+                scores.append(-1000.0)
+                types.append(UNUSED)
+            tokens.append(text)
+            scores.append(-1000.0)
+            types.append(CONTROL if special else USER_DEFINED)
+    return tokens, scores, types, add_prefix
+
+
+# The Split regexes of known pre-tokenizers, as tokenizer.json spells them, and the
+# tokenizer.ggml.pre name llama.cpp uses for each. llama.cpp's converter identifies a pre-tokenizer
+# by hashing a test text's token ids; that needs the real vocabulary, so this matches the regex
+# itself, which also recognises retrained or resized vocabularies with the same pre-tokenizer.
+_CONTR = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_KNOWN_SPLITS = {
+    _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+}
+
+
+def _flatten(pt: Any) -> list[dict[str, Any]]:
+    if not isinstance(pt, dict):
+        return []
+    if pt.get("type") == "Sequence":
+        return [p for sub in pt.get("pretokenizers") or [] for p in _flatten(sub)]
+    return [pt]
+
+
+def detect_pre_tokenizer(tokenizer_json: dict[str, Any]) -> str | None:
+    """The tokenizer.ggml.pre name for a byte-level BPE tokenizer.json, or None if unrecognised."""
+    parts = _flatten(tokenizer_json.get("pre_tokenizer"))
+    splits = [p for p in parts if p.get("type") == "Split"]
+    byte_level = [p for p in parts if p.get("type") == "ByteLevel"]
+    if len(byte_level) != 1:
+        return None
+    if not splits and byte_level[0].get("use_regex", True):
+        return "gpt-2"  # ByteLevel's own regex is GPT-2's
+    if len(splits) == 1 and not byte_level[0].get("use_regex", True):
+        pattern = (splits[0].get("pattern") or {}).get("Regex")
+        if splits[0].get("behavior") == "Isolated" and not splits[0].get("invert", False):
+            return _KNOWN_SPLITS.get(pattern)
+    return None
+
+
+def bpe_vocab(folder: Path, kv: Kvs, n_rows: int | None) -> int:
+    path = folder / "tokenizer.json"
+    tj = read_json(path, "tokenizer")
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise ConvertError(f"{path}: tokenizer model {model.get('type')!r} is not supported (byte-level BPE only)")
+    if not any(p.get("type") == "ByteLevel" for p in _flatten(tj.get("pre_tokenizer"))):
+        raise ConvertError(
+            f"{path}: a BPE tokenizer without a ByteLevel pre-tokenizer (SentencePiece-style) needs "
+            "tokenizer.model, which this folder lacks"
+        )
+    pre = detect_pre_tokenizer(tj)
+    if pre is None:
+        msg = (f"{path}: unrecognised pre-tokenizer; writing tokenizer.ggml.pre = 'default', so llama.cpp "
+               "and infer may split text differently from the original tokenizer")
+        warnings.warn(msg, ConvertWarning, stacklevel=3)
+        logger.warning(msg)
+        pre = "default"
+    by_id: dict[int, str] = {int(i): t for t, i in model["vocab"].items()}
+    added = _added_tokens(folder)
+    n = max([*by_id, *added, -1]) + 1
+    if n_rows is not None:
+        n = max(n, n_rows)
+    tokens, types = [], []
+    for i in range(n):
+        if i in added:
+            text, special = added[i]
+            tokens.append(text)
+            types.append(CONTROL if special or _looks_special(text) else USER_DEFINED)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(NORMAL)
+        else:  # ids the embedding has but the tokenizer never produces
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+    merges = []
+    for m in model.get("merges") or []:
+        merges.append(m if isinstance(m, str) else " ".join(m))  # newer tokenizers store [a, b] pairs
+    kv.add("tokenizer.ggml.model", VT.STRING, "gpt2")
+    kv.add("tokenizer.ggml.pre", VT.STRING, pre)
+    kv.add("tokenizer.ggml.tokens", VT.ARRAY, tokens)
+    kv.add("tokenizer.ggml.token_type", VT.ARRAY, np.asarray(types, dtype=np.int32))
+    kv.add("tokenizer.ggml.merges", VT.ARRAY, merges)
+    return len(tokens)
+
+
+_SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+                 "unk": "tokenizer.ggml.unknown_token_id", "sep": "tokenizer.ggml.seperator_token_id",
+                 "pad": "tokenizer.ggml.padding_token_id", "cls": "tokenizer.ggml.cls_token_id",
+                 "mask": "tokenizer.ggml.mask_token_id"}
+
+
+def special_kvs(folder: Path, kv: Kvs, n_vocab: int) -> None:
+    # gguf's SpecialVocab reads tokenizer_config.json / tokenizer.json / config.json /
+    # chat_template.jinja exactly as llama.cpp's converter does (it is the converter's own helper).
+    sv = gguf.vocab.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
+    for typ, tid in sv.special_token_ids.items():
+        if typ in _SPECIAL_KEYS and tid is not None:
+            kv.u32(_SPECIAL_KEYS[typ], tid)
+    for typ in ("bos", "eos"):
+        if sv.add_special_token.get(typ) is not None:
+            kv.add(f"tokenizer.ggml.add_{typ}_token", VT.BOOL, bool(sv.add_special_token[typ]))
+    tmpl = sv.chat_template
+    if isinstance(tmpl, str):
+        kv.add("tokenizer.chat_template", VT.STRING, tmpl)
+    elif isinstance(tmpl, (list, tuple)):  # named templates: 'default' plus e.g. 'tool_use'
+        names = []
+        for t in tmpl:
+            name, text = t.get("name"), t.get("template")
+            if not isinstance(name, str) or not isinstance(text, str):
+                continue
+            if name == "default":
+                kv.add("tokenizer.chat_template", VT.STRING, text)
+            else:
+                names.append(name)
+                kv.add(f"tokenizer.chat_template.{name}", VT.STRING, text)
+        if names:
+            kv.add("tokenizer.chat_templates", VT.ARRAY, names)
+

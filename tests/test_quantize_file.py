@@ -1,0 +1,308 @@
+"""`infer quantize` against llama.cpp's own quantizer (llama_cpp.llama_model_quantize) on the same input:
+same tensors, types, shapes, bytes and metadata, i.e. the same file."""
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+
+import gguf
+import llama_cpp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+
+from infer.models.gguf_file import read_gguf
+from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
+from test_cli import assert_one_line_error, infer
+from tiny_models import _spm_vocab, write_tiny_model
+
+FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+          "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+          "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S,
+          "Q5_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_S, "Q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0,
+          "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
+
+# Each architecture's model is stored in a different float type, and only llama has its own output.weight.
+ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16}
+
+
+def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
+                      nan_in: str | None = None, seed: int = 0) -> Path:
+    """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input."""
+    rng = np.random.default_rng(seed)
+    H, Hkv, hd, n_vocab = 4, 2, 64, 320
+    n_layer = n_layer or (6 if arch == "gemma3" else 3)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_context_length(256)
+    w.add_embedding_length(D)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
+    tokens, scores, ttypes = _spm_vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(ttypes)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def add(name: str, shape: tuple[int, ...]) -> None:
+        if len(shape) == 1:
+            w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
+            return
+        x = rng.normal(0, 0.02, size=shape).astype(np.float32)
+        x[0, :8] *= 40  # a few outliers, so scale searches have something to do
+        if name == nan_in:
+            x[1, 3] = np.nan
+        if dtype == GT.F32:
+            w.add_tensor(name, x)
+        elif dtype == GT.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine for a test input
+            w.add_tensor(name, bits.view(np.uint8).reshape(shape[0], -1), raw_dtype=GT.BF16)  # shape in bytes
+
+    add("token_embd.weight", (n_vocab, D))
+    add("output_norm.weight", (D,))
+    if arch == "llama":
+        add("output.weight", (n_vocab, D))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", (D,))
+        add(p + "attn_q.weight", (H * hd, D))
+        add(p + "attn_k.weight", (Hkv * hd, D))
+        add(p + "attn_v.weight", (Hkv * hd, D))
+        add(p + "attn_output.weight", (D, H * hd))
+        if arch == "qwen2":
+            add(p + "attn_q.bias", (H * hd,))
+        if arch in ("qwen3", "gemma3"):
+            add(p + "attn_q_norm.weight", (hd,))
+            add(p + "attn_k_norm.weight", (hd,))
+        add(p + "ffn_norm.weight", (D,))
+        add(p + "ffn_gate.weight", (F, D))
+        add(p + "ffn_up.weight", (F, D))
+        add(p + "ffn_down.weight", (D, F))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def llama_quantize(src: Path, out: Path, ftype: str, imatrix: dict[str, np.ndarray] | None = None,
+                   kv: list[tuple[str, int, object]] = (), allow_requantize: bool = False) -> None:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = FTYPES[ftype]
+    p.nthread = 2
+    p.allow_requantize = allow_requantize
+    keep = []
+    if imatrix:
+        arr = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for i, (name, v) in enumerate(imatrix.items()):
+            v = np.ascontiguousarray(v, dtype=np.float32)
+            keep.append(v)
+            arr[i].name = name.encode()
+            arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            arr[i].size = v.size
+        p.imatrix = arr
+        keep.append(arr)
+    if kv:
+        # What llama-quantize's main() adds for an imatrix: these overrides become the quantize.imatrix.* keys.
+        ov = (llama_cpp.llama_model_kv_override * (len(kv) + 1))()
+        for i, (key, tag, value) in enumerate(kv):
+            ov[i].key = key.encode()
+            ov[i].tag = tag
+            if tag == llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR:
+                ov[i].value.val_str = value.encode()
+            else:
+                ov[i].value.val_i64 = value
+        p.kv_overrides = ov
+        keep.append(ov)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), p) == 0
+
+
+def assert_same_file(ours: Path, ref: Path) -> None:
+    a, b = read_gguf(ours), read_gguf(ref)
+    assert list(a.tensors) == list(b.tensors)  # order too
+    for name, t in b.tensors.items():
+        u = a.tensors[name]
+        assert (u.type_name, u.shape) == (t.type_name, t.shape), name
+        assert np.array_equal(u.raw, t.raw), f"{name} ({t.type_name}): bytes differ"
+    assert list(a.metadata) == list(b.metadata)
+    for key, v in b.metadata.items():
+        assert a.kv_types[key] == b.kv_types[key], key
+        assert np.array_equal(a.metadata[key], v) if isinstance(v, np.ndarray) else a.metadata[key] == v, key
+    assert ours.read_bytes() == ref.read_bytes()  # and so the padding and alignment as well
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("float_models")
+    return {arch: write_float_model(d / f"{arch}.gguf", arch, dt) for arch, dt in ARCH_DTYPE.items()}
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("arch", list(ARCH_DTYPE))
+def test_matches_llama_cpp(models, tmp_path: Path, arch: str, ftype: str):
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    s = quantize_model(models[arch], ours, QuantizeOptions(type=ftype, threads=2))
+    llama_quantize(models[arch], ref, ftype)
+    assert_same_file(ours, ref)
+    assert s.bytes_after < s.bytes_before and s.file_size == ours.stat().st_size
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_S", "Q5_K_S", "Q5_0", "F16", "BF16"])
+def test_other_file_types_match(models, tmp_path: Path, ftype: str):
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_model(models["llama"], ours, QuantizeOptions(type=ftype))
+    llama_quantize(models["llama"], ref, ftype)
+    assert_same_file(ours, ref)
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K"])
+def test_fallback_types_for_odd_row_lengths(tmp_path: Path, ftype: str):
+    # ne0 = 288 fits 32-blocks but not 256 (Q4_K -> Q5_0, Q6_K -> Q8_0); ffn_down's 200 fits neither (-> F16).
+    src = write_float_model(tmp_path / "odd.gguf", "llama", D=288, F=200)
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    s = quantize_model(src, ours, QuantizeOptions(type=ftype))
+    llama_quantize(src, ref, ftype)
+    assert_same_file(ours, ref)
+    types = {n: t.type_name for n, t in read_gguf(ours).tensors.items()}
+    assert types["blk.0.ffn_down.weight"] == "F16" and types["output.weight"] == "Q8_0"
+    assert any("do not fit" in w for w in s.warnings)
+
+
+def write_legacy_imatrix(path: Path, entries: dict[str, np.ndarray], ncall: int, chunks: int, dataset: str) -> None:
+    with open(path, "wb") as f:
+        f.write(struct.pack("<i", len(entries)))
+        for name, v in entries.items():
+            f.write(struct.pack("<i", len(name)) + name.encode())
+            f.write(struct.pack("<ii", ncall, v.size) + v.astype("<f4").tobytes())
+        f.write(struct.pack("<i", chunks) + struct.pack("<i", len(dataset)) + dataset.encode())
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q4_0"])
+def test_imatrix_matches_llama_cpp(models, tmp_path: Path, ftype: str):
+    rng = np.random.default_rng(5)
+    g = read_gguf(models["llama"])
+    # Like llama-imatrix output: every matmul weight except the embeddings (a lookup, not a matmul).
+    sums = {n: rng.uniform(0.1, 20, size=t.shape[-1]).astype(np.float32) for n, t in g.tensors.items()
+            if len(t.shape) == 2 and n != "token_embd.weight"}
+    im_path = tmp_path / "imatrix.dat"
+    write_legacy_imatrix(im_path, sums, ncall=7, chunks=12, dataset="calibration.txt")
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_model(models["llama"], ours, QuantizeOptions(type=ftype, imatrix=im_path))
+    S, I = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
+    llama_quantize(models["llama"], ref, ftype, imatrix={n: v / np.float32(7) for n, v in sums.items()},
+                   kv=[("quantize.imatrix.file", S, str(im_path)), ("quantize.imatrix.dataset", S, "calibration.txt"),
+                       ("quantize.imatrix.entries_count", I, len(sums)), ("quantize.imatrix.chunks_count", I, 12)])
+    assert_same_file(ours, ref)
+    # The importance weights changed the result: the same type without them gives other bytes.
+    plain = tmp_path / "plain.gguf"
+    quantize_model(models["llama"], plain, QuantizeOptions(type=ftype))
+    assert not np.array_equal(read_gguf(plain).tensors["blk.0.attn_q.weight"].raw,
+                              read_gguf(ours).tensors["blk.0.attn_q.weight"].raw)
+
+
+def test_overrides_and_pure_match(models, tmp_path: Path):
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_model(models["llama"], ours, QuantizeOptions(type="Q4_K_M", output_tensor_type="Q8_0",
+                                                          token_embedding_type="Q6_K"))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.output_tensor_type, p.token_embedding_type = FTYPES["Q4_K_M"], GT.Q8_0, GT.Q6_K
+    assert llama_cpp.llama_model_quantize(str(models["llama"]).encode(), str(ref).encode(), p) == 0
+    assert_same_file(ours, ref)
+    types = {n: t.type_name for n, t in read_gguf(ours).tensors.items()}
+    assert types["output.weight"] == "Q8_0" and types["token_embd.weight"] == "Q6_K"
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.pure = FTYPES["Q4_K_M"], True
+    ref.unlink()
+    assert llama_cpp.llama_model_quantize(str(models["llama"]).encode(), str(ref).encode(), p) == 0
+    quantize_model(models["llama"], ours, QuantizeOptions(type="Q4_K_M", pure=True, force=True))
+    assert_same_file(ours, ref)
+    assert {t.type_name for t in read_gguf(ours).tensors.values()} == {"Q4_K", "F32"}
+
+
+def test_requantize(tmp_path: Path):
+    src = write_tiny_model(tmp_path / "mixed.gguf", "llama")  # every quant type the engine reads
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    with pytest.raises(QuantizeError, match="--allow-requantize"):
+        quantize_model(src, ours, QuantizeOptions(type="Q4_K_M"))
+    assert not ours.exists()
+    s = quantize_model(src, ours, QuantizeOptions(type="Q4_K_M", allow_requantize=True))
+    assert any("requantizing" in w for w in s.warnings)
+    llama_quantize(src, ref, "Q4_K_M", allow_requantize=True)
+    assert_same_file(ours, ref)
+
+
+def test_interrupted_run_leaves_nothing(models, tmp_path: Path, monkeypatch):
+    import infer.models.quantize as mq
+    from infer.quant.quantize import quantize
+
+    calls = []
+
+    def flaky(type_id, x, imatrix=None):
+        calls.append(type_id)
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the tensors
+        return quantize(type_id, x, imatrix)
+
+    monkeypatch.setattr(mq, "_quantizer", lambda: flaky)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(KeyboardInterrupt):
+        quantize_model(models["llama"], out, QuantizeOptions())
+    assert list(tmp_path.iterdir()) == []  # neither OUT nor a temporary file
+
+    out.write_bytes(b"old")  # an existing file survives a failed --force run untouched
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        quantize_model(models["llama"], out, QuantizeOptions(force=True))
+    assert out.read_bytes() == b"old" and list(tmp_path.iterdir()) == [out]
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def test_cli_quantize_and_run(models, tmp_path: Path):
+    out = tmp_path / "q.gguf"
+    r = infer("quantize", str(models["qwen2"]), str(out), "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert "Q4_K_M" in r.stderr and "Q4_K" in r.stderr and "MiB" in r.stderr
+    ref = tmp_path / "ref.gguf"
+    llama_quantize(models["qwen2"], ref, "Q4_K_M")
+    assert out.read_bytes() == ref.read_bytes()
+    r = infer("run", str(out), "hi", "--raw", "-n", "2", "--temperature", "0", "--json")
+    assert r.returncode == 0, r.stderr  # the engine loads what it wrote
+
+    assert_one_line_error(infer("quantize", str(models["qwen2"]), str(out)), str(out), "--force")
+    r = infer("quantize", str(models["qwen2"]), str(out), "--type", "Q8_0", "--force")
+    assert r.returncode == 0 and read_gguf(out).metadata["general.file_type"] == 7, r.stderr
+
+
+def test_cli_bad_input(tmp_path: Path, models):
+    out = tmp_path / "o.gguf"
+    assert_one_line_error(infer("quantize", str(tmp_path / "nope.gguf"), str(out)), "nope.gguf", "no such file")
+    assert_one_line_error(infer("quantize", str(models["llama"]), str(out), "--type", "Q3_XYZ"), "Q3_XYZ")
+
+    bert = tmp_path / "bert.gguf"
+    w = gguf.GGUFWriter(str(bert), "bert")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((32, 256), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert_one_line_error(infer("quantize", str(bert), str(out)), "unsupported architecture 'bert'")
+
+    nan = write_float_model(tmp_path / "nan.gguf", "llama", n_layer=2, nan_in="blk.1.ffn_up.weight")
+    assert_one_line_error(infer("quantize", str(nan), str(out)), "blk.1.ffn_up.weight", "NaN")
+
+    mixed = write_tiny_model(tmp_path / "mixed.gguf", "qwen2")
+    assert_one_line_error(infer("quantize", str(mixed), str(out)), "already quantized", "--allow-requantize")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bert.gguf", "mixed.gguf", "nan.gguf"]

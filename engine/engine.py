@@ -224,12 +224,15 @@ class Engine:
         """Run one forward pass (if anything is to run) and return the events it produced."""
         with self._step_lock:
             events: list[Event] = []
-            self._drain_inbox(events)
-            sched = self.scheduler.schedule()
-            if sched.items:
-                self._run(sched, events)
-            self.steps += 1
-            self._deliver(events)
+            try:
+                self._drain_inbox(events)
+                sched = self.scheduler.schedule()
+                if sched.items:
+                    self._run(sched, events)
+                self.steps += 1
+            finally:
+                # finishes already decided (cancels, stops) reach their consumers even if the step failed
+                self._deliver(events)
             return events
 
     def _deliver(self, events: list[Event]) -> None:
@@ -262,6 +265,12 @@ class Engine:
                     except Exception:
                         pass  # the failed step may have left its blocks half-assigned; it ends regardless
                     self._finish(req, "error", events, flush=False)
+            # sequences no request owns any more must not make every later step fail again
+            for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                try:
+                    self.scheduler.finish(seq)
+                except Exception:
+                    pass
             self.last_error = error
             self._deliver(events)
 
@@ -385,19 +394,31 @@ class Engine:
                 if ev.finish_reason is not None:
                     return
         finally:
-            if not req.done:  # the consumer stopped early: nothing else will read this request
-                self.cancel(rid)
-                if self._thread is None:
-                    self.step()
-            self._requests.pop(rid, None)
+            with self._step_lock:  # decided against a step that may be finishing it right now
+                if req.done:
+                    self._requests.pop(rid, None)
+                else:  # the consumer stopped early: cancel; _deliver forgets it at the cancel's finish
+                    req.events = None
+                    self._inbox.put(("cancel", rid))
+                    self._wake.set()
+            if not req.done and self._thread is None:
+                self.step()
 
     def _drain_pending(self) -> None:
         with self._step_lock:
-            self._drain_inbox([])
+            events: list[Event] = []
+            self._drain_inbox(events)
+            self._deliver(events)  # a cancel drained here still owes its request a finish
 
     def generate(self, prompt: list[int], params: SamplingParams) -> Iterator[Event]:
-        """One request's events, as a generator (the CLI's and the server's common path)."""
-        return self.stream(self.add_request(prompt, params))
+        """One request's events, as a generator (the CLI's and the server's common path).  A bad
+        prompt raises here; the request is queued at the first next(), so a generator dropped
+        unstarted costs nothing."""
+        self.check_prompt(prompt)
+
+        def run() -> Iterator[Event]:
+            yield from self.stream(self.add_request(prompt, params))
+        return run()
 
     # -- background loop --------------------------------------------------------------------------
 

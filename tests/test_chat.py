@@ -69,6 +69,10 @@ def test_session(env, gemma_path, tmp_path):
     child.expect_exact("(stopped)")
     child.expect_exact(PROMPT)
     assert "used by 8 messages" in say(child, "/show")
+    # the engine keeps serving after the interrupted reply
+    say(child, "/set max_tokens 8")
+    say(child, "Thanks!")
+    assert re.search(r"reply [1-8] tok", say(child, "/stats"))
     child.sendline("/bye")
     child.expect(pexpect.EOF)
     child.close()

@@ -281,3 +281,50 @@ def test_batched_equals_alone_gemma(gemma_path):
         fresh = LLM(llm.model, config)
         solo.append(run_all(fresh, [p], params)[0][0])
     assert together == solo
+
+
+def test_stream_closed_early_with_background_loop(tiny_path):
+    """Ctrl-C in `infer chat` closes the stream while the loop thread steps: the request is
+    cancelled, its blocks freed, and the engine keeps serving."""
+    llm = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2))
+    eng = llm.engine
+    eng.start()
+    try:
+        s = eng.generate([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=200))
+        next(s)
+        s.close()
+        after = list(eng.generate([1, 8, 9], GREEDY))[-1]
+        assert after.finish_reason == "length" and len(after.token_ids) == GREEDY.max_tokens
+        for _ in range(100):
+            if not eng.has_work():
+                break
+            threading.Event().wait(0.05)
+        left = {k: (r.done, r.events is None, r.seq.status, len(r.seq.output)) for k, r in eng._requests.items()}
+        assert eng.usage().blocks_used == (0, 0) and eng.num_running() == 0 and not left, left
+    finally:
+        eng.stop()
+    # a generator never started queues nothing
+    eng.generate([1, 2, 3], GREEDY)
+    assert not eng.has_work()
+
+
+def test_failed_step_still_delivers_decided_finishes(tiny_path):
+    llm = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2))
+    eng = llm.engine
+    a = eng.add_request([1, 5, 6], SamplingParams(temperature=0.0, max_tokens=50))
+    b = eng.add_request([1, 7, 8], SamplingParams(temperature=0.0, max_tokens=50))
+    eng.step()
+    eng.cancel(a)
+    real = eng.runner.forward_batch
+
+    def boom(*args):
+        raise RuntimeError("backend failure")
+    eng.runner.forward_batch = boom
+    with pytest.raises(RuntimeError):
+        eng.step()
+    eng.runner.forward_batch = real
+    evs_a = list(eng.stream(a))
+    assert evs_a[-1].finish_reason == "cancelled"
+    eng.fail_all(RuntimeError("backend failure"))
+    assert list(eng.stream(b))[-1].finish_reason == "error"
+    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()

@@ -1,5 +1,5 @@
 """Numba quantizers for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) and the helpers that
-`quantize.py` shares: f32 -> f16/bf16 bits, `nearest_int`, and the scale searches
+`quantize.py` shares: `nearest_int`, and the scale searches
 (`make_qx_quants`, `make_qkx2_quants`, `make_qkx3_quants`, `make_qp_quants`).
 
 Written from the algorithm descriptions in /work/shared/docs/ggml-quants.md; the output is
@@ -17,11 +17,9 @@ checks the input for NaN/Inf first.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
-from infer.quant.kquants import F16_TO_F32
+from infer.quant.kquants import F16_TO_F32, f32_bits, f32_to_f16
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -30,52 +28,12 @@ GROUP_MAX_EPS = np.float32(1e-15)
 # --------------------------------------------------------------------------- scalar helpers
 
 
-@intrinsic
-def _f32_bits(typingctx, f):
-    """The IEEE bits of a float32, as uint32 (a bitcast; numba has no scalar view)."""
-    if not isinstance(f, types.Float) or f.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(f), codegen
-
-
 @njit(cache=True, inline="always")
 def nearest_int(f):
     # ggml rounds by adding 1.5*2**23 in float32 and reading the low mantissa bits: half to even
     # inside +-4194303, and a deterministic (wrong) value outside, which we reproduce too.
     v = f + np.float32(12582912.0)
-    return np.int64(_f32_bits(v) & np.uint32(0x7FFFFF)) - 0x400000
-
-
-@njit(cache=True, inline="always")
-def f32_to_f16(f):
-    # f: float32 -> f16 bits (int64), round to nearest even; overflow -> inf, NaN -> sign|0x7E00
-    u = np.int64(_f32_bits(f))
-    sign = (u >> 16) & 0x8000
-    a = u & 0x7FFFFFFF
-    if a > 0x7F800000:
-        return sign | 0x7E00
-    if a >= 0x477FF000:  # >= 65520 rounds up past 65504
-        return sign | 0x7C00
-    if a < 0x38800000:  # below 2**-14: subnormal; scaling by 2**24 is exact, rint rounds to even
-        return sign | np.int64(np.rint(np.abs(f) * np.float32(16777216.0)))
-    h = (a >> 13) - (112 << 10)  # rebias the exponent 127 -> 15
-    rem = a & 0x1FFF
-    if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
-        h += 1  # a carry into the exponent is still the right value
-    return sign | h
-
-
-@njit(cache=True, inline="always")
-def f32_to_bf16(f):
-    # f: float32 -> bf16 bits (int64): round to nearest even; NaN kept a quiet NaN (bit 6 set)
-    u = np.int64(_f32_bits(f))
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        return ((u >> 16) | 64) & 0xFFFF
-    return ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) & 0xFFFF
+    return np.int64(f32_bits(v) & np.uint32(0x7FFFFF)) - 0x400000
 
 
 @njit(cache=True, inline="always")

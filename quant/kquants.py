@@ -1,7 +1,8 @@
 """Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
-Also the helpers shared with `dequant.py` (`_fi`, `_shr`, `_len32`) and, under public names
-(`F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`), with the CPU backend's weight repacking.
+Also the helpers shared with `dequant.py` (`_fi`, `_shr`, `_len32`) and, under public names,
+with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`, and the
+one float32 -> f16 / bf16 rounding (`f32_bits`, `f32_to_f16`, `f32_to_bf16`) every part uses.
 Layouts follow ggml's block_q*_K structs; see /work/shared/docs/ggml-quants.md, and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
 for the rules these loops follow to vectorize.
@@ -9,6 +10,7 @@ for the rules these loops follow to vectorize.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -17,6 +19,46 @@ QK_K = 256
 # f16 bits -> float32 for every 16-bit pattern, as numpy converts them (subnormals, inf, NaN).
 # numba freezes this global into the compiled code as a constant (also with cache=True).
 F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+@intrinsic
+def f32_bits(typingctx, f):
+    """The IEEE bits of a float32, as uint32 (a bitcast; numba has no scalar view)."""
+    if not isinstance(f, types.Float) or f.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(f), codegen
+
+
+@njit(cache=True, inline="always")
+def f32_to_f16(f):
+    # f: float32 -> f16 bits (int64), round to nearest even; overflow -> inf, NaN -> sign|0x7E00
+    u = np.int64(f32_bits(f))
+    sign = (u >> 16) & 0x8000
+    a = u & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return sign | 0x7E00
+    if a >= 0x477FF000:  # >= 65520 rounds up past 65504
+        return sign | 0x7C00
+    if a < 0x38800000:  # below 2**-14: subnormal; scaling by 2**24 is exact, rint rounds to even
+        return sign | np.int64(np.rint(np.abs(f) * np.float32(16777216.0)))
+    h = (a >> 13) - (112 << 10)  # rebias the exponent 127 -> 15
+    rem = a & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
+        h += 1  # a carry into the exponent is still the right value
+    return sign | h
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16(f):
+    # f: float32 -> bf16 bits (int64): round to nearest even; NaN kept a quiet NaN (bit 6 set)
+    u = np.int64(f32_bits(f))
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return ((u >> 16) | 64) & 0xFFFF
+    return ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) & 0xFFFF
 
 
 @njit(cache=True, inline="always")

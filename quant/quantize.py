@@ -16,9 +16,8 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
+from infer.quant.kquants import f32_to_bf16, f32_to_f16
 from infer.quant.kquantize import (
-    f32_to_bf16,
-    f32_to_f16,
     make_qkx_quants,
     make_qx_quants,
     put_f16,

@@ -4,59 +4,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from infer.quant.dequant import dequant_row
-from infer.quant.kquants import F16_TO_F32
-
-
-@njit(cache=True)
-def f16_bits(b):
-    # b: the bits (uint32) of a float32 below 65520 in magnitude -> the bits of the nearest IEEE half
-    # (ties to even), as a uint32
-    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
-    a = b & np.uint32(0x7FFFFFFF)
-    if a >= np.uint32(0x38800000):  # a normal half: round the mantissa to 10 bits, rebias the exponent
-        r = (a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
-        return sign | (r - np.uint32(112 << 10))
-    if a <= np.uint32(0x33000000):  # at most half the smallest subnormal: zero (the tie goes to even)
-        return sign
-    e = a >> np.uint32(23)
-    m = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
-    shift = np.uint32(126) - e  # 14..24: the subnormal step 2**-24 in units of the mantissa
-    q = m >> shift
-    rem = m & ((np.uint32(1) << shift) - np.uint32(1))
-    half = np.uint32(1) << (shift - np.uint32(1))
-    if rem > half or (rem == half and (q & np.uint32(1)) != 0):
-        q += np.uint32(1)
-    return sign | q
-
-
-@intrinsic
-def _f32_bits(typingctx, v):
-    """The bits of a float32 as a uint32 (a bitcast, no memory)."""
-    if v != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(v), codegen
+from infer.quant.kquants import F16_TO_F32, f32_to_f16
 
 
 @njit(cache=True)
 def f16_round(v):
     # float32 -> nearest IEEE half (ties to even) -> float32; numba has no float16 scalars.
-    v = np.float32(v)
-    b = _f32_bits(v)
-    a = b & np.uint32(0x7FFFFFFF)
-    if a > np.uint32(0x7F800000):  # NaN
-        return v
-    if a >= np.uint32(0x477FF000):  # from 65520 up, the nearest half is infinity
-        return np.float32(np.inf) if b == a else np.float32(-np.inf)
-    return F16_TO_F32[f16_bits(b)]
+    return F16_TO_F32[f32_to_f16(np.float32(v))]
 
 
 @njit(cache=True)
@@ -144,7 +101,7 @@ def _gelu_slow(g):
         return np.float32(0.0)
     if g >= 10.0:
         return g
-    return GELU_F16[f16_bits(_f32_bits(g))]
+    return GELU_F16[f32_to_f16(g)]
 
 
 @njit(cache=True)
@@ -217,8 +174,8 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
     Nq = q.shape[1] * q.shape[2]
     Nk = k_pool.shape[1] * k_pool.shape[2]
     Nv = v_pool.shape[1] * v_pool.shape[2]
-    kb = kf.reshape(Nk).view(np.uint32)
-    vb = vf.reshape(Nv).view(np.uint32)
+    kb = kf.reshape(Nk)
+    vb = vf.reshape(Nv)
     for t in range(T):
         row = qkv[t]
         _heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
@@ -227,10 +184,10 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
         _heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
         kt = k_pool[slots[t]].reshape(Nk)
         vt = v_pool[slots[t]].reshape(Nv)
-        for i in range(Nk):  # f16_bits rounds to the nearest half as it converts
-            kt[i] = f16_bits(kb[i])
+        for i in range(Nk):  # rounded to the nearest half as it converts
+            kt[i] = f32_to_f16(kb[i])
         for i in range(Nv):
-            vt[i] = f16_bits(vb[i])
+            vt[i] = f32_to_f16(vb[i])
 
 
 @njit(cache=True, fastmath=True)

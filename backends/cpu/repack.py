@@ -37,9 +37,8 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.kquants import f16_at, q3_scale, scale_min_k4
+from infer.quant.kquants import f16_at, f32_to_f16, q3_scale, scale_min_k4
 
-from .ops import f16_bits
 from .target import VNNI
 
 # How llama.cpp rounds the activations before a dot product with each weight type ("vec_dot_type").
@@ -262,6 +261,5 @@ def _to_f16_bits(a: np.ndarray) -> np.ndarray:
 @njit(cache=True, parallel=True)
 def f32_to_f16_bits(a, out):
     # a: (n,) f32 values that are f16 values (exactly); out: (n,) uint16 their f16 bits
-    bits = a.view(np.uint32)
     for i in prange(a.shape[0]):
-        out[i] = f16_bits(bits[i])
+        out[i] = f32_to_f16(a[i])

@@ -63,18 +63,37 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
+def _scale_kind(s, m, operands, dxb, bsum, a):
+    """Typing check shared by the dot_rows intrinsics: None unless every array is C-contiguous
+    with the expected dtype and rank; else whether the scales s, m are f16 bits (uint16)."""
+    sdt = s.dtype if isinstance(s, types.Array) and s.dtype in (types.float32, types.uint16) else None
+    for arr, dt, nd in (*operands, (s, sdt, 3), (m, sdt, 3), (dxb, types.float32, 2),
+                        (bsum, types.float32, 2), (a, types.float32, 2)):
+        if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
+            return None
+    return sdt == types.uint16
+
+
+def _scale_loader(builder, half):
+    """load(arr, off): W scales at element off of s or m, as float32 (f16 bits are widened:
+    vcvtph2ps on x86)."""
+    def load(arr, off):
+        if half:
+            p = builder.bitcast(builder.gep(arr.data, [off]), ir.VectorType(ir.IntType(16), W).as_pointer())
+            return half_to_float(builder, builder.load(p, align=2))
+        return builder.load(builder.bitcast(builder.gep(arr.data, [off]), VF.as_pointer()), align=4)
+    return load
+
+
 def _make_dot_rows(TT: int):
     @intrinsic
     def dot_rows(typingctx, q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a):
         # q: (NT, nb, G, NC) int8; s, m: (NT | 1, nb, NC) f32, or uint16 holding f16 bits
         # xq: (T, K) f32; dxb, bsum: (T, K//16) f32
         # a: (TT, NC) f32.  Writes a[tt, r0:r0+ROWS] = row r0.. of tile `tile` times token t0+tt.
-        sdt = s.dtype if isinstance(s, types.Array) and s.dtype in (types.float32, types.uint16) else None
-        for arr, dt, nd in ((q, types.int8, 4), (s, sdt, 3), (m, sdt, 3), (xq, types.float32, 2),
-                            (dxb, types.float32, 2), (bsum, types.float32, 2), (a, types.float32, 2)):
-            if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
-                return None
-        half = sdt == types.uint16
+        half = _scale_kind(s, m, ((q, types.int8, 4), (xq, types.float32, 2)), dxb, bsum, a)
+        if half is None:
+            return None
         sig = types.void(q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a)
 
         def codegen(context, builder, signature, args):
@@ -90,12 +109,7 @@ def _make_dot_rows(TT: int):
             fma = lambda x, y, z: builder.call(fma_fn, [x, y, z])
             c64 = lambda v: ir.Constant(I64, v)
 
-            def load_scales(arr, off):
-                # W scales at element off of s or m, as float32 (f16 bits are widened: vcvtph2ps on x86)
-                if half:
-                    p = builder.bitcast(builder.gep(arr.data, [off]), ir.VectorType(ir.IntType(16), W).as_pointer())
-                    return half_to_float(builder, builder.load(p, align=2))
-                return builder.load(builder.bitcast(builder.gep(arr.data, [off]), VF.as_pointer()), align=4)
+            load_scales = _scale_loader(builder, half)
             # element offsets of this tile's rows r0.. in q (bytes) and in s/m
             q_base = add(mul(mul(tile_, nb), mul(G, NC)), r0_)
             s_base = add(mul(mul(tile_, nb), NC), r0_)
@@ -184,12 +198,9 @@ def _make_dot_rows_vnni(TT: int):
         # xi: (T, K) int8 activation quants; dxb, bsum: (T, K//16) f32
         # a: (>= TT, NC) f32.  Writes a[tt, r0:r0+ROWS_VNNI] = row r0.. of tile `tile` times token t0+tt,
         # bit-identical to dot_rows.
-        sdt = s.dtype if isinstance(s, types.Array) and s.dtype in (types.float32, types.uint16) else None
-        for arr, dt, nd in ((q, types.uint8, 5), (s, sdt, 3), (m, sdt, 3), (xi, types.int8, 2),
-                            (dxb, types.float32, 2), (bsum, types.float32, 2), (a, types.float32, 2)):
-            if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
-                return None
-        half = sdt == types.uint16
+        half = _scale_kind(s, m, ((q, types.uint8, 5), (xi, types.int8, 2)), dxb, bsum, a)
+        if half is None:
+            return None
         sig = types.void(q, tile, r0, s, m, has_min, xi, t0, dxb, bsum, a)
 
         def codegen(context, builder, signature, args):
@@ -211,12 +222,7 @@ def _make_dot_rows_vnni(TT: int):
                 v = builder.insert_element(ir.Constant(VI32, ir.Undefined), x, ir.Constant(I32, 0))
                 return builder.shuffle_vector(v, ir.Constant(VI32, ir.Undefined), ir.Constant(VI32, [0] * 16))
 
-            def load_scales(arr, off):
-                # 16 scales at element off of s or m, as float32 (f16 bits are widened: vcvtph2ps)
-                if half:
-                    p = builder.bitcast(builder.gep(arr.data, [off]), ir.VectorType(ir.IntType(16), 16).as_pointer())
-                    return half_to_float(builder, builder.load(p, align=2))
-                return builder.load(builder.bitcast(builder.gep(arr.data, [off]), VF.as_pointer()), align=4)
+            load_scales = _scale_loader(builder, half)
             # byte offset of this tile's rows r0.. in q (4 bytes per row per 4 columns); element offset in s/m
             q_base = add(mul(mul(tile_, nb), mul(mul(G4, NC), c64(4))), mul(r0_, c64(4)))
             s_base = add(mul(mul(tile_, nb), NC), r0_)
@@ -349,6 +355,18 @@ def quantize_row(mode, x, xq, dxb, bsum):
 
 
 @njit(cache=True, parallel=True)
+def quantize_rows(mode, x, xq, dxb, bsum):
+    # quantize_row for every row: x (T, K) f32; xq (T, K) f32 or int8; dxb, bsum (T, K//16) f32
+    T = x.shape[0]
+    if T >= PAR_QUANT_MIN:
+        for t in prange(T):
+            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
+    else:  # a parallel region costs more than quantizing a few rows
+        for t in range(T):
+            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
+
+
+@njit(cache=True, parallel=True)
 def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
@@ -361,12 +379,7 @@ def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, 
     xq = xq_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
     bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
-    if T >= PAR_QUANT_MIN:
-        for t in prange(T):
-            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
-    else:  # a parallel region costs more than quantizing a few rows
-        for t in range(T):
-            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
+    quantize_rows(mode, x, xq, dxb, bsum)
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
         a = acc[c]
@@ -401,12 +414,7 @@ def matmul_packed_vnni(mode, x, q, s, m, has_min, N, xi_buf, dxb_buf, bsum_buf, 
     xi = xi_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
     bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
-    if T >= PAR_QUANT_MIN:
-        for t in prange(T):
-            quantize_row(mode, x[t], xi[t], dxb[t], bsum[t])
-    else:
-        for t in range(T):
-            quantize_row(mode, x[t], xi[t], dxb[t], bsum[t])
+    quantize_rows(mode, x, xi, dxb, bsum)
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
         a = acc[c]

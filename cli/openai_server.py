@@ -284,23 +284,28 @@ class OpenAIServer:
                 "system_fingerprint": self.fingerprint}
         if job.stream:
             return self._sse(self._chat_chunks(head, first, events, job))
-        parts, lps = [], []
         try:
-            ev = first
-            while True:
-                parts.append(ev.text)
-                lps += ev.logprobs or []
-                if ev.finish_reason is not None:
-                    break
-                ev = await anext(events)
+            text, lps, ev = await self._collect(first, events)
         except APIError as e:
             return e.response()
         except _ClientGone:
             return Response(status_code=499)
-        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(parts), "refusal": None},
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                   "logprobs": {"content": self._chat_logprobs(lps), "refusal": None} if job.logprobs else None,
                   "finish_reason": ev.finish_reason}
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
+
+    @staticmethod
+    async def _collect(first: Event, events: AsyncIterator[Event]) -> tuple[str, list[TokenLogprob], Event]:
+        """A whole non-streamed reply: (text, logprobs, the finish event)."""
+        parts, lps = [], []
+        ev = first
+        while True:
+            parts.append(ev.text)
+            lps += ev.logprobs or []
+            if ev.finish_reason is not None:
+                return "".join(parts), lps, ev
+            ev = await anext(events)
 
     async def _chat_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job):
         head = {**head, "object": "chat.completion.chunk"}
@@ -311,17 +316,20 @@ class OpenAIServer:
             return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                     **tail}
 
-        yield chunk({"role": "assistant", "content": "", "refusal": None})
-        ev = first
-        while True:
-            if ev.text or ev.logprobs:
-                yield chunk({"content": ev.text}, lps=ev.logprobs)
-            if ev.finish_reason is not None:
-                break
-            ev = await anext(events)
-        yield chunk({}, ev.finish_reason)
-        if job.include_usage:
-            yield {**head, "choices": [], "usage": _usage(ev)}
+        try:
+            yield chunk({"role": "assistant", "content": "", "refusal": None})
+            ev = first
+            while True:
+                if ev.text or ev.logprobs:
+                    yield chunk({"content": ev.text}, lps=ev.logprobs)
+                if ev.finish_reason is not None:
+                    break
+                ev = await anext(events)
+            yield chunk({}, ev.finish_reason)
+            if job.include_usage:
+                yield {**head, "choices": [], "usage": _usage(ev)}
+        finally:
+            await events.aclose()  # cancels the request if the stream stopped early
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -364,20 +372,13 @@ class OpenAIServer:
                 "model": model, "system_fingerprint": self.fingerprint}
         if job.stream:
             return self._sse(self._completion_chunks(head, first, events, job))
-        parts, lps = [], []
         try:
-            ev = first
-            while True:
-                parts.append(ev.text)
-                lps += ev.logprobs or []
-                if ev.finish_reason is not None:
-                    break
-                ev = await anext(events)
+            text, lps, ev = await self._collect(first, events)
         except APIError as e:
             return e.response()
         except _ClientGone:
             return Response(status_code=499)
-        choice = {"text": "".join(parts), "index": 0,
+        choice = {"text": text, "index": 0,
                   "logprobs": self._completion_logprobs(lps, 0) if job.logprobs else None,
                   "finish_reason": ev.finish_reason}
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
@@ -385,18 +386,21 @@ class OpenAIServer:
     async def _completion_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job):
         tail = {"usage": None} if job.include_usage else {}
         offset = 0
-        ev = first
-        while True:
-            if ev.text or ev.logprobs or ev.finish_reason is not None:
-                lps = self._completion_logprobs(ev.logprobs or [], offset) if job.logprobs else None
-                offset += len(ev.text)
-                yield {**head, "choices": [{"text": ev.text, "index": 0, "logprobs": lps,
-                                            "finish_reason": ev.finish_reason}], **tail}
-            if ev.finish_reason is not None:
-                break
-            ev = await anext(events)
-        if job.include_usage:
-            yield {**head, "choices": [], "usage": _usage(ev)}
+        try:
+            ev = first
+            while True:
+                if ev.text or ev.logprobs or ev.finish_reason is not None:
+                    lps = self._completion_logprobs(ev.logprobs or [], offset) if job.logprobs else None
+                    offset += len(ev.text)
+                    yield {**head, "choices": [{"text": ev.text, "index": 0, "logprobs": lps,
+                                                "finish_reason": ev.finish_reason}], **tail}
+                if ev.finish_reason is not None:
+                    break
+                ev = await anext(events)
+            if job.include_usage:
+                yield {**head, "choices": [], "usage": _usage(ev)}
+        finally:
+            await events.aclose()  # cancels the request if the stream stopped early
 
     def _sse(self, chunks: AsyncIterator[dict]) -> StreamingResponse:
         async def body() -> AsyncIterator[bytes]:
@@ -409,6 +413,10 @@ class OpenAIServer:
                 err = {"message": e.message, "type": e.type, "param": e.param, "code": e.code}
                 yield b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
                 return
+            finally:
+                # however the body ends (even dropped unfinished), close the chain down to
+                # _events now, whose finally cancels the request and frees its blocks
+                await chunks.aclose()
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream",

@@ -46,6 +46,18 @@ def put_f16(y, o, f):
     return F16_TO_F32[h]
 
 
+@njit(cache=True, inline="always")
+def importance(x, xo, qw, sigma2, w):
+    # w: (32,) out: the importance-weighted path's weights qw * sqrt(sigma2 + x^2) for x[xo:xo+32];
+    # returns their sum (added left to right, as the reference does)
+    total = np.float32(0.0)
+    for l in range(32):
+        v = x[xo + l]
+        w[l] = qw[xo + l] * np.sqrt(sigma2 + v * v)
+        total += w[l]
+    return total
+
+
 # --------------------------------------------------------------------------- scale searches
 
 
@@ -287,12 +299,7 @@ def quantize_row_qk45(x, qw, y, nmax):
                 sum_x2 += x[xo + l] * x[xo + l]
             sigma2 = np.float32(2.0) * sum_x2 / np.float32(QK_K)
             for j in range(8):
-                sumw = np.float32(0.0)
-                for l in range(32):
-                    v = x[xo + 32 * j + l]
-                    w[l] = qw[xo + 32 * j + l] * np.sqrt(sigma2 + v * v)
-                    sumw += w[l]
-                sw[j] = sumw
+                sw[j] = importance(x, xo + 32 * j, qw, sigma2, w)
                 s, m = make_qkx_quants(32, nmax, x, xo + 32 * j, w, L[32 * j:32 * j + 32], Laux,
                                        np.float32(-0.9), np.float32(0.05), 36, True)
                 scales[j] = s

@@ -18,6 +18,7 @@ from numba import njit, prange
 from infer.quant import types as qt
 from infer.quant.kquants import f32_to_bf16, f32_to_f16
 from infer.quant.kquantize import (
+    importance,
     make_qkx_quants,
     make_qx_quants,
     put_f16,
@@ -114,9 +115,7 @@ def quantize_row_q40_q50(x, qw, y, nmax):
         xo = 32 * b
         o = bs * b
         if has_w:
-            for j in range(32):
-                v = x[xo + j]
-                w[j] = qw[xo + j] * np.sqrt(sigma2 + v * v)
+            importance(x, xo, qw, sigma2, w)
             put_f16(y, o, make_qx_quants(32, nmax, x, xo, q, w, 0))
         else:
             amax = np.float32(0.0)
@@ -153,9 +152,7 @@ def quantize_row_q41_q51(x, qw, y, nmax):
         xo = 32 * b
         o = bs * b
         if has_w:
-            for j in range(32):
-                v = x[xo + j]
-                w[j] = qw[xo + j] * np.sqrt(sigma2 + v * v)
+            importance(x, xo, qw, sigma2, w)
             d, neg_min = make_qkx_quants(32, nmax, x, xo, w, q, aux, np.float32(-0.9), np.float32(0.05), 36, True)
             put_f16(y, o, d)
             put_f16(y, o + 2, -neg_min)

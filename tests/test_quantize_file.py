@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as GT
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
 from test_cli import assert_one_line_error, infer
-from tiny_models import _spm_vocab, write_tiny_model
+from tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 
 FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
           "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
@@ -34,25 +34,11 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     H, Hkv, hd, n_vocab = 4, 2, 64, 320
     n_layer = n_layer or (6 if arch == "gemma3" else 3)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_context_length(256)
-    w.add_embedding_length(D)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
-    tokens, scores, ttypes = _spm_vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(ttypes)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_spm_vocab(w, n_vocab)
 
     def add(name: str, shape: tuple[int, ...]) -> None:
         if len(shape) == 1:

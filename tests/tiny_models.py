@@ -64,12 +64,8 @@ def _spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -> Path:
-    rng = np.random.default_rng(seed)
-    D, H, Hkv, hd, F = 256, 4, 2, 64, 512
-    n_layer = 6 if arch == "gemma3" else 2
-    types = ARCH_TYPES[arch]
-    w = gguf.GGUFWriter(str(path), arch)
+def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int, hd: int) -> None:
+    """The hyperparameters every tiny test model writes the same way."""
     w.add_name(f"tiny-{arch}")
     w.add_context_length(256)
     w.add_embedding_length(D)
@@ -79,11 +75,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -
     w.add_head_count_kv(Hkv)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
-    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
-    if arch == "gemma3":
-        w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+
+
+def add_spm_vocab(w, n_vocab: int) -> None:
+    """A SentencePiece-style vocabulary (see _spm_vocab) with BOS 1 and EOS 2."""
     tokens, scores, ttypes = _spm_vocab(n_vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -91,6 +86,21 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -
     w.add_token_types(ttypes)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+
+
+def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -> Path:
+    rng = np.random.default_rng(seed)
+    D, H, Hkv, hd, F = 256, 4, 2, 64, 512
+    n_layer = 6 if arch == "gemma3" else 2
+    types = ARCH_TYPES[arch]
+    w = gguf.GGUFWriter(str(path), arch)
+    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
+    w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
+    if arch == "gemma3":
+        w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+    add_spm_vocab(w, n_vocab)
     w.add_unk_token_id(0)
 
     def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:

@@ -227,23 +227,16 @@ def _command(text: str, llm, conv, params, last, console):
     elif cmd == "/clear":
         conv.clear()
         console.print("new conversation")
-    elif cmd == "/save":
+    elif cmd in ("/save", "/load"):
+        saving = cmd == "/save"
         if not arg:
-            console.print("usage: /save FILE")
+            console.print(f"usage: {cmd} FILE")
         else:
             try:
-                conv.save(arg)
-                console.print(f"saved {len(conv.messages)} messages to {arg}")
-            except OSError as e:
-                console.print(f"[red]error:[/] {escape(str(e))}")
-    elif cmd == "/load":
-        if not arg:
-            console.print("usage: /load FILE")
-        else:
-            try:
-                conv.load(arg)
-                console.print(f"loaded {len(conv.messages)} messages from {arg}")
-            except ConversationError as e:
+                (conv.save if saving else conv.load)(arg)
+                console.print(f"{'saved' if saving else 'loaded'} {len(conv.messages)} messages "
+                              f"{'to' if saving else 'from'} {arg}", markup=False)
+            except (OSError, ConversationError) as e:
                 console.print(f"[red]error:[/] {escape(str(e))}")
     elif cmd == "/stats":
         console.print(_stats_line(last) if last else "no reply yet", markup=False)

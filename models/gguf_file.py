@@ -13,29 +13,12 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType
 
+from infer.quant.gguf_write import SCALAR_FORMAT, VALUE_DTYPE
 from infer.quant.tensor import QTensor
 from infer.quant.types import UnsupportedQuantType, qtype
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-
-_SCALAR = {
-    GGUFValueType.UINT8: ("<B", 1), GGUFValueType.INT8: ("<b", 1),
-    GGUFValueType.UINT16: ("<H", 2), GGUFValueType.INT16: ("<h", 2),
-    GGUFValueType.UINT32: ("<I", 4), GGUFValueType.INT32: ("<i", 4),
-    GGUFValueType.FLOAT32: ("<f", 4), GGUFValueType.BOOL: ("<?", 1),
-    GGUFValueType.UINT64: ("<Q", 8), GGUFValueType.INT64: ("<q", 8),
-    GGUFValueType.FLOAT64: ("<d", 8),
-}
-_NUMPY = {
-    GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8,
-    GGUFValueType.UINT16: np.uint16, GGUFValueType.INT16: np.int16,
-    GGUFValueType.UINT32: np.uint32, GGUFValueType.INT32: np.int32,
-    GGUFValueType.FLOAT32: np.float32, GGUFValueType.BOOL: np.bool_,
-    GGUFValueType.UINT64: np.uint64, GGUFValueType.INT64: np.int64,
-    GGUFValueType.FLOAT64: np.float64,
-}
-
 
 class GGUFError(ValueError):
     """A file that is not a readable GGUF: the message names the file and the problem."""
@@ -72,14 +55,15 @@ class _Cursor:
             etype, count = self.u32(), self.u64()
             if etype == GGUFValueType.STRING:
                 return self.string_array(count)
-            if etype in _NUMPY:
-                dt = np.dtype(_NUMPY[etype]).newbyteorder("<")
+            if etype in VALUE_DTYPE:
+                dt = VALUE_DTYPE[etype]
                 return np.frombuffer(self.take(count * dt.itemsize), dtype=dt).copy()
             if etype == GGUFValueType.ARRAY:
                 return [self.value(GGUFValueType.ARRAY) for _ in range(count)]
             raise GGUFError(f"{self.path}: unknown array element type {etype}")
-        if vtype in _SCALAR:
-            return self.scalar(*_SCALAR[vtype])
+        if vtype in SCALAR_FORMAT:
+            fmt = SCALAR_FORMAT[vtype]
+            return self.scalar(fmt, struct.calcsize(fmt))
         raise GGUFError(f"{self.path}: unknown metadata value type {vtype}")
 
     def string_array(self, count: int) -> list[str]:

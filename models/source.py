@@ -12,6 +12,8 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGUFValueType
 
+from infer.quant.gguf_write import VALUE_DTYPE
+
 from .gguf_file import read_gguf
 
 
@@ -34,25 +36,15 @@ class SourceModel:
     tensors: list[SourceTensor]
 
 
-_ARRAY_DTYPES = {
-    GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8,
-    GGUFValueType.UINT16: np.uint16, GGUFValueType.INT16: np.int16,
-    GGUFValueType.UINT32: np.uint32, GGUFValueType.INT32: np.int32,
-    GGUFValueType.UINT64: np.uint64, GGUFValueType.INT64: np.int64,
-    GGUFValueType.FLOAT32: np.float32, GGUFValueType.FLOAT64: np.float64,
-    GGUFValueType.BOOL: np.bool_,
-}
-
-
 def source_from_gguf(path: str | Path) -> SourceModel:
     """A GGUF file as a SourceModel: metadata parsed now, tensor data left in the memory map."""
     g = read_gguf(path)
     kvs: list[tuple[str, int, Any]] = []
     for key, value in g.metadata.items():
         vtype, etype = g.kv_types[key]
-        if vtype == GGUFValueType.ARRAY and etype in _ARRAY_DTYPES:
+        if vtype == GGUFValueType.ARRAY and etype in VALUE_DTYPE:
             # An empty array reads back as float32 regardless of its element type: restore the dtype.
-            value = np.asarray(value, dtype=_ARRAY_DTYPES[GGUFValueType(etype)])
+            value = np.asarray(value, dtype=VALUE_DTYPE[etype].newbyteorder("="))
         kvs.append((key, int(vtype), value))
     tensors = []
     for name, qt in g.tensors.items():

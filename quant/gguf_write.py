@@ -21,16 +21,13 @@ from .types import row_bytes
 
 DEFAULT_ALIGNMENT = 32
 
-_SCALAR_FMT = {
+# GGUF value types: their struct format and numpy dtype (the reader in models/gguf_file.py uses them too)
+SCALAR_FORMAT = {
     VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",
     VT.FLOAT32: "<f", VT.BOOL: "<?", VT.UINT64: "<Q", VT.INT64: "<q", VT.FLOAT64: "<d",
 }
-_DTYPE_VT = {
-    np.dtype(np.uint8): VT.UINT8, np.dtype(np.int8): VT.INT8, np.dtype(np.uint16): VT.UINT16,
-    np.dtype(np.int16): VT.INT16, np.dtype(np.uint32): VT.UINT32, np.dtype(np.int32): VT.INT32,
-    np.dtype(np.float32): VT.FLOAT32, np.dtype(np.bool_): VT.BOOL, np.dtype(np.uint64): VT.UINT64,
-    np.dtype(np.int64): VT.INT64, np.dtype(np.float64): VT.FLOAT64,
-}
+VALUE_DTYPE = {vt: np.dtype(fmt) for vt, fmt in SCALAR_FORMAT.items()}
+_DTYPE_VT = {dt.newbyteorder("="): vt for vt, dt in VALUE_DTYPE.items()}
 
 
 def _string(s: str | bytes) -> bytes:
@@ -61,10 +58,9 @@ def encode_value(vtype: int, value: Any) -> bytes:
         etype = _array_elem_type(value)
         if etype == VT.STRING:
             return struct.pack("<IQ", VT.STRING, len(value)) + b"".join(_string(v) for v in value)
-        dtype = next(d for d, t in _DTYPE_VT.items() if t == etype).newbyteorder("<")
-        arr = np.ascontiguousarray(value, dtype=dtype)
+        arr = np.ascontiguousarray(value, dtype=VALUE_DTYPE[etype])
         return struct.pack("<IQ", etype, arr.size) + arr.tobytes()
-    return struct.pack(_SCALAR_FMT[vtype], value)
+    return struct.pack(SCALAR_FORMAT[vtype], value)
 
 
 def _pad(n: int, align: int) -> int:

@@ -18,7 +18,7 @@ class Batch:
     tok_seq: np.ndarray  # (T,) int32: the row of each table that belongs to the token's sequence
     slots: np.ndarray  # (G, T) int32: the cache row each token's K/V is written to, per group
     tables: list[np.ndarray]  # per group (S, max_blocks) int32 block tables (-1: not held)
-    logit_rows: np.ndarray  # (R,) int32: the tokens whose logits are returned, in this order
+    logit_rows: np.ndarray  # (R,) int32, ascending: the tokens whose logits are returned, in this order
 
     @classmethod
     def single(cls, tokens: np.ndarray, pos0: int, tables: list[np.ndarray], block_size: int,

@@ -144,9 +144,12 @@ class CpuTransformer:
         self.forward(np.zeros(1, np.int32), 0, self.new_kv_cache(8))
 
     def _workspace(self, n_ctx: int) -> Workspace:
-        if self._ws is None or self._ws.n_ctx < n_ctx:
-            n_ctx = max(n_ctx, 2 * self._ws.n_ctx if self._ws else 256)
-            self._ws = Workspace(self.cfg, self.max_tokens, n_ctx, self.max_weight_elems, self.n_threads)
+        if self._ws is None:
+            self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.max_weight_elems, self.n_threads)
+        elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
+            ws = self._ws
+            ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)
+            ws.scores = np.zeros((ws.scores.shape[0], ws.n_ctx), np.float32)
         return self._ws
 
     def forward(self, tokens: np.ndarray, pos0: int, cache: SequenceKV, all_logits: bool = False) -> np.ndarray:
@@ -226,7 +229,7 @@ class CpuTransformer:
         R = len(batch.logit_rows)
         if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
             return self.logits[:0]
-        if R == T and (R == 1 or np.array_equal(batch.logit_rows, np.arange(T))):
+        if R == T:  # every token's logits (rows are ascending, so in order)
             rows = xn
         else:
             rows = ws.x[:R]  # x is spent: gather the wanted rows into it

@@ -280,7 +280,7 @@ class Engine:
         rows, sampled = [], []
         seqs = [s for s, _ in sched.items]
         for i, (seq, n) in enumerate(sched.items):
-            start = seq.num_computed
+            start = self.scheduler.num_computed(seq)
             toks.extend(seq.tokens[start:start + n])
             pos.extend(range(start, start + n))
             tok_seq.extend([i] * n)

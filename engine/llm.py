@@ -19,7 +19,6 @@ class LLM:
 
         self.model = model
         self.config = config
-        self.n_ctx = min(config.n_ctx, model.config.n_ctx_train)
         self.tokenizer = Tokenizer.from_metadata(model.metadata)
         self.runner = CpuTransformer(model.config, model.weights, n_threads=config.n_threads or os.cpu_count())
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())

@@ -28,7 +28,6 @@ class Sequence:
     tokens: list[int]  # the prompt, then every generated token
     num_prompt: int
     status: SeqStatus = SeqStatus.WAITING
-    num_computed: int = 0  # tokens whose K/V are in the cache
     num_cached: int = 0  # prompt tokens the prefix cache provided at first admission
     num_preempted: int = 0
     admitted: bool = False
@@ -68,6 +67,10 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    def num_computed(self, seq: Sequence) -> int:
+        """Tokens of seq whose K/V are in the cache (the block manager keeps the count)."""
+        return self.blocks.num_computed(seq.id) if seq.status == SeqStatus.RUNNING else 0
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -84,7 +87,6 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.id)
         seq.status = SeqStatus.WAITING
-        seq.num_computed = 0
         seq.num_preempted += 1
         self.n_preempted += 1
         self.waiting.appendleft(seq)  # first in line once blocks free up
@@ -95,7 +97,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n_new = min(seq.num_tokens - seq.num_computed, budget)
+            n_new = min(seq.num_tokens - self.blocks.num_computed(seq.id), budget)
             while not self.blocks.can_append(seq.id, n_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -120,7 +122,6 @@ class Scheduler:
             if not seq.admitted:
                 seq.num_cached = cached
                 seq.admitted = True
-            seq.num_computed = cached
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -134,4 +135,3 @@ class Scheduler:
         for seq, n in step.items:
             if seq.status == SeqStatus.RUNNING:
                 self.blocks.commit(seq.id, seq.tokens, n)
-                seq.num_computed += n

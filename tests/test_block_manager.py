@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,7 +160,7 @@ def step(sched: Scheduler, finish_after: dict) -> list:
     s = sched.schedule()
     sched.commit(s)
     for seq, n in s.items:
-        if seq.status == SeqStatus.RUNNING and seq.num_computed == seq.num_tokens:
+        if seq.status == SeqStatus.RUNNING and sched.num_computed(seq) == seq.num_tokens:
             seq.tokens.append(1)
             if len(seq.output) >= finish_after.get(seq.id, 10**9):
                 sched.finish(seq)
@@ -200,7 +199,7 @@ def test_scheduler_preempts_newest_and_resumes():
         preempted |= b in s.preempted
         sched.commit(s)
         for seq, n in s.items:
-            if seq.num_computed == seq.num_tokens:
+            if sched.num_computed(seq) == seq.num_tokens:
                 seq.tokens.append(1)
         if len(a.output) >= 12 and a.status == SeqStatus.RUNNING:
             sched.finish(a)
@@ -258,13 +257,13 @@ def test_random_workloads_end_with_every_block_free(n_blocks, window, budget, ma
         assert s.items or s.preempted or not sched.running
         sched.commit(s)
         for seq, n in s.items:
-            if seq.status == SeqStatus.RUNNING and seq.num_computed == seq.num_tokens:
+            if seq.status == SeqStatus.RUNNING and sched.num_computed(seq) == seq.num_tokens:
                 seq.tokens.append(3)
                 if len(seq.output) >= limits[seq.id] or seq.num_tokens >= ctx:
                     sched.finish(seq)
         for seq in sched.running:  # between steps: exactly the blocks of the computed tokens
             full, *local = bm.held(seq.id)
-            assert full == math.ceil(seq.num_computed / BS)
+            assert full == math.ceil(sched.num_computed(seq) / BS)
             for w, held in zip(windows[1:], local):
                 assert held <= w // BS + 1
         check_refcounts(bm)

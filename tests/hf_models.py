@@ -1,0 +1,284 @@
+"""Tiny random Hugging Face model folders (config.json, model.safetensors, tokenizer files) for the
+conversion tests, and numpy forward passes of the HF models themselves, the reference for logits."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you doing today? I'm fine, thanks.",
+    "Numbers like 12345 and 3.14159 appear in text sometimes.",
+    "def add(a, b):\n    return a + b\n",
+    "Sphinx of black quartz, judge my vow. Pack my box with five dozen liquor jugs.",
+] * 4
+SAMPLES = ["Hello world! The fox jumps.", "numbers 12345 and 007", "  leading spaces\nand\n\nnewlines",
+           "I'm you're they'll", "déjà vu ✓ 🙂"]
+_CONTR = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+SPLITS = {
+    "llama": _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen": _CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+SPECIALS = {
+    "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
+    "qwen": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+}
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+D, H, HKV, HD, F = 256, 4, 2, 64, 512
+
+
+def train_bpe(style: str) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLITS[style]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=360, special_tokens=SPECIALS[style],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    if style == "llama":
+        # Llama 3's tokenizer keeps a word that is already in the vocabulary whole, and so does
+        # llama.cpp for 'llama-bpe'; make the trained tokenizer behave the same.
+        data = json.loads(tok.to_str())
+        data["model"]["ignore_merges"] = True
+        tok = Tokenizer.from_str(json.dumps(data))
+    return tok
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors format by hand (header length, JSON header, raw little-endian data)."""
+    header, blobs, offset = {}, [], 0
+    for name, (arr, dtype) in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(u: np.ndarray) -> np.ndarray:
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
+    """A tiny random checkpoint; returns the float32 weights as the HF model computes with them."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    style = "llama" if arch == "llama" else "qwen"
+    tok = train_bpe(style)
+    tok.save(str(folder / "tokenizer.json"))
+    n_tok = tok.get_vocab_size()
+    vocab = n_tok + (6 if arch == "qwen2" else 0)  # qwen pads its embedding past the tokenizer
+    tied = arch != "llama"
+    n_layer = 2
+    cfg = {"model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                                  "qwen3": "Qwen3ForCausalLM"}[arch]],
+           "hidden_size": D, "intermediate_size": F, "num_hidden_layers": n_layer, "num_attention_heads": H,
+           "num_key_value_heads": HKV, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0 if arch == "llama" else 1000000.0, "vocab_size": vocab,
+           "tie_word_embeddings": tied, "torch_dtype": "float32"}
+    if arch == "qwen3":
+        cfg["head_dim"] = HD
+    ids = {t: tok.token_to_id(t) for t in SPECIALS[style]}
+    bos = ids["<|begin_of_text|>"] if style == "llama" else None
+    eos = ids["<|eot_id|>"] if style == "llama" else ids["<|im_end|>"]
+    cfg.update(bos_token_id=bos, eos_token_id=eos)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    tcfg = {"add_bos_token": style == "llama", "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
+            "bos_token": "<|begin_of_text|>" if style == "llama" else None,
+            "eos_token": SPECIALS[style][2], "pad_token": SPECIALS[style][1 if style == "llama" else 0],
+            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS[style]}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
+
+    weights: dict[str, np.ndarray] = {}
+    stored: dict[str, tuple[np.ndarray, str]] = {}
+
+    def add(name: str, x: np.ndarray, dtype: str) -> None:
+        if dtype == "BF16":
+            u = bf16(x)
+            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
+        elif dtype == "F16":
+            h = x.astype(np.float16)
+            stored[name], weights[name] = (h, "F16"), h.astype(np.float32)
+        else:
+            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
+
+    # Matrix dtypes: llama F32 with BF16 attention, qwen2 F16, qwen3 BF16.
+    mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16"}[arch]
+    attn = "BF16" if arch == "llama" else mat
+    normal = lambda *s: rng.normal(0, 0.02, size=s)
+    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    add("model.embed_tokens.weight", normal(vocab, D), mat)
+    add("model.norm.weight", norm(D), "F32")
+    if not tied:
+        add("lm_head.weight", normal(vocab, D), mat)
+    for i in range(n_layer):
+        p = f"model.layers.{i}."
+        add(p + "input_layernorm.weight", norm(D), "F32")
+        add(p + "post_attention_layernorm.weight", norm(D), "BF16" if arch == "qwen3" else "F32")
+        add(p + "self_attn.q_proj.weight", normal(H * HD, D), attn)
+        add(p + "self_attn.k_proj.weight", normal(HKV * HD, D), attn)
+        add(p + "self_attn.v_proj.weight", normal(HKV * HD, D), attn)
+        add(p + "self_attn.o_proj.weight", normal(D, H * HD), mat)
+        if arch == "qwen2":
+            for n, rows in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD)):
+                add(p + f"self_attn.{n}_proj.bias", rng.normal(0, 0.1, size=rows), "F32")
+        if arch == "qwen3":
+            add(p + "self_attn.q_norm.weight", norm(HD), "F32")
+            add(p + "self_attn.k_norm.weight", norm(HD), "F32")
+        add(p + "mlp.gate_proj.weight", normal(F, D), mat)
+        add(p + "mlp.up_proj.weight", normal(F, D), mat)
+        add(p + "mlp.down_proj.weight", normal(D, F), mat)
+    stored["model.layers.0.self_attn.rotary_emb.inv_freq"] = (np.zeros(HD // 2, np.float32), "F32")  # skipped
+    write_safetensors(folder / "model.safetensors", stored)
+    return weights
+
+
+def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarray:
+    """The Hugging Face modelling code's math (rotate_half RoPE, GQA, SwiGLU) in float64 numpy."""
+    eps, theta = 1e-5, 10000.0 if arch == "llama" else 1000000.0
+    T = len(ids)
+    rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+    inv = 1.0 / theta ** (np.arange(0, HD, 2) / HD)
+    ang = np.arange(T)[:, None] * inv[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rope(x):  # x: (T, heads, HD)
+        half = np.concatenate([-x[..., HD // 2:], x[..., :HD // 2]], -1)
+        return x * cos[:, None] + half * sin[:, None]
+
+    x = w["model.embed_tokens.weight"][ids].astype(np.float64)
+    for i in range(2):
+        p = f"model.layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)
+                   for n in "qkv")
+        q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
+        if arch == "qwen3":
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(HD)
+        s = s + np.triu(np.full((T, T), -np.inf), 1)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", a, v).reshape(T, H * HD)
+        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    x = rms(x, w["model.norm.weight"])
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
+# ----------------------------------------------------------------------------- gemma3 (SentencePiece)
+
+GEMMA_LAYERS, GEMMA_WINDOW = 6, 8  # layer 5 global, the rest sliding; the window is shorter than the prompt
+
+
+def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]:
+    spm = pytest.importorskip("sentencepiece")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.txt").write_text("\n".join(CORPUS))
+    spm.SentencePieceTrainer.train(
+        input=str(folder / "corpus.txt"), model_prefix=str(folder / "tokenizer"), model_type="bpe",
+        vocab_size=400, byte_fallback=True, character_coverage=1.0,
+        # Gemma's settings: no dummy prefix, no normalization, whitespace kept as written.
+        add_dummy_prefix=False, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        minloglevel=2)
+    (folder / "tokenizer.vocab").unlink()
+    rng = np.random.default_rng(7)
+    vocab = 400
+    text = {"hidden_size": D, "intermediate_size": F, "num_hidden_layers": GEMMA_LAYERS,
+            "num_attention_heads": H, "num_key_value_heads": HKV, "head_dim": HD, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": GEMMA_WINDOW,
+            "query_pre_attn_scalar": HD, "max_position_embeddings": 512, "vocab_size": vocab,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None}
+    if multimodal:
+        cfg = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+               "text_config": {**text, "model_type": "gemma3_text"}, "vision_config": {"hidden_size": 8}}
+        prefix = "language_model.model."
+    else:
+        cfg = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], **text}
+        prefix = "model."
+    cfg.update(bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "add_eos_token": False}))
+    (folder / "chat_template.jinja").write_text("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+                                                "{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}")
+    weights, stored = {}, {}
+
+    def add(name, x, dtype="BF16"):
+        u = bf16(x) if dtype == "BF16" else x.astype(np.float32)
+        stored[prefix + name] = (u, dtype)
+        weights[name] = from_bf16(u) if dtype == "BF16" else u
+
+    add("embed_tokens.weight", rng.normal(0, 0.02, size=(vocab, D)))
+    add("norm.weight", rng.normal(0, 0.1, size=D))  # Gemma stores RMSNorm weights as (w - 1)
+    for i in range(GEMMA_LAYERS):
+        p = f"layers.{i}."
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            add(p + n + ".weight", rng.normal(0, 0.1, size=D))
+        add(p + "self_attn.q_norm.weight", rng.normal(0, 0.1, size=HD))
+        add(p + "self_attn.k_norm.weight", rng.normal(0, 0.1, size=HD))
+        for n, shape in (("q", (H * HD, D)), ("k", (HKV * HD, D)), ("v", (HKV * HD, D)), ("o", (D, H * HD))):
+            add(p + f"self_attn.{n}_proj.weight", rng.normal(0, 0.02, size=shape))
+        for n, shape in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
+            add(p + f"mlp.{n}_proj.weight", rng.normal(0, 0.02, size=shape))
+    if multimodal:
+        stored["vision_tower.vision_model.embeddings.patch_embedding.weight"] = (np.zeros((8, 3), np.float32), "F32")
+        stored["multi_modal_projector.mm_input_projection_weight"] = (np.zeros((8, D), np.float32), "F32")
+    write_safetensors(folder / "model.safetensors", stored)
+    return weights
+
+
+def gemma3_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """Gemma 3's HF math: (1 + w) RMSNorms, scaled embeddings, QK norms, GELU-tanh, local/global RoPE."""
+    T = len(ids)
+    rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * (1.0 + g)
+    x = w["embed_tokens.weight"][ids].astype(np.float64) * np.sqrt(D)
+    pos = np.arange(T)
+    causal = pos[None, :] > pos[:, None]
+    for i in range(GEMMA_LAYERS):
+        p = f"layers.{i}."
+        local = (i + 1) % 6 != 0
+        inv = 1.0 / (10000.0 if local else 1000000.0) ** (np.arange(0, HD, 2) / HD)
+        ang = pos[:, None] * inv[None, :]
+        cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+        def rope(t, cos=cos, sin=sin):
+            return t * cos[:, None] + np.concatenate([-t[..., HD // 2:], t[..., :HD // 2]], -1) * sin[:, None]
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
+        q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
+        q = rope(rms(q, w[p + "self_attn.q_norm.weight"]))
+        k = rope(rms(k, w[p + "self_attn.k_norm.weight"]))
+        k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
+        s = np.einsum("thd,shd->hts", q, k) * HD ** -0.5
+        mask = causal | ((pos[:, None] - pos[None, :]) >= GEMMA_WINDOW) if local else causal
+        s = np.where(mask, -np.inf, s)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", a, v).reshape(T, H * HD) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + rms(o, w[p + "post_attention_layernorm.weight"])
+        h = rms(x, w[p + "pre_feedforward_layernorm.weight"])
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        m = (gelu * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + rms(m, w[p + "post_feedforward_layernorm.weight"])
+    return rms(x, w["norm.weight"]) @ w["embed_tokens.weight"].T

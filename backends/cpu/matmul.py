@@ -15,7 +15,7 @@ from numba import njit, prange
 from infer.quant.dequant import dequant_row, dequant_rows
 
 from .ops import f16_round
-from .qdot import TT_MAX, matmul_packed, matmul_packed_vnni
+from .qdot import TT_MAX, matmul_packed
 from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_ROUNDING, NC, PackedWeight
 
 # Reference path: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
@@ -120,10 +120,8 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
     """
     if isinstance(w, PackedWeight):
         x = np.ascontiguousarray(x, np.float32)
-        if w.vnni:
-            matmul_packed_vnni(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xi, ws.dxb, ws.bsum, out, col0, ws.acc)
-        else:
-            matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, ws.xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        xq = ws.xi if w.vnni else ws.xq  # the VNNI kernel takes the activation quants as int8
+        matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 
 from .ops import f16_round
 from .repack import ACT_Q8_0, NC
-from .target import VECTOR_WIDTH, VNNI_BYTES, half_to_float, splat
+from .target import VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
 
 PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in parallel
 TT_MAX = 4  # most tokens one pass of either kernel takes (the rows of the acc scratch)
@@ -86,7 +86,6 @@ def _scale_loader(builder, half):
 
 
 def _make_dot_rows(TT: int):
-    @intrinsic
     def dot_rows(typingctx, q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a):
         # q: (NT, nb, G, NC) int8; s, m: (NT | 1, nb, NC) f32, or uint16 holding f16 bits
         # xq: (T, K) f32; dxb, bsum: (T, K//16) f32
@@ -178,21 +177,18 @@ def _make_dot_rows(TT: int):
     return dot_rows
 
 
-dot_rows_1 = _make_dot_rows(1)  # decode: one token
-dot_rows_4 = _make_dot_rows(4)  # prefill: four tokens share each converted weight vector
 
 
 # VNNI register tile: TT tokens x 4 int32 vectors of 16 rows (16 accumulators at TT = 4; the
 # float running sums spill to the stack, touched once per block).  Measured best of 2..8 x 2..4.
 VC_VNNI = 4
 ROWS_VNNI = VC_VNNI * 16
-assert NC % ROWS_VNNI == 0
+assert NC % ROWS_VNNI == 0 and (not VNNI or ROWS_VNNI == ROWS)  # one matmul loop steps both kernels
 VI32 = ir.VectorType(I32, 16)
 VB = ir.VectorType(I8, 64) if VNNI_BYTES else VI32  # vpdpbusd's byte operands, as this LLVM declares them
 
 
 def _make_dot_rows_vnni(TT: int):
-    @intrinsic
     def dot_rows_vnni(typingctx, q, tile, r0, s, m, has_min, xi, t0, dxb, bsum, a):
         # q: (NT, nb, G//4, NC, 4) uint8, q + 128; s, m: (NT | 1, nb, NC) f32, or uint16 holding f16 bits
         # xi: (T, K) int8 activation quants; dxb, bsum: (T, K//16) f32
@@ -300,8 +296,23 @@ def _make_dot_rows_vnni(TT: int):
     return dot_rows_vnni
 
 
-dot_rows_vnni_1 = _make_dot_rows_vnni(1)  # decode: still memory-bound, no slower than dot_rows_1
-dot_rows_vnni_4 = _make_dot_rows_vnni(4)  # four tokens share each loaded weight vector
+
+
+def _make_dot(TT: int):
+    # One intrinsic for both weight layouts: the float kernel's typer or the VNNI kernel's accepts
+    # the arguments (each returns None for the other layout), so one matmul serves both.
+    flt, vnni = _make_dot_rows(TT), _make_dot_rows_vnni(TT)
+
+    @intrinsic
+    def dot(typingctx, q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a):
+        args = (q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a)
+        return flt(typingctx, *args) or vnni(typingctx, *args)
+
+    return dot
+
+
+dot_rows_1 = _make_dot(1)  # decode: one token (memory-bound either way)
+dot_rows_4 = _make_dot(4)  # batches: four tokens share each loaded weight vector
 
 
 @njit(cache=True)
@@ -370,9 +381,10 @@ def quantize_rows(mode, x, xq, dxb, bsum):
 def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
-    # x: (T, K) f32; q: (NT, nb, G, NC) int8, s: (NT, nb, NC) f32 or uint16 f16 bits, m: (NT or 1, nb, NC)
-    #   like s: a PackedWeight of N <= NT*NC rows
-    # xq_buf: (>= T*K,), dxb_buf, bsum_buf: (>= T*K/16,) f32 scratch for the quantized activations
+    # x: (T, K) f32; q: (NT, nb, G, NC) int8, or in the VNNI layout (NT, nb, G//4, NC, 4) uint8 (q + 128);
+    #   s: (NT, nb, NC) f32 or uint16 f16 bits, m: (NT or 1, nb, NC) like s: a PackedWeight of N <= NT*NC rows
+    # xq_buf: (>= T*K,) f32 (int8 for the VNNI layout), dxb_buf, bsum_buf: (>= T*K/16,) f32 scratch for
+    #   the quantized activations
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk
     NT, nc = q.shape[0], q.shape[3]
     T, K = x.shape
@@ -398,40 +410,6 @@ def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, 
             while t < T:
                 for v in range(0, nc, ROWS):
                     dot_rows_1(q, tile, v, s, m, has_min, xq, t, dxb, bsum, a)
-                for r in range(nr):
-                    out[t, col0 + r0 + r] = a[0, r]
-                t += 1
-
-
-@njit(cache=True, parallel=True)
-def matmul_packed_vnni(mode, x, q, s, m, has_min, N, xi_buf, dxb_buf, bsum_buf, out, col0, acc):
-    # matmul_packed for weights in the VNNI layout, with bit-identical results
-    # x: (T, K) f32; q: (NT, nb, G//4, NC, 4) uint8 (q + 128), s, m: as for matmul_packed
-    # xi_buf: (>= T*K,) int8, dxb_buf, bsum_buf: (>= T*K/16,) f32 scratch for the quantized activations
-    # out: (T, >= col0+N) f32; acc: (n_chunks, >= 4, NC) f32 scratch, one per parallel chunk
-    NT, nc = q.shape[0], q.shape[3]
-    T, K = x.shape
-    xi = xi_buf[:T * K].reshape(T, K)
-    dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
-    bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
-    quantize_rows(mode, x, xi, dxb, bsum)
-    n_chunks = min(acc.shape[0], NT)
-    for c in prange(n_chunks):
-        a = acc[c]
-        for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
-            r0 = tile * nc
-            nr = min(nc, N - r0)
-            t = 0
-            while t + 4 <= T:
-                for v in range(0, nc, ROWS_VNNI):
-                    dot_rows_vnni_4(q, tile, v, s, m, has_min, xi, t, dxb, bsum, a)
-                for i in range(4):
-                    for r in range(nr):
-                        out[t + i, col0 + r0 + r] = a[i, r]
-                t += 4
-            while t < T:
-                for v in range(0, nc, ROWS_VNNI):
-                    dot_rows_vnni_1(q, tile, v, s, m, has_min, xi, t, dxb, bsum, a)
                 for r in range(nr):
                     out[t, col0 + r0 + r] = a[0, r]
                 t += 1

@@ -7,7 +7,6 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CORPUS = [
@@ -191,7 +190,7 @@ GEMMA_LAYERS, GEMMA_WINDOW = 6, 8  # layer 5 global, the rest sliding; the windo
 
 
 def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]:
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "corpus.txt").write_text("\n".join(CORPUS))
     spm.SentencePieceTrainer.train(

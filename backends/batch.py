@@ -19,6 +19,7 @@ class Batch:
     slots: np.ndarray  # (G, T) int32: the cache row each token's K/V is written to, per group
     tables: list[np.ndarray]  # per group (S, max_blocks) int32 block tables (-1: not held)
     logit_rows: np.ndarray  # (R,) int32, ascending: the tokens whose logits are returned, in this order
+    seq_ids: np.ndarray | None = None  # (S,) int64: the engine's id of each table row's sequence
 
     @classmethod
     def single(cls, tokens: np.ndarray, pos0: int, tables: list[np.ndarray], block_size: int,
@@ -28,4 +29,5 @@ class Batch:
         pos = np.arange(pos0, pos0 + T, dtype=np.int32)
         slots = np.stack([t[0][pos // block_size] * block_size + pos % block_size for t in tables]).astype(np.int32)
         rows = np.arange(T, dtype=np.int32) if all_logits else np.array([T - 1], np.int32)
-        return cls(np.ascontiguousarray(tokens, np.int32), pos, np.zeros(T, np.int32), slots, tables, rows)
+        return cls(np.ascontiguousarray(tokens, np.int32), pos, np.zeros(T, np.int32), slots, tables, rows,
+                   np.zeros(1, np.int64))

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from . import options as opt
 from .errors import reported
 from .main import app
 from .sizes import parse_size
@@ -22,6 +23,8 @@ def bench(
     ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
     threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: all cores)."),
+    backend: str = opt.BACKEND,
+    gpu_layers: int = opt.GPU_LAYERS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     with reported():
@@ -31,6 +34,7 @@ def bench(
         from .run import _load
 
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
+                              backend=backend, gpu_layers=gpu_layers,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
@@ -40,7 +44,8 @@ def bench(
         row = {
             "model": name,
             "path": str(llm.model.path),
-            "backend": config.backend,
+            "backend": llm.backend,
+            "devices": llm.runner.devices(),
             "threads": llm.runner.n_threads,
             "parallel": parallel,
             "prompt_tokens": prompt_tokens,
@@ -61,7 +66,7 @@ def bench(
             return
         out = sys.stdout
         out.write(f"model: {name} ({llm.model.path})\n")
-        out.write(f"backend {config.backend}, threads {row['threads']}, KV pool {kv.bytes_total / 2**20:.1f} MiB "
+        out.write(f"backend {llm.backend} ({', '.join(llm.runner.devices())}), threads {row['threads']}, KV pool {kv.bytes_total / 2**20:.1f} MiB "
                   f"({' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)\n\n")
         out.write(f"| {'test':<22} | {'t/s':>18} |\n|{'-' * 24}|{'-' * 20}|\n")
 

@@ -43,6 +43,8 @@ def chat(
     system: Optional[str] = opt.SYSTEM,
     ctx: int = opt.CTX,
     threads: int = opt.THREADS,
+    backend: str = opt.BACKEND,
+    gpu_layers: int = opt.GPU_LAYERS,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
@@ -58,7 +60,8 @@ def chat(
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
         interactive = sys.stdin.isatty()
-        llm = _load(model, EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1), quiet=not interactive)
+        llm = _load(model, EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend,
+                                              gpu_layers=gpu_layers), quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:
             _answer_piped(conv, params, as_json, verbose)

@@ -8,7 +8,7 @@ import typer
 
 app = typer.Typer(
     name="infer",
-    help="Run quantized LLMs locally (GGUF, CPU).",
+    help="Run quantized LLMs locally (GGUF and MLX; CPU, MLX or llama.cpp backends).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -36,7 +36,7 @@ def _configure_numba_cache() -> None:
 
 def main() -> None:
     _configure_numba_cache()
-    from . import bench, chat, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
+    from . import backends, bench, chat, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
 
     try:
         app()

@@ -13,3 +13,6 @@ STOP = typer.Option([], "--stop", help="Stop at this string (repeatable).")
 SYSTEM = typer.Option(None, "--system", help="System prompt.")
 CTX = typer.Option(4096, "--ctx", "-c", help="Context size in tokens.")
 THREADS = typer.Option(0, "--threads", help="CPU threads (0: all cores).")
+BACKEND = typer.Option("auto", "--backend", "-b",
+                       help="cpu, mlx, llama.cpp, or auto (MLX on Apple Silicon, llama.cpp with a GPU build, else cpu).")
+GPU_LAYERS = typer.Option(-1, "--gpu-layers", "-ngl", help="llama.cpp backend: layers offloaded to the GPU (-1: all).")

@@ -27,6 +27,8 @@ def run(
     raw: bool = typer.Option(False, "--raw", help="No chat template: tokenize the prompt as is."),
     ctx: int = opt.CTX,
     threads: int = opt.THREADS,
+    backend: str = opt.BACKEND,
+    gpu_layers: int = opt.GPU_LAYERS,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:
@@ -45,7 +47,7 @@ def run(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1)
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers)
         llm = _load(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)

@@ -28,6 +28,8 @@ def serve(
     max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a free slot; more get 503."),
     cors: List[str] = typer.Option([], "--cors", help="Allow this browser origin ('*': any; repeatable)."),
     threads: int = opt.THREADS,
+    backend: str = opt.BACKEND,
+    gpu_layers: int = opt.GPU_LAYERS,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
@@ -48,7 +50,7 @@ def serve(
         from .openai_server import ServerConfig, create_app
         from .run import _load
 
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel,
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path
@@ -59,7 +61,7 @@ def serve(
         sys.stderr.write(
             f"infer serve: {path.stem} on http://{host}:{sock.getsockname()[1]}/v1 · parallel {parallel} · "
             f"ctx {llm.engine.n_ctx} · "
-            f"KV {kv.bytes_total / 2**20:.1f} MiB · threads {llm.runner.n_threads}"
+            f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
             f"{' · API key required' if api_key else ''}\n"
         )
         uv = uvicorn.Config(create_app(llm, server_config), host=host, port=port, log_level="warning",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -100,12 +101,14 @@ class KVUsage:
 
 class BlockManager:
     def __init__(self, n_blocks: list[int] | tuple[int, ...], block_size: int, windows: list[int] | tuple[int, ...],
-                 model_key: bytes = b"", block_bytes: tuple[int, ...] | None = None):
+                 model_key: bytes = b"", block_bytes: tuple[int, ...] | None = None,
+                 on_free: Callable[[int], None] | None = None):
         if block_size < 1:
             raise ValueError(f"block size must be positive, got {block_size}")
         if len(n_blocks) != len(windows):
             raise ValueError("one block count per KV group is needed")
         self.block_size = block_size
+        self.on_free = on_free
         self.windows = tuple(int(w) for w in windows)
         self.pools = [BlockPool(int(n)) for n in n_blocks]
         self.block_bytes = block_bytes or (0,) * len(self.pools)
@@ -250,6 +253,8 @@ class BlockManager:
     def free(self, seq_id) -> None:
         """Release every block of a finished, cancelled or preempted sequence."""
         s = self.seqs.pop(seq_id)
+        if self.on_free is not None:  # a backend with per-sequence state (llama.cpp) lets it go
+            self.on_free(seq_id)
         for g, pool in enumerate(self.pools):
             for b in reversed(s.tables[g]):  # the tail is the least likely to be shared: evicted first
                 if b >= 0:

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from infer.backends.batch import Batch
+from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
@@ -42,7 +43,8 @@ class EngineConfigError(ValueError):
 class EngineConfig:
     n_ctx: int = DEFAULT_CTX  # most tokens of one sequence; capped at the model's training context
     n_threads: int = 0  # 0: every core
-    backend: str = "cpu"
+    backend: str = "auto"  # cpu, mlx, llama.cpp or auto (see infer.backends.registry)
+    gpu_layers: int = -1  # llama.cpp backend: layers offloaded to the GPU (-1: all)
     max_seqs: int = 8  # sequences running at once (--parallel)
     max_batch_tokens: int = 512  # tokens one forward pass takes: decodes first, then prefill chunks
     kv_memory: int = 0  # bytes for the KV pool; 0: room for max_seqs sequences of n_ctx tokens
@@ -54,8 +56,8 @@ class EngineConfig:
             raise EngineConfigError(f"--ctx must be at least 8, got {self.n_ctx}")
         if self.n_threads < 0:
             raise EngineConfigError(f"--threads must be positive, got {self.n_threads}")
-        if self.backend != "cpu":
-            raise EngineConfigError(f"unknown backend {self.backend!r} (available: cpu)")
+        if self.backend not in BACKEND_CHOICES:
+            raise EngineConfigError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if self.max_seqs < 1:
             raise EngineConfigError(f"--parallel must be at least 1, got {self.max_seqs}")
         if self.max_batch_tokens < 1:
@@ -127,7 +129,7 @@ class Engine:
         per_block = runner.bytes_per_block(bs)
         n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config)
         self.pool = runner.new_kv_pool(n_blocks, bs)
-        self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block)
+        self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence)
         budget = min(config.max_batch_tokens, runner.max_tokens)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids
@@ -298,7 +300,7 @@ class Engine:
             tables.append(arr)
             slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
         batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
-                      np.asarray(rows, np.int32))
+                      np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64))
         return batch, sampled
 
     def _run(self, sched: ScheduledStep, events: list[Event]) -> None:

@@ -5,6 +5,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from infer.backends.base import BackendError, RunnerOptions
+from infer.backends.registry import choose_backend, create_runner, probe_all
+
+__all__ = ["LLM", "BackendError", "choose_backend", "probe_all"]  # the CLI reaches backends through here
 from infer.models.loader import Model, load_model
 
 from .chat_template import load_chat_template
@@ -15,12 +19,13 @@ from .tokenizer import Tokenizer
 
 class LLM:
     def __init__(self, model: Model, config: EngineConfig = EngineConfig()):
-        from infer.backends.cpu.transformer import CpuTransformer
-
         self.model = model
         self.config = config
         self.tokenizer = Tokenizer.from_metadata(model.metadata)
-        self.runner = CpuTransformer(model.config, model.weights, n_threads=config.n_threads or os.cpu_count())
+        self.backend = choose_backend(config.backend, model.format)
+        options = RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
+                                max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers)
+        self.runner = create_runner(self.backend, model, options)
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())
         tok = self.tokenizer
         self.template = load_chat_template(

@@ -53,6 +53,7 @@ class Model:
     config: ModelConfig
     metadata: dict[str, Any]
     weights: ModelWeights
+    format: str = "gguf"  # "gguf", or "mlx" for an MLX-format folder (affine-quantized safetensors)
 
 
 def load_model(path: str | Path) -> Model:

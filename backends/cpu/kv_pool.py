@@ -38,6 +38,9 @@ class KVPool:
         for a in (self.k[group], self.v[group]):
             a[:, dst * bs:(dst + 1) * bs] = a[:, src * bs:(src + 1) * bs]
 
+    def free_sequence(self, seq_id: int) -> None:
+        pass  # blocks are all this pool knows; the engine's block manager already took them back
+
     def block_bytes(self, group: int) -> int:
         return (self.k[group].nbytes + self.v[group].nbytes) // max(self.n_blocks[group], 1)
 

@@ -24,6 +24,7 @@ from .kv_pool import KVPool, SequenceKV
 from .matmul import MatmulWorkspace, qmatmul
 from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
 from .repack import GROUP, pack_stacked
+from .target import VNNI
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
@@ -108,6 +109,8 @@ class Workspace:
 class CpuTransformer:
     """Runs a model's weights; `forward` appends tokens to a KV cache and returns logits."""
 
+    backend = "cpu"
+
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK):
         self.cfg = config
         self.w = weights
@@ -128,6 +131,10 @@ class CpuTransformer:
         self.max_weight_elems = max([t.raw.shape[0] * t.shape[-1] for t in body if t.type_id not in GROUP], default=0)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
+
+    def devices(self) -> list[str]:
+        isa = "AVX-512 VNNI" if VNNI else "portable kernels"
+        return [f"cpu: {self.n_threads} threads, {isa}"]
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         return KVPool.bytes_per_block(self.cfg, block_size)

@@ -1,0 +1,61 @@
+"""The backend interface: what the engine asks of any compute backend (cpu, mlx, llama.cpp).
+
+A backend turns a loaded model into a Runner.  The engine owns every decision about which
+sequence runs and where its K/V live (block tables, see batch.py); a runner only computes.
+Nothing here knows the scheduler, the tokenizer, a terminal or HTTP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .batch import Batch
+
+
+class BackendError(ValueError):
+    """A backend that cannot run here or cannot run this model; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    n_threads: int = 0  # 0: every core
+    max_tokens: int = 512  # most tokens one forward pass takes
+    gpu_layers: int = -1  # llama.cpp: layers offloaded to the GPU (-1: all)
+
+
+class KVPoolLike(Protocol):
+    """A backend's paged KV memory: per KV group n_blocks blocks of block_size token rows."""
+
+    nbytes: int
+
+    def copy_block(self, group: int, src: int, dst: int) -> None:
+        """Copy-on-write: block dst of the group gets block src's K/V."""
+
+    def free_sequence(self, seq_id: int) -> None:
+        """The engine dropped this sequence's blocks (finished, cancelled or preempted).
+        Backends that keep per-sequence state (llama.cpp) release it; block pools ignore it."""
+
+
+class Runner(Protocol):
+    """A model's weights uploaded to a backend, ready for batched forward passes."""
+
+    backend: str  # "cpu", "mlx", "llama.cpp"
+    max_tokens: int  # most tokens one forward_batch takes
+
+    def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
+        """Bytes one block of each KV group takes (for sizing the pool from --kv-memory)."""
+
+    def new_kv_pool(self, n_blocks: list[int], block_size: int) -> KVPoolLike:
+        """Allocate the KV pool: n_blocks[g] blocks for KV group g."""
+
+    def forward_batch(self, batch: Batch, pool: KVPoolLike) -> np.ndarray:
+        """Run batch (tokens of several sequences, at most max_tokens), writing each token's K/V
+        to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call."""
+
+    def warmup(self) -> None:
+        """Compile / load kernels now rather than inside the first request."""
+
+    def devices(self) -> list[str]:
+        """What this runner computes on, for stats lines ("cpu: 2 threads", "cuda:0 NVIDIA H100")."""

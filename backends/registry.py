@@ -29,6 +29,19 @@ class BackendInfo:
     gpu: bool = False  # computes on a GPU here
 
 
+def _installed(module: str) -> bool:
+    """Whether a module could be imported (without importing it); a None entry in sys.modules
+    (how tests and some environments block a module) counts as absent."""
+    import sys
+
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
@@ -41,7 +54,7 @@ def _probe_cpu() -> BackendInfo:
 
 
 def _probe_mlx() -> BackendInfo:
-    if importlib.util.find_spec("mlx") is None:
+    if not _installed("mlx"):
         return BackendInfo("mlx", False, reason=f"mlx is not installed: {INSTALL_HINT['mlx']}")
     try:
         import mlx.core as mx
@@ -61,7 +74,7 @@ def _probe_mlx() -> BackendInfo:
 
 
 def _probe_llamacpp() -> BackendInfo:
-    if importlib.util.find_spec("llama_cpp") is None:
+    if not _installed("llama_cpp"):
         return BackendInfo("llama.cpp", False, reason=f"llama-cpp-python is not installed: {INSTALL_HINT['llama.cpp']}")
     try:
         from .llamacpp.devices import llamacpp_devices
@@ -105,7 +118,7 @@ def choose_backend(requested: str, model_format: str = "gguf") -> str:
         return "mlx"
     if is_apple_silicon() and probe("mlx").available:
         return "mlx"
-    if importlib.util.find_spec("llama_cpp") is not None and probe("llama.cpp").gpu:
+    if _installed("llama_cpp") and probe("llama.cpp").gpu:
         return "llama.cpp"
     return "cpu"
 

@@ -43,6 +43,7 @@ class Runner(Protocol):
 
     backend: str  # "cpu", "mlx", "llama.cpp"
     max_tokens: int  # most tokens one forward_batch takes
+    n_threads: int  # CPU threads it uses (reported by bench and the stats lines)
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         """Bytes one block of each KV group takes (for sizing the pool from --kv-memory)."""

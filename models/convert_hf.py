@@ -24,19 +24,19 @@ from .hf_files import (ST_DTYPES, ConvertError, ConvertWarning, Kvs, StEntry, re
 from .hf_vocab import UNUSED, bpe_vocab, detect_pre_tokenizer, special_kvs, spm_vocab
 from .source import SourceModel, SourceTensor
 
-__all__ = ["ConvertError", "ConvertWarning", "SUPPORTED_HF_MODELS", "detect_pre_tokenizer", "source_from_hf",
-           "write_gguf_unquantized"]
+__all__ = ["ConvertError", "ConvertWarning", "SUPPORTED_HF_MODELS", "TensorNamer", "detect_pre_tokenizer",
+           "source_from_hf", "write_gguf_unquantized"]
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_HF_MODELS = ("llama", "qwen2", "qwen3", "gemma3")
 # config.json model_type -> GGUF architecture
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}
-_GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
               "qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 
-def _text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any]]:
+def text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any]]:
     model_type = config.get("model_type")
     if model_type == "gemma3" and isinstance(config.get("text_config"), dict):
         # Multimodal Gemma 3: the language model's hyperparameters are in text_config; the vision
@@ -45,13 +45,13 @@ def _text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, An
         for key in ("tie_word_embeddings",):
             hp.setdefault(key, config.get(key, True))
         return "gemma3", hp
-    if model_type not in _MODEL_TYPES:
+    if model_type not in MODEL_TYPES:
         raise ConvertError(
             f"{path}: unsupported model_type {model_type!r} "
             f"(supported: {', '.join(SUPPORTED_HF_MODELS)}; architectures "
             "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)"
         )
-    return _MODEL_TYPES[model_type], dict(config)
+    return MODEL_TYPES[model_type], dict(config)
 
 
 def _need(hp: dict[str, Any], key: str, path: Path) -> Any:
@@ -78,7 +78,7 @@ def _rope_theta(hp: dict[str, Any], default: float | None) -> float | None:
     return default
 
 
-def _llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndarray:
+def llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndarray:
     """Per-frequency divisors of Llama 3.1's RoPE scaling (Meta's published rule): low frequencies
     are stretched by `factor`, high ones kept, the band between interpolated. llama.cpp takes them
     as the rope_freqs tensor."""
@@ -94,7 +94,7 @@ def _llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndar
     return out.astype(np.float32)
 
 
-def _hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, np.ndarray | None]:
+def hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, np.ndarray | None]:
     """The keys llama.cpp's converter writes for `arch`, and Llama 3.1's rope_freqs if any."""
     kv = Kvs(arch)
     kv.add("general.architecture", VT.STRING, arch)
@@ -159,7 +159,7 @@ def _hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[K
     if rs is not None:
         kind = rs["rope_type"]
         if kind == "llama3" and arch == "llama":
-            rope_factors = _llama3_rope_factors(rs, theta if theta is not None else 10000.0, n_rot)
+            rope_factors = llama3_rope_factors(rs, theta if theta is not None else 10000.0, n_rot)
         elif kind in ("linear", "yarn"):
             kv.add("{arch}.rope.scaling.type", VT.STRING, kind)
             kv.f32("{arch}.rope.scaling.factor", rs["factor"])
@@ -172,26 +172,34 @@ def _hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[K
 
 # ----------------------------------------------------------------------------- tensors
 
-def _bf16_round(x: np.ndarray) -> np.ndarray:
+def bf16_round(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits, round to nearest even (what torch does when it stores a bf16 result)."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     return bits.astype(np.uint16)
 
 
-def _to_f32(data: np.ndarray, type_id: int) -> np.ndarray:
+def to_f32(data: np.ndarray, type_id: int) -> np.ndarray:
     if type_id == GT.BF16:
         return (data.astype(np.uint32) << 16).view(np.float32)
     return data.astype(np.float32)
 
 
-def _permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     """HF Llama stores Q/K rows so that RoPE rotates (x[i], x[i + d/2]) pairs; llama.cpp's llama
     rotates adjacent (x[2i], x[2i+1]) pairs, so each head's two halves are interleaved back."""
     rows = w.shape[0]
     if rows % (2 * n_head):
         raise ConvertError(f"cannot split {rows} Q/K rows into {n_head} heads for the RoPE permutation")
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of permute_rope_rows: llama.cpp's Q/K row order back to HF Llama's."""
+    rows = w.shape[0]
+    if rows % (2 * n_head):
+        raise ConvertError(f"cannot split {rows} Q/K rows into {n_head} heads for the RoPE permutation")
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
@@ -211,6 +219,29 @@ def _hf_name(name: str, arch: str) -> str | None:
     return name
 
 
+class TensorNamer:
+    """HF checkpoint tensor names -> GGUF names for one architecture (gguf's TensorNameMap, the table
+    llama.cpp's converter uses). `gguf_name` gives None for tensors that are not converted (vision
+    tower, rotary caches) and raises ConvertError for names the architecture does not have."""
+
+    def __init__(self, arch: str, n_layer: int):
+        self.arch = arch
+        self._map = gguf.get_tensor_name_map(GGUF_ARCH[arch], n_layer)
+
+    def text_name(self, name: str) -> str | None:
+        """The text model's HF name of a checkpoint tensor (multimodal prefixes removed), or None."""
+        return _hf_name(name, self.arch)
+
+    def gguf_name(self, name: str, where: Path) -> str | None:
+        text = _hf_name(name, self.arch)
+        if text is None:
+            return None
+        out = self._map.get_name(text, try_suffixes=(".weight", ".bias"))
+        if out is None:
+            raise ConvertError(f"{where}: cannot map tensor {name!r} to a GGUF name for {self.arch}")
+        return out
+
+
 def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens: int,
                      rope_factors: np.ndarray | None) -> tuple[list[SourceTensor], int]:
     """The GGUF tensors (lazy) and the embedding row count."""
@@ -222,7 +253,7 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
         for name, e in read_safetensors_header(f).items():
             entries[name] = e
     n_layer = int(hp["num_hidden_layers"])
-    name_map = gguf.get_tensor_name_map(_GGUF_ARCH[arch], n_layer)
+    namer = TensorNamer(arch, n_layer)
     n_head = int(hp["num_attention_heads"])
     n_head_kv = int(hp.get("num_key_value_heads") or n_head)
     tied = bool(hp.get("tie_word_embeddings", arch == "gemma3"))
@@ -230,23 +261,21 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     out: list[SourceTensor] = []
     n_embd_rows = None
     for hf_name, e in entries.items():
-        name = _hf_name(hf_name, arch)
+        name = namer.text_name(hf_name)
         if name is None:
             continue
         if name == "lm_head.weight" and tied:
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
-        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None:
-            raise ConvertError(f"{e.path}: cannot map tensor {hf_name!r} to a GGUF name for {arch}")
+        gguf_name = namer.gguf_name(hf_name, e.path)
         if e.dtype not in ST_DTYPES:
             st_array(e, hf_name)  # raises the dtype error
         type_id = int(ST_DTYPES[e.dtype][1])
         shape = e.shape
         steps: list[Callable[[np.ndarray], np.ndarray]] = []
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            steps.append(lambda w: _permute_rope_rows(w, n_head))
+            steps.append(lambda w: permute_rope_rows(w, n_head))
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            steps.append(lambda w: _permute_rope_rows(w, n_head_kv))
+            steps.append(lambda w: permute_rope_rows(w, n_head_kv))
         if gguf_name == "token_embd.weight":
             n_embd_rows = shape[0]
             if arch == "gemma3" and shape[0] > n_vocab_tokens:
@@ -263,7 +292,7 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             # rounded to the checkpoint's dtype first, as the converter's torch arithmetic does.
             shift = arch == "gemma3" and name.endswith("norm.weight")
             out_type = int(GT.F32)
-            steps.append(lambda w, t=type_id, s=shift: _norm_f32(w, t, s))
+            steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
         out.append(SourceTensor(gguf_name, tuple(shape), out_type, _loader(e, hf_name, steps)))
     if n_embd_rows is None:
         raise ConvertError(f"{folder}: the weights have no embedding tensor (model.embed_tokens.weight)")
@@ -273,12 +302,12 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     return out, n_embd_rows
 
 
-def _norm_f32(w: np.ndarray, type_id: int, shift: bool) -> np.ndarray:
-    x = _to_f32(w, type_id)
+def norm_f32(w: np.ndarray, type_id: int, shift: bool) -> np.ndarray:
+    x = to_f32(w, type_id)
     if shift:
         x = x + np.float32(1.0)
         if type_id == GT.BF16:
-            x = _to_f32(_bf16_round(x), GT.BF16)
+            x = to_f32(bf16_round(x), GT.BF16)
         elif type_id == GT.F16:
             x = x.astype(np.float16).astype(np.float32)
     return np.ascontiguousarray(x, dtype=np.float32)
@@ -303,8 +332,8 @@ def source_from_hf(folder: str | Path) -> SourceModel:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConvertError(f"{config_path}: no such file (a Hugging Face model folder needs config.json)")
-    arch, hp = _text_hparams(read_json(config_path, "model config"), config_path)
-    kv, rope_factors = _hparam_kvs(arch, hp, folder.resolve().name, config_path)
+    arch, hp = text_hparams(read_json(config_path, "model config"), config_path)
+    kv, rope_factors = hparam_kvs(arch, hp, folder.resolve().name, config_path)
 
     # Tokenizer first (it fixes the vocabulary size), but the tensors decide the row count.
     has_spm, has_json = (folder / "tokenizer.model").is_file(), (folder / "tokenizer.json").is_file()

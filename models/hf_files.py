@@ -53,6 +53,8 @@ class Kvs:
 # ---- safetensors
 
 ST_DTYPES = {"F32": (np.float32, GT.F32), "F16": (np.float16, GT.F16), "BF16": (np.uint16, GT.BF16)}
+# Every dtype whose bytes can be viewed as is (BF16 as its uint16 bits; U32: MLX's packed codes).
+ST_NUMPY = {**{k: v[0] for k, v in ST_DTYPES.items()}, "U32": np.uint32}
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,8 @@ def read_safetensors_header(path: Path) -> dict[str, StEntry]:
             raise ConvertError(f"{path}: malformed header entry for tensor {name!r}") from None
         if not 0 <= start <= end <= size - base:
             raise ConvertError(f"{path}: tensor {name!r} runs past the end of the file (truncated?)")
-        if dtype in ST_DTYPES:
-            expect = math.prod(shape) * np.dtype(ST_DTYPES[dtype][0]).itemsize
+        if dtype in ST_NUMPY:
+            expect = math.prod(shape) * np.dtype(ST_NUMPY[dtype]).itemsize
             if end - start != expect:
                 raise ConvertError(f"{path}: tensor {name!r} has {end - start} bytes, expected {expect}")
         out[name] = StEntry(path, dtype, shape, base + start, end - start)
@@ -109,7 +111,12 @@ def st_array(e: StEntry, name: str) -> np.ndarray:
             f"{e.path}: tensor {name!r} has dtype {e.dtype} (supported: {', '.join(ST_DTYPES)}; "
             "pre-quantized checkpoints such as MLX 4-bit cannot be converted)"
         )
-    np_dtype = ST_DTYPES[e.dtype][0]
+    return st_view(e)
+
+
+def st_view(e: StEntry) -> np.ndarray:
+    """The tensor's bytes as a read-only memory-mapped array of its dtype (see ST_NUMPY)."""
+    np_dtype = ST_NUMPY[e.dtype]
     if e.nbytes == 0:
         return np.zeros(e.shape, dtype=np_dtype)
     mm = np.memmap(e.path, dtype=np.uint8, mode="r", offset=e.offset, shape=(e.nbytes,))

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
+from infer.quant.affine import AffineTensor
 from infer.quant.tensor import QTensor
 from infer.quant.types import F32
 
@@ -18,13 +19,18 @@ class ModelLoadError(ValueError):
     """A model file that cannot be run; the message names the file and the problem."""
 
 
+# A weight matrix: GGML blocks (GGUF files; F16/F32/BF16 for dense MLX-folder matrices) or MLX's
+# affine format (quantized MLX folders).
+Matrix = QTensor | AffineTensor
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray
-    wq: QTensor
-    wk: QTensor
-    wv: QTensor
-    wo: QTensor
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
     bq: np.ndarray | None
     bk: np.ndarray | None
     bv: np.ndarray | None
@@ -32,17 +38,17 @@ class LayerWeights:
     k_norm: np.ndarray | None
     post_attn_norm: np.ndarray | None
     ffn_norm: np.ndarray
-    w_gate: QTensor
-    w_up: QTensor
-    w_down: QTensor
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
     post_ffn_norm: np.ndarray | None
 
 
 @dataclass(frozen=True)
 class ModelWeights:
-    token_embd: QTensor
+    token_embd: Matrix
     output_norm: np.ndarray
-    output: QTensor  # token_embd itself when the embeddings are tied
+    output: Matrix  # token_embd itself when the embeddings are tied
     rope_freqs: np.ndarray | None
     layers: tuple[LayerWeights, ...]
 
@@ -57,10 +63,15 @@ class Model:
 
 
 def load_model(path: str | Path) -> Model:
+    """A GGUF file, or a model folder (MLX / HF safetensors: see mlx_folder.py)."""
+    if Path(path).is_dir():
+        from .mlx_folder import load_mlx_folder
+
+        return load_mlx_folder(path)
     try:
         gguf = read_gguf(path)
         config = ModelConfig.from_metadata(gguf.metadata, n_vocab=_vocab_size(gguf))
-        weights = _collect_weights(gguf, config)
+        weights = collect_weights(gguf.tensors, gguf.path, config)
     except (GGUFError, ModelLoadError) as e:
         raise ModelLoadError(str(e)) from None
     except (ModelConfigError, ValueError) as e:
@@ -75,23 +86,26 @@ def _vocab_size(gguf: GGUFFile) -> int:
     return t.shape[0]
 
 
-def _collect_weights(gguf: GGUFFile, cfg: ModelConfig) -> ModelWeights:
-    tensors = gguf.tensors
+def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str, cfg: ModelConfig) -> ModelWeights:
+    """The weights `cfg` needs, by GGUF name, shapes checked. Matrices are QTensor or AffineTensor;
+    vectors QTensor or float32 arrays."""
 
-    def get(name: str, shape: tuple[int, ...] | None, required: bool = True) -> QTensor | None:
+    def get(name: str, shape: tuple[int, ...] | None, required: bool = True) -> Any:
         t = tensors.get(name)
         if t is None:
             if required:
-                raise ModelLoadError(f"{gguf.path}: missing tensor {name!r} for architecture {cfg.arch}")
+                raise ModelLoadError(f"{path}: missing tensor {name!r} for architecture {cfg.arch}")
             return None
         if shape is not None and tuple(t.shape) != shape:
-            raise ModelLoadError(f"{gguf.path}: tensor {name!r} has shape {t.shape}, expected {shape}")
+            raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
         return t
 
     def vec(name: str, n: int, required: bool = True) -> np.ndarray | None:
         t = get(name, (n,), required)
-        if t is None:
-            return None
+        if t is None or isinstance(t, np.ndarray):
+            return t
+        if isinstance(t, AffineTensor):
+            raise ModelLoadError(f"{path}: tensor {name!r} is a vector and cannot be affine-quantized")
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
         return t.raw.view(np.float32).reshape(n) if t.type_id == F32 else t.dequantize().reshape(n)
 
@@ -120,7 +134,9 @@ def _collect_weights(gguf: GGUFFile, cfg: ModelConfig) -> ModelWeights:
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D, required=fl.post_norms),
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
-    output = get("output.weight", (cfg.n_vocab, D), required=False) or token_embd
+    output = get("output.weight", (cfg.n_vocab, D), required=False)
+    if output is None:
+        output = token_embd
     return ModelWeights(
         token_embd=token_embd,
         output_norm=vec("output_norm.weight", D),

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .default import default_model_path
-from .loader import ModelLoadError
 from .store import ModelNotFoundError, ModelStore, StoredModel, looks_like_name
 
 __all__ = ["LocatedModel", "ModelNotFoundError", "locate_model", "resolve_model"]
@@ -46,11 +45,9 @@ def locate_model(name: str | None, store: ModelStore | None = None) -> LocatedMo
 
 
 def resolve_model(name: str | None, store: ModelStore | None = None) -> Path:
-    """The GGUF file to run for MODEL; other formats are described by `infer show` but not run yet."""
+    """What to load for MODEL: a GGUF file, or an MLX / safetensors model folder (load_model reads
+    both; a folder runs on the MLX backend)."""
     found = locate_model(name, store)
-    if found.format != "gguf":
-        raise ModelLoadError(f"{found.name} is an {found.format} model: infer runs GGUF files only for now "
-                             f"(pull a GGUF quant, e.g. owner/repo-GGUF:Q4_K_M)")
     if not found.path.exists():
         raise ModelNotFoundError(f"{found.name}: its file {found.path} is gone (infer rm it, then pull it again)")
     return found.path

@@ -317,13 +317,14 @@ def test_resolver_in_process(homes, gemma_path, tmp_path):
     assert resolve_model(str(Path(m.path).parent), store) == Path(m.path)  # a folder with one GGUF
     with pytest.raises(ModelNotFoundError, match="infer pull"):
         resolve_model("acme/unknown", store)
-    from infer.models.loader import ModelLoadError
-
-    with pytest.raises(ModelLoadError, match="GGUF files only"):
-        resolve_model("mlx-community/tiny-4bit", store)
+    mlx = store.get("mlx-community/tiny-4bit")
+    assert resolve_model("mlx-community/tiny-4bit", store) == Path(mlx.path)  # the folder: MLX models run
 
 
-def test_running_an_mlx_model_is_a_clear_error(homes, tmp_path):
+def test_running_a_broken_mlx_model_is_a_clear_error(homes, tmp_path):
     infer_home, hub = homes
     ModelStore(infer_home).add(mlx_entry(hub, tmp_path))
-    assert_one_line_error(infer(homes, "run", "mlx-community/tiny-4bit", "hi"), "mlx", "GGUF files only")
+    # The fake pull's config.json lacks hyperparameters (and it has no tokenizer.json nor real
+    # weights): loading it says what is wrong in one line.
+    assert_one_line_error(infer(homes, "run", "mlx-community/tiny-4bit", "hi"), "config.json",
+                          "missing hyperparameter 'intermediate_size'")

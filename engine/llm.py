@@ -13,6 +13,7 @@ from infer.models.loader import Model, load_model
 
 from .chat_template import load_chat_template
 from .engine import Engine, EngineConfig, Event
+from .hf_tokenizer import HFTokenizer
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -21,18 +22,20 @@ class LLM:
     def __init__(self, model: Model, config: EngineConfig = EngineConfig()):
         self.model = model
         self.config = config
-        self.tokenizer = Tokenizer.from_metadata(model.metadata)
+        self.tokenizer = _tokenizer(model)
         self.backend = choose_backend(config.backend, model.format)
         options = RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
                                 max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers)
         self.runner = create_runner(self.backend, model, options)
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())
         tok = self.tokenizer
+        # The model's own template (GGUF metadata, or the folder's tokenizer_config.json /
+        # chat_template.jinja), else infer's built-in one for the architecture.
         self.template = load_chat_template(
-            model.metadata.get("tokenizer.chat_template"),
+            tok.chat_template,
             model.config.arch,
-            str(model.metadata.get("tokenizer.ggml.model", "")),
-            model.metadata.get("tokenizer.ggml.pre"),
+            tok.model_type,
+            tok.pre,
             tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
             tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
         )
@@ -57,3 +60,10 @@ class LLM:
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
         """Stream one request through the engine (other requests may share its steps)."""
         return self.engine.generate(prompt_ids, params)
+
+
+def _tokenizer(model: Model) -> Tokenizer | HFTokenizer:
+    """A GGUF's vocabulary from its metadata; a model folder's tokenizer.json (MLX format)."""
+    if model.format == "mlx":
+        return HFTokenizer.from_folder(model.path, n_vocab=model.config.n_vocab, architecture=model.config.arch)
+    return Tokenizer.from_metadata(model.metadata)

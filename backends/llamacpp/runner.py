@@ -24,6 +24,8 @@ from .devices import llamacpp_devices
 from .slots import SlotPool
 
 F16_BYTES = 2
+HEADROOM = 4  # one cell in 4 more than the engine's blocks hold: donors' cells, and prefix
+# positions llama.cpp must recompute where the engine shares blocks
 
 
 GGML_LOG_LEVEL_ERROR = 4
@@ -59,9 +61,6 @@ class _Memory:
 
     def pos_min(self, slot: int) -> int:
         return int(self.lib.llama_memory_seq_pos_min(self.mem, slot))
-
-    def clear(self) -> None:
-        self.lib.llama_memory_clear(self.mem, False)
 
 
 class _BatchBuffer:
@@ -141,9 +140,10 @@ class LlamaCppRunner:
         return c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * F16_BYTES
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
-        # llama.cpp's cache grows with positions, which the global group's blocks count; the
-        # sliding-window group's blocks cost nothing extra there
-        return (block_size * self._bytes_per_token(),) + (0,) * (len(self.cfg.kv_groups) - 1)
+        # llama.cpp's cache grows with positions, which the global group's blocks count (with the
+        # headroom new_kv_pool adds); the sliding-window group's blocks cost nothing extra there
+        per_block = block_size * self._bytes_per_token() * (HEADROOM + 1) // HEADROOM
+        return (per_block,) + (0,) * (len(self.cfg.kv_groups) - 1)
 
     def _make_context(self, n_ctx: int, n_seq: int):
         lib = self._lib
@@ -172,8 +172,8 @@ class LlamaCppRunner:
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> SlotPool:
         lib = self._lib
         rows = int(n_blocks[0]) * block_size
-        # headroom: donors' cells, and prefix positions recomputed rather than shared
-        n_ctx = rows + max(rows // 4, self.max_tokens)
+        # at least a batch: llama.cpp caps its batch size at the context size
+        n_ctx = max(rows + rows // HEADROOM, self.max_tokens)
         # slots for running sequences and donors: llama.cpp reserves a logits row per slot and
         # takes at most a batch's worth of rows
         n_seq = max(1, min(int(lib.llama_max_parallel_sequences()), int(n_blocks[0]), self.max_tokens))
@@ -255,4 +255,5 @@ class LlamaCppRunner:
     def devices(self) -> list[str]:
         devices, gpu = llamacpp_devices()
         where = "cpu" if not gpu or self.gpu_layers == 0 else f"{'all' if self.gpu_layers < 0 else self.gpu_layers} layers offloaded"
-        return [f"llama.cpp ({where}): {self.n_threads} threads"] + devices
+        threads = f"{self.n_threads} thread{'s' if self.n_threads != 1 else ''}"
+        return [f"llama.cpp ({where}): {threads}"] + devices

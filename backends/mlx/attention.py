@@ -1,0 +1,110 @@
+"""Attention of a batch's queries over the paged KV cache, in MLX.
+
+A plan is made once per forward pass and KV group (numpy, from the block tables) and serves
+every layer of the group.  Sequences with one query in the batch (decode steps) share one call:
+their keys gathered into a padded (S, L) batch with a mask for the padding.  A sequence with
+several queries (a prefill chunk) gets a call of its own over keys lo..hi, its first query's
+window start to its last query's position, masked causally and by the window.
+
+Masked keys add exact zeros to sums that MLX's CPU build accumulates in order, so a query's
+result does not depend on what else is in the batch (tested); on a GPU that is not guaranteed.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from infer.backends.batch import Batch
+
+
+def _f(x: mx.array, dtype) -> mx.array:
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+class AttentionPlan:
+    """Which keys each query of a batch sees in one KV group, as gather indices and masks."""
+
+    def __init__(self, batch: Batch, group: int, block_size: int, window: int):
+        tok_seq, pos = batch.tok_seq, batch.positions
+        table = batch.tables[group]
+        T = len(tok_seq)
+        order = np.argsort(tok_seq, kind="stable")
+        seqs, starts, counts = np.unique(tok_seq[order], return_index=True, return_counts=True)
+
+        def key_rows(s: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+            p = np.arange(lo, hi + 1)
+            blocks = table[s][p // block_size]
+            held = blocks >= 0  # blocks that fell out of a sliding window are -1: masked below anyway
+            return np.where(held, blocks * block_size + p % block_size, 0).astype(np.int32), held
+
+        # parts: (token indices, key rows (B, L), mask (B, n, L)); decode tokens first, together
+        self.parts: list[tuple[mx.array | None, mx.array, mx.array]] = []
+        done: list[np.ndarray] = []
+        single = [(int(s), int(order[i])) for s, i, c in zip(seqs, starts, counts) if c == 1]
+        if single:
+            spans = []
+            for s, t in single:
+                hi = int(pos[t])
+                lo = max(0, hi - window + 1) if window else 0
+                spans.append(key_rows(s, lo, hi))
+            L = max(len(r) for r, _ in spans)
+            rows = np.zeros((len(spans), L), np.int32)
+            mask = np.zeros((len(spans), 1, L), bool)
+            for i, (r, held) in enumerate(spans):
+                rows[i, :len(r)] = r
+                mask[i, 0, :len(r)] = held
+            idx = np.array([t for _, t in single], np.int64)
+            done.append(idx)
+            self.parts.append((self._index(idx, T), mx.array(rows), mx.array(mask)))
+        for s, i, c in zip(seqs, starts, counts):
+            if c == 1:
+                continue
+            idx = np.sort(order[i:i + c])
+            qp = pos[idx].astype(np.int64)
+            hi = int(qp.max())
+            lo = max(0, int(qp.min()) - window + 1) if window else 0
+            r, held = key_rows(int(s), lo, hi)
+            kp = np.arange(lo, hi + 1)
+            m = (kp[None, :] <= qp[:, None]) & held[None, :]
+            if window:
+                m &= qp[:, None] - kp[None, :] < window
+            done.append(idx)
+            self.parts.append((self._index(idx, T), mx.array(r[None]), mx.array(m[None])))
+        cat = np.concatenate(done)
+        # the outputs come out in the parts' order; this puts them back in token order
+        self.perm = None if np.array_equal(cat, np.arange(T)) else mx.array(np.argsort(cat).astype(np.int32))
+
+    @staticmethod
+    def _index(idx: np.ndarray, T: int) -> mx.array | None:
+        return None if np.array_equal(idx, np.arange(T)) else mx.array(idx.astype(np.int32))
+
+    def attend(self, q: mx.array, k_rows: mx.array, v_rows: mx.array, scale: float, softcap: float) -> mx.array:
+        """q (T, H, D) -> (T, H * Dv); k_rows (n_rows, Hkv, D), v_rows (n_rows, Hkv, Dv): a layer's cache,
+        this batch's K/V already written.  Computes in q's dtype."""
+        outs = []
+        for idx, rows, mask in self.parts:
+            qs = q if idx is None else q[idx]
+            B, n = rows.shape[0], qs.shape[0] // rows.shape[0]
+            qb = qs.reshape(B, n, *qs.shape[1:]).transpose(0, 2, 1, 3)  # (B, H, n, D)
+            kb = _f(k_rows[rows], q.dtype).transpose(0, 2, 1, 3)  # (B, Hkv, L, D)
+            vb = _f(v_rows[rows], q.dtype).transpose(0, 2, 1, 3)
+            if softcap > 0:
+                o = _softcapped(qb, kb, vb, scale, softcap, mask)
+            else:
+                o = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask=mask[:, None])
+            outs.append(o.transpose(0, 2, 1, 3).reshape(B * n, -1))
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+        return out if self.perm is None else out[self.perm]
+
+
+def _softcapped(q, k, v, scale: float, cap: float, mask) -> mx.array:
+    """Attention with the scores squashed by cap * tanh(s / cap) before the softmax (no fused kernel
+    has that).  q (B, H, n, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv), mask (B, n, L)."""
+    B, H, n, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    rep = H // Hkv
+    s = (q.reshape(B, Hkv, rep * n, D) @ k.swapaxes(-1, -2)) * scale
+    s = (cap * mx.tanh(s / cap)).reshape(B, Hkv, rep, n, L)
+    s = mx.where(mask[:, None, None], s, mx.array(-np.inf, s.dtype))
+    p = mx.softmax(s, axis=-1, precise=True).reshape(B, Hkv, rep * n, L)
+    return (p @ v).reshape(B, H, n, v.shape[-1])

@@ -1,0 +1,59 @@
+"""The paged KV cache in MLX arrays: per KV group and layer, K and V rows of n_blocks blocks.
+
+Which block belongs to which sequence is the engine's business; this module holds the arrays,
+copies a block (copy-on-write) and reports sizes.  Rows are float16 (as the cpu backend and
+llama.cpp keep them); a forward pass scatters new rows in place (MLX reuses an array's buffer
+for the update when nothing else holds it, so a step never copies a layer's whole cache).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+KV_DTYPE = mx.float16
+
+
+class MlxKVPool:
+    def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
+        groups = cfg.kv_groups
+        if len(n_blocks) != len(groups):
+            raise ValueError(f"{len(groups)} KV groups but {len(n_blocks)} block counts")
+        self.block_size = block_size
+        self.n_blocks = tuple(int(n) for n in n_blocks)
+        self.windows = tuple(g.window for g in groups)
+        # k[g][j]: (n_blocks * block_size, n_head_kv, head_dim) of the j-th layer of group g
+        self.k = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim), KV_DTYPE) for _ in g.layers]
+                  for g, n in zip(groups, self.n_blocks)]
+        self.v = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
+                  for g, n in zip(groups, self.n_blocks)]
+        mx.eval(self.k, self.v)
+        self.layer_at: dict[int, tuple[int, int]] = {}  # layer -> (group, index within group)
+        for gi, g in enumerate(groups):
+            for j, il in enumerate(g.layers):
+                self.layer_at[il] = (gi, j)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for side in (self.k, self.v) for group in side for a in group]
+
+    def copy_block(self, group: int, src: int, dst: int) -> None:
+        bs = self.block_size
+        for side in (self.k, self.v):
+            for a in side[group]:
+                # The block goes through numpy so the update holds no view of the array itself:
+                # then MLX writes in place instead of copying the whole layer.
+                blk = mx.array(np.array(a[src * bs:(src + 1) * bs]))
+                a[dst * bs:(dst + 1) * bs] = blk
+        mx.eval(self.k[group], self.v[group])
+
+    def free_sequence(self, seq_id: int) -> None:
+        pass  # blocks are all this pool knows; the engine's block manager already took them back
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+    @staticmethod
+    def bytes_per_block(cfg, block_size: int) -> tuple[int, ...]:
+        """Bytes one block of each KV group takes (K and V of all its layers)."""
+        per_token = KV_DTYPE.size * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
+        return tuple(len(g.layers) * block_size * per_token for g in cfg.kv_groups)

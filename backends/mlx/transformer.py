@@ -110,21 +110,18 @@ class MlxTransformer:
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
-        self.n_threads = 1 if not self.gpu else max(1, options.n_threads)
+        self.n_threads = 1  # the host thread that drives MLX (its CPU build computes on it too)
         # float16 products on a GPU; float32 on the CPU, to agree with the cpu backend
         self.dtype = mx.float16 if self.gpu else mx.float32
         half = config.n_rot // 2
         ff = weights.rope_freqs
         self.freq_factors = np.ones(half, np.float32) if ff is None else np.ascontiguousarray(ff, np.float32)
-        cache: dict[int, Matrix] = {}
 
-        def up(t) -> Matrix:  # tied embeddings are uploaded once
-            if id(t) not in cache:
-                try:
-                    cache[id(t)] = upload(t, self.dtype)
-                except ValueError as e:
-                    raise BackendError(f"MLX backend: {e}") from None
-            return cache[id(t)]
+        def up(t) -> Matrix:
+            try:
+                return upload(t, self.dtype)
+            except ValueError as e:
+                raise BackendError(f"MLX backend: {e}") from None
 
         self.layers = []
         for lw in weights.layers:
@@ -142,12 +139,14 @@ class MlxTransformer:
                 post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
                 bqkv=bqkv, q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
             ))
+            # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
+            # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to
+            # this thread's stream, and the engine may run forward passes on another thread.
+            mx.eval(self.layers[-1].arrays())
         self.embed = up(weights.token_embd)
-        self.output = up(weights.output)
+        self.output = self.embed if weights.output is weights.token_embd else up(weights.output)  # tied: once
         self.output_norm = _vec(weights.output_norm)
-        # Everything evaluated now: an array left lazy belongs to this thread's stream, and the
-        # engine may run forward passes on another thread (MLX streams are per thread).
-        mx.eval([ly.arrays() for ly in self.layers], self.embed.arrays(), self.output.arrays(), self.output_norm)
+        mx.eval(self.embed.arrays(), self.output.arrays(), self.output_norm)
 
     # -- the Runner protocol ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from infer.engine.conversation import Conversation, TurnStats
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from test_engine import alone, run_all, tiny_prompts
+from test_engine import alone, tiny_prompts
 from test_gemma_e2e import PROMPTS
 from tiny_models import write_tiny_model
 

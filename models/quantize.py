@@ -205,7 +205,7 @@ def _imatrix_for(imatrix, p: recipe.TensorPlan, note) -> np.ndarray | None:
     return v.reshape(n_mat, p.shape[-1])
 
 
-def _rows_view(t: SourceTensor) -> np.ndarray:
+def rows_view(t: SourceTensor) -> np.ndarray:
     data = t.load()
     k = t.shape[-1]
     rows = int(np.prod(t.shape[:-1], dtype=np.int64)) if len(t.shape) > 1 else 1
@@ -215,13 +215,13 @@ def _rows_view(t: SourceTensor) -> np.ndarray:
 
 
 def _copy_chunks(t: SourceTensor):
-    rows = _rows_view(t)
+    rows = rows_view(t)
     step = max(1, CHUNK_ELEMENTS // max(1, rows.shape[1]))
     for r in range(0, rows.shape[0], step):
         yield np.ascontiguousarray(rows[r:r + step]).view(np.uint8)
 
 
-def _to_f32(t: SourceTensor, chunk: np.ndarray) -> np.ndarray:
+def rows_to_f32(t: SourceTensor, chunk: np.ndarray) -> np.ndarray:
     if t.type_id == F32:
         return np.ascontiguousarray(chunk, dtype=np.float32)
     if t.type_id == F16:
@@ -235,7 +235,7 @@ def _to_f32(t: SourceTensor, chunk: np.ndarray) -> np.ndarray:
 
 def _convert_chunks(t: SourceTensor, dst: int, im: np.ndarray | None):
     quantize = _quantizer()
-    rows = _rows_view(t)
+    rows = rows_view(t)
     k = t.shape[-1]
     n_mat = im.shape[0] if im is not None else 1
     per_mat = rows.shape[0] // n_mat  # experts are quantized separately: each has its own imatrix slice
@@ -243,7 +243,7 @@ def _convert_chunks(t: SourceTensor, dst: int, im: np.ndarray | None):
     for m in range(n_mat):
         for r in range(m * per_mat, (m + 1) * per_mat, step):
             end = min(r + step, (m + 1) * per_mat)
-            x = _to_f32(t, rows[r:end])
+            x = rows_to_f32(t, rows[r:end])
             if dst in (F32, F16, BF16) and not np.isfinite(x).all():
                 # Block types check inside quantize(); float outputs would carry the NaN silently.
                 raise QuantizeError(f"tensor {t.name} has NaN or infinite weights")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizerCore
 
 from infer.engine.bpe import _byte_to_unicode
 from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
-from infer.engine.tokenizer import _EOG_TEXTS, TokenizerError
+from infer.engine.tokenizer import _EOG_TEXTS, TokenizerError, check_token_id
 from infer.models.hf_vocab import detect_pre_tokenizer
 
 _SPACE = "\u2581"  # SentencePiece's visible space
@@ -206,13 +206,7 @@ class HFTokenizer:
         return self._hf.token_to_id(text)
 
     def _check_id(self, token_id: Any) -> int:
-        try:
-            tid = int(token_id)
-        except (TypeError, ValueError):
-            raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
-        if not 0 <= tid < self.vocab_size:
-            raise TokenizerError(f"token id {tid} out of range for a vocabulary of {self.vocab_size}")
-        return tid
+        return check_token_id(token_id, self.vocab_size)
 
     # ------------------------------------------------------------------ encoding
 

@@ -19,6 +19,17 @@ class TokenizerError(ValueError):
     """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
 
 
+def check_token_id(token_id: Any, vocab_size: int) -> int:
+    """token_id as an int, or a TokenizerError for a non-integer or out-of-range id."""
+    try:
+        tid = int(token_id)
+    except (TypeError, ValueError):
+        raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
+    if not 0 <= tid < vocab_size:
+        raise TokenizerError(f"token id {tid} out of range for a vocabulary of {vocab_size}")
+    return tid
+
+
 # llama.cpp's token attribute bits (llama_token_attr).
 UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 2, 4, 8, 16, 32
 LSTRIP, RSTRIP = 128, 256
@@ -259,13 +270,7 @@ class Tokenizer:
         return self._token_to_id.get(text)
 
     def _check_id(self, token_id: Any) -> int:
-        try:
-            tid = int(token_id)
-        except (TypeError, ValueError):
-            raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
-        if not 0 <= tid < self.vocab_size:
-            raise TokenizerError(f"token id {tid} out of range for a vocabulary of {self.vocab_size}")
-        return tid
+        return check_token_id(token_id, self.vocab_size)
 
     # ------------------------------------------------------------------ encoding
 

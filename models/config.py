@@ -82,6 +82,16 @@ class ModelConfig:
             groups.append(KVGroup(self.sliding_window, local))
         return tuple(groups)
 
+    @property
+    def kv_layer_index(self) -> dict[int, tuple[int, int]]:
+        """layer -> (its KV group, its index within the group): where a pool keeps its K/V."""
+        return {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
+
+    def kv_block_bytes(self, block_size: int, elem_bytes: int = 2) -> tuple[int, ...]:
+        """Bytes one block of each KV group takes (K and V of all its layers, elem_bytes per value)."""
+        per_token = elem_bytes * self.n_head_kv * (self.head_dim + self.head_dim_v)
+        return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
+
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int | None = None) -> "ModelConfig":
         arch = str(meta.get("general.architecture", ""))

@@ -23,10 +23,7 @@ class KVPool:
                   for g, n in zip(groups, self.n_blocks)]
         self.v = [np.zeros((len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v), np.uint16)
                   for g, n in zip(groups, self.n_blocks)]
-        self.layer_at: dict[int, tuple[int, int]] = {}  # layer -> (group, index within group)
-        for gi, g in enumerate(groups):
-            for j, il in enumerate(g.layers):
-                self.layer_at[il] = (gi, j)
+        self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
 
     def layer(self, il: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(group, K rows, V rows) of layer il."""
@@ -50,9 +47,8 @@ class KVPool:
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int) -> tuple[int, ...]:
-        """Bytes one block of each KV group takes (K and V of all its layers)."""
-        per_token = 2 * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
-        return tuple(len(g.layers) * block_size * per_token for g in cfg.kv_groups)
+        """Bytes one block of each KV group takes (K and V of all its layers, f16)."""
+        return cfg.kv_block_bytes(block_size, 2)
 
 
 class SequenceKV:

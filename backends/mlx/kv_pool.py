@@ -27,10 +27,7 @@ class MlxKVPool:
         self.v = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
                   for g, n in zip(groups, self.n_blocks)]
         mx.eval(self.k, self.v)
-        self.layer_at: dict[int, tuple[int, int]] = {}  # layer -> (group, index within group)
-        for gi, g in enumerate(groups):
-            for j, il in enumerate(g.layers):
-                self.layer_at[il] = (gi, j)
+        self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
 
     def arrays(self) -> list[mx.array]:
         return [a for side in (self.k, self.v) for group in side for a in group]
@@ -55,5 +52,4 @@ class MlxKVPool:
     @staticmethod
     def bytes_per_block(cfg, block_size: int) -> tuple[int, ...]:
         """Bytes one block of each KV group takes (K and V of all its layers)."""
-        per_token = KV_DTYPE.size * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
-        return tuple(len(g.layers) * block_size * per_token for g in cfg.kv_groups)
+        return cfg.kv_block_bytes(block_size, KV_DTYPE.size)

@@ -136,8 +136,7 @@ class LlamaCppRunner:
     def _bytes_per_token(self) -> int:
         """llama.cpp's f16 K and V of every layer for one position (with swa_full, sliding-window
         layers keep every position too)."""
-        c = self.cfg
-        return c.n_layer * c.n_head_kv * (c.head_dim + c.head_dim_v) * F16_BYTES
+        return sum(self.cfg.kv_block_bytes(1, F16_BYTES))
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         # llama.cpp's cache grows with positions, which the global group's blocks count (with the

@@ -131,6 +131,10 @@ class CpuTransformer:
         self.max_weight_elems = max([t.raw.shape[0] * t.shape[-1] for t in body if t.type_id not in GROUP], default=0)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
+        # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor
+        # names ("attn_norm-0", "kqv_out-0", ..., "result_norm"), so scripts/compare_llamacpp.py can
+        # line them up with its eval callback.  The array is a live buffer: copy it to keep it.
+        self.trace = None
 
     def devices(self) -> list[str]:
         isa = "AVX-512 VNNI" if VNNI else "portable kernels"
@@ -197,6 +201,9 @@ class CpuTransformer:
 
         emb = self.w.token_embd
         embed(emb.type_id, emb.raw, batch.tokens, np.float32(cfg.embed_scale), x)
+        tr = self.trace
+        if tr:
+            tr("inp_scaled", x)
 
         ws_cos, ws_sin = ws.cos[:, :T], ws.sin[:, :T]
         rope_cache(pos, cfg.n_rot, cfg.rope_base, cfg.rope_scale, self.freq_factors, ws_cos[0], ws_sin[0])
@@ -217,21 +224,40 @@ class CpuTransformer:
         rmsnorm(x, layers[0].attn_norm, eps, xn)
         for il, ly in enumerate(layers):
             r = 1 if cfg.layer_swa[il] else 0
+            if tr:
+                tr(f"attn_norm-{il}", xn)
             for w, col in ly.qkv:
                 qmatmul(w, xn, qkv, mm, col)
+            if tr:
+                tr(f"qkv-{il}", qkv)  # Q, K, V side by side (llama.cpp: the first Qcur, Kcur, Vcur)
             g, kc, vc = pool.layer(il)
             qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, eps, ws_cos[r], ws_sin[r], neox, q_scale,
                      q3, kc, vc, batch.slots[g], ws.kf, ws.vf)
             attention(q3, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
                       kq_scale, softcap_attn, attn3, ws.scores)
+            if tr:
+                tr(f"kqv_out-{il}", attn)
             qmatmul(ly.wo, attn, o, mm)
+            if tr:
+                tr(f"attn_out-{il}", o)
             residual_norm(x, o, ly.post_attn_norm, eps, ly.ffn_norm, xn)
+            if tr:
+                tr(f"ffn_inp-{il}", x)  # the residual stream after attention (Gemma's name: sa_out)
+                tr(f"ffn_norm-{il}", xn)
             for w, col in ly.gate_up:
                 qmatmul(w, xn, gu, mm, col)
             glu(gu, n_ff, gelu, act)
+            if tr:
+                tr(f"ffn_act-{il}", act)  # llama.cpp: ffn_geglu / ffn_swiglu
             qmatmul(ly.down, act, o, mm)
+            if tr:
+                tr(f"ffn_out-{il}", o)
             nxt = layers[il + 1].attn_norm if il + 1 < len(layers) else self.output_norm
             residual_norm(x, o, ly.post_ffn_norm, eps, nxt, xn)
+            if tr:
+                tr(f"l_out-{il}", x)
+        if tr:
+            tr("result_norm", xn)
 
         R = len(batch.logit_rows)
         if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point

@@ -23,6 +23,7 @@ class RunnerOptions:
     n_threads: int = 0  # 0: every core
     max_tokens: int = 512  # most tokens one forward pass takes
     gpu_layers: int = -1  # llama.cpp: layers offloaded to the GPU (-1: all)
+    max_seqs: int = 0  # sequences the engine runs at once (0: not said); llama.cpp sizes its slots by it
 
 
 class KVPoolLike(Protocol):

@@ -53,7 +53,8 @@ def tiny_llama(tmp_path_factory):
 def make_llm(path, config: EngineConfig, flash_attn: bool = False) -> LLM:
     llm = LLM.load(path, config)
     if flash_attn:  # the registry's runner has flash attention off
-        opts = RunnerOptions(n_threads=config.n_threads, max_tokens=min(config.max_batch_tokens, 512))
+        opts = RunnerOptions(n_threads=config.n_threads, max_tokens=min(config.max_batch_tokens, 512),
+                             max_seqs=config.max_seqs)
         llm.runner = LlamaCppRunner(path, llm.model.config, opts, flash_attn=True)
         llm.engine = Engine(llm.runner, llm.tokenizer, llm.model.config, config, model_key=str(path).encode())
     return llm
@@ -242,13 +243,16 @@ def test_prefix_cache_shares_cells_and_computes_the_same(tiny_gemma):
 
 def test_full_cache_evicts_donors(tiny_llama):
     # short requests one after another: finished ones stay as donors until llama.cpp's cache has no
-    # room for the next batch (there are 16 slots, more than requests), then the oldest are dropped
+    # room for the next batch (there are 4 + 8 slots, more than requests, and 768 cells), then the oldest
+    # are dropped
+    from infer.backends.llamacpp.runner import DONOR_SLOTS
+
     config = EngineConfig(n_ctx=128, max_seqs=4, max_batch_tokens=16, **LC)
     llm = LLM.load(tiny_llama, config)
     pool = llm.engine.pool
-    assert len(pool.slots) == 16
+    assert len(pool.slots) == 4 + DONOR_SLOTS  # the running sequences and as many donors, at least 8
     rng = np.random.default_rng(1)
-    prompts = [[1] + rng.integers(3, 320, 60).tolist() for _ in range(14)]
+    prompts = [[1] + rng.integers(3, 320, 70).tolist() for _ in range(11)]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     got = [traced(llm, [p], params)[0][0] for p in prompts]
     assert pool.evictions > 0 and len(pool.donors) < len(prompts)

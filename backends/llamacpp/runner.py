@@ -26,6 +26,7 @@ from .slots import SlotPool
 F16_BYTES = 2
 HEADROOM = 4  # one cell in 4 more than the engine's blocks hold: donors' cells, and prefix
 # positions llama.cpp must recompute where the engine shares blocks
+DONOR_SLOTS = 8  # slots beyond the running sequences for finished ones whose cells a prefix can reuse
 
 
 GGML_LOG_LEVEL_ERROR = 4
@@ -111,6 +112,7 @@ class LlamaCppRunner:
         self.max_tokens = options.max_tokens
         self.n_threads = options.n_threads or os.cpu_count() or 1
         self.gpu_layers = options.gpu_layers
+        self.max_seqs = options.max_seqs
         self.flash_attn = flash_attn
         llama_cpp.llama_log_set(_error_log_callback(), ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
@@ -173,9 +175,10 @@ class LlamaCppRunner:
         rows = int(n_blocks[0]) * block_size
         # at least a batch: llama.cpp caps its batch size at the context size
         n_ctx = max(rows + rows // HEADROOM, self.max_tokens)
-        # slots for running sequences and donors: llama.cpp reserves a logits row per slot and
-        # takes at most a batch's worth of rows
-        n_seq = max(1, min(int(lib.llama_max_parallel_sequences()), int(n_blocks[0]), self.max_tokens))
+        # slots for the running sequences and as many prefix donors (at least DONOR_SLOTS): llama.cpp
+        # reserves a vocabulary-sized logits row per slot (1 MiB for Gemma's 262144 entries)
+        want = self.max_seqs + max(DONOR_SLOTS, self.max_seqs) if self.max_seqs > 0 else self.max_tokens
+        n_seq = max(1, min(int(lib.llama_max_parallel_sequences()), int(n_blocks[0]), self.max_tokens, want))
         self._set_context(self._make_context(n_ctx, n_seq))
         n_cells = int(lib.llama_n_ctx(self._ctx))
         self._pool = SlotPool(_Memory(lib, self._ctx), n_seq, rows, block_size, self.n_swa,

@@ -78,7 +78,7 @@ PRE_TOKENIZERS: MappingProxyType[str, PreTokenizer] = MappingProxyType({
 })
 
 
-def _byte_to_unicode() -> list[str]:
+def byte_to_unicode() -> list[str]:
     """GPT-2's reversible byte -> printable character table."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     table = [""] * 256
@@ -97,7 +97,7 @@ class ByteLevelBPE:
 
     def __init__(self, token_to_id: dict[str, int], merges: list[str], pre: PreTokenizer):
         self.pre = pre
-        self._char_to_byte = {c: b for b, c in enumerate(_byte_to_unicode())}
+        self._char_to_byte = {c: b for b, c in enumerate(byte_to_unicode())}
         pairs = _usable_merges(token_to_id, merges)
         model = models.BPE(vocab=token_to_id, merges=pairs, ignore_merges=pre.ignore_merges)
         hf = HFTokenizer(model)

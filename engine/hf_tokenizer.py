@@ -17,9 +17,9 @@ from typing import Any, Iterable
 
 from tokenizers import Tokenizer as HFTokenizerCore
 
-from infer.engine.bpe import _byte_to_unicode
-from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
-from infer.engine.tokenizer import _EOG_TEXTS, TokenizerError, check_token_id
+from infer.engine.bpe import byte_to_unicode
+from infer.engine.detokenizer import IncrementalDetokenizer
+from infer.engine.tokenizer import EOG_TEXTS, TokenizerError, check_token_id, decode_pieces
 from infer.models.hf_vocab import detect_pre_tokenizer
 
 _SPACE = "\u2581"  # SentencePiece's visible space
@@ -110,7 +110,7 @@ class HFTokenizer:
         self.model_type = "gpt2" if self._byte_level else "llama"
         self.pre: str | None = detect_pre_tokenizer(spec) if self._byte_level else None
         self._byte_fallback = bool(model.get("byte_fallback"))
-        self._char_to_byte = {c: b for b, c in enumerate(_byte_to_unicode())} if self._byte_level else {}
+        self._char_to_byte = {c: b for b, c in enumerate(byte_to_unicode())} if self._byte_level else {}
         normalizers = _parts(spec.get("normalizer"))
         self.add_space_prefix = (
             any(n.get("type") == "Prepend" and n.get("prepend") == _SPACE for n in normalizers)
@@ -134,8 +134,8 @@ class HFTokenizer:
 
         eog = {self._eos, *cfg_eos, *_ids(gc.get("eos_token_id"))}
         by_text = {text: tid for tid, text in self._added.items() if tid in self._special}
-        self._eot = next((by_text[t] for t in _EOG_TEXTS if t in by_text), None)
-        eog.update(by_text[t] for t in _EOG_TEXTS if t in by_text)
+        self._eot = next((by_text[t] for t in EOG_TEXTS if t in by_text), None)
+        eog.update(by_text[t] for t in EOG_TEXTS if t in by_text)
         self.eog_ids: frozenset[int] = frozenset(i for i in eog if i is not None and 0 <= i < self.vocab_size)
 
     @classmethod
@@ -260,16 +260,7 @@ class HFTokenizer:
         return text.replace(_SPACE, " ").encode("utf-8")
 
     def decode(self, ids: Iterable[int], special: bool = False) -> str:
-        parts = []
-        for i, tid in enumerate(ids):
-            piece = self.token_to_piece(tid, special)
-            if i == 0 and self.add_space_prefix and piece.startswith(b" "):
-                piece = piece[1:]
-            parts.append(piece)
-        data = b"".join(parts)
-        if self.clean_spaces:
-            data = clean_up_spaces(data)
-        return data.decode("utf-8", errors="replace")
+        return decode_pieces(self, ids, special)
 
     def detokenizer(self, special: bool = False) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, special)  # type: ignore[arg-type]

@@ -15,6 +15,21 @@ from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
 from infer.engine.spm import SentencePieceModel
 
 
+
+def decode_pieces(tok, ids: Iterable[int], special: bool) -> str:
+    """The text of ids for any tokenizer with token_to_piece, add_space_prefix and clean_spaces:
+    the first piece loses the space a SentencePiece prefix added; invalid UTF-8 becomes U+FFFD."""
+    parts = []
+    for i, tid in enumerate(ids):
+        piece = tok.token_to_piece(tid, special)
+        if i == 0 and tok.add_space_prefix and piece.startswith(b" "):
+            piece = piece[1:]
+        parts.append(piece)
+    data = b"".join(parts)
+    if tok.clean_spaces:
+        data = clean_up_spaces(data)
+    return data.decode("utf-8", errors="replace")
+
 class TokenizerError(ValueError):
     """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
 
@@ -58,7 +73,7 @@ _FIM_TEXTS = (
     ("fim_rep", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
     ("fim_sep", ("<|file_sep|>",)),
 )
-_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
               "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
               "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
               "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
@@ -190,7 +205,7 @@ class Tokenizer:
                 attrs[tid] |= UNUSED
 
         eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
-        for tid in self._find_text(_EOG_TEXTS):
+        for tid in self._find_text(EOG_TEXTS):
             eog.add(tid)
             attrs[tid] |= CONTROL
         for tid in self._find_text(_ALWAYS_RENDERED):
@@ -392,16 +407,7 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], special: bool = False) -> str:
         """Text of `ids`, as llama_detokenize(remove_special=False, unparse_special=special);
         invalid UTF-8 (e.g. a cut-off byte sequence) becomes U+FFFD."""
-        parts = []
-        for i, tid in enumerate(ids):
-            piece = self.token_to_piece(tid, special)
-            if i == 0 and self.add_space_prefix and piece.startswith(b" "):
-                piece = piece[1:]
-            parts.append(piece)
-        data = b"".join(parts)
-        if self.clean_spaces:
-            data = clean_up_spaces(data)
-        return data.decode("utf-8", errors="replace")
+        return decode_pieces(self, ids, special)
 
     def detokenizer(self, special: bool = False) -> IncrementalDetokenizer:
         """A streaming decoder for generated tokens (see IncrementalDetokenizer)."""

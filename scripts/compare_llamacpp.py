@@ -32,9 +32,6 @@ class _Tensor(ctypes.Structure):
                 ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
 
 
-GGML_OP_MUL_MAT = 29  # ggml.h's enum ggml_op in the llama.cpp that llama-cpp-python 0.3.x bundles
-
-
 class LlamaCppTracer:
     """One llama.cpp context whose eval callback keeps the last value of every named f32 tensor."""
 
@@ -68,8 +65,9 @@ class LlamaCppTracer:
         a = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float)), shape=(n,))
         rows = n // ne[0]
         self.seen[name] = a.reshape(rows, ne[0]).copy()
-        if tt.op == GGML_OP_MUL_MAT and m and m.group(1) in ("Qcur", "Kcur", "Vcur"):
-            self.seen[f"{m.group(1)}@mm-{m.group(2)}"] = self.seen[name]  # the product, before norms/RoPE
+        if m and m.group(1) in ("Qcur", "Kcur", "Vcur"):
+            # the first tensor of that name in a decode is the product (then norms and RoPE reuse it)
+            self.seen.setdefault(f"{m.group(1)}@mm-{m.group(2)}", self.seen[name])
         return True
 
     def decode(self, tokens: list[int]) -> np.ndarray:

@@ -35,7 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from infer.quant import types as qt
-from infer.quant.affine import AffineTensor
+from infer.quant.affine import AffineTensor, pack
 from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
 
@@ -47,23 +47,6 @@ _REQUANT_CHUNK = 1 << 22  # weights dequantized at once while re-quantizing (16 
 
 
 # ------------------------------------------------------------------------------ numpy: GGML -> affine
-
-
-def pack(q: np.ndarray, bits: int) -> np.ndarray:
-    """(rows, cols) unsigned values < 2**bits -> (rows, cols * bits // 32) uint32, MLX's layout: a
-    little-endian bit stream per row, value i at bits i*bits .. i*bits+bits-1."""
-    rows, cols = q.shape
-    if cols * bits % 32:
-        raise ValueError(f"rows of {cols} {bits}-bit values do not fill whole 32-bit words")
-    if bits == 8:
-        return np.ascontiguousarray(q, np.uint8).view(np.uint32)
-    # eight values take exactly `bits` bytes: assemble them in a uint64 and keep its low bytes
-    g = q.reshape(rows, cols // 8, 8).astype(np.uint64)
-    v = g[..., 0].copy()
-    for i in range(1, 8):
-        v |= g[..., i] << np.uint64(bits * i)
-    b = v.view(np.uint8).reshape(rows, cols // 8, 8)[..., :bits]
-    return np.ascontiguousarray(b).reshape(rows, cols * bits // 8).view(np.uint32)
 
 
 def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
@@ -137,7 +120,9 @@ def _exact(t: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
 
 def requantize(x: np.ndarray, bits: int, group_size: int = GROUP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Round-to-nearest affine quantization of float rows x (rows, n): per group, the range between
-    its minimum and maximum in 2**bits - 1 steps.  Returns (q uint8, scales, biases float32)."""
+    its minimum and maximum in 2**bits - 1 steps.  Returns (q uint8, scales, biases float32).
+    Not mx.quantize's scheme (quant.affine.quantize_affine, which makes the larger end exact and so
+    gives up part of the range): on Q3_K blocks that one errs 1.44% against 1.24% here."""
     rows, n = x.shape
     g = x.reshape(rows, n // group_size, group_size)
     lo, hi = g.min(axis=-1), g.max(axis=-1)

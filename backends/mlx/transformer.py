@@ -20,6 +20,7 @@ import numpy as np
 
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.batch import Batch
+from infer.backends.cpu.ops import rope_cache
 
 from .attention import AttentionPlan, _f
 from .kv_pool import KV_DTYPE, MlxKVPool
@@ -57,19 +58,6 @@ def _products(mats: list[Matrix]) -> list[Matrix]:
 def _matmul(ms: list[Matrix], x: mx.array) -> mx.array:
     ys = [m.matmul(x) for m in ms]
     return ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=-1)
-
-
-def rope_tables(positions: np.ndarray, n_rot: int, base: float, scale: float,
-                freq_factors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (T, n_rot/2) float32 of each position's angles, with ggml's arithmetic (theta advanced
-    by repeated float32 multiplication), as the cpu backend's rope_cache."""
-    theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot))
-    theta = positions.astype(np.float32)
-    ang = np.empty((len(positions), n_rot // 2), np.float32)
-    for i in range(n_rot // 2):
-        ang[:, i] = np.float32(scale) * (theta / freq_factors[i])
-        theta = theta * theta_scale
-    return np.cos(ang), np.sin(ang)
 
 
 def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, neox: bool) -> mx.array:
@@ -189,7 +177,10 @@ class MlxTransformer:
         slots = [mx.array(s) for s in batch.slots]
 
         def rope(base: float, scale: float) -> tuple[mx.array, mx.array]:
-            c, s = rope_tables(batch.positions, cfg.n_rot, base, scale, self.freq_factors)
+            # the cpu backend's angles (ggml's arithmetic), so both rotate by the same cos and sin
+            c = np.empty((T, cfg.n_rot // 2), np.float32)
+            s = np.empty_like(c)
+            rope_cache(batch.positions, cfg.n_rot, base, scale, self.freq_factors, c, s)
             return mx.array(c)[:, None, :], mx.array(s)[:, None, :]
 
         ropes = [rope(cfg.rope_base, cfg.rope_scale)]

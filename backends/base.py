@@ -39,6 +39,23 @@ class KVPoolLike(Protocol):
         Backends that keep per-sequence state (llama.cpp) release it; block pools ignore it."""
 
 
+class BlockKVPool:
+    """The part of a block pool (cpu, MLX) that is the same everywhere: n_blocks[g] blocks of
+    block_size rows for KV group g, each group's window, and where each layer's K/V live."""
+
+    def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
+        groups = cfg.kv_groups
+        if len(n_blocks) != len(groups):
+            raise ValueError(f"{len(groups)} KV groups but {len(n_blocks)} block counts")
+        self.block_size = block_size
+        self.n_blocks = tuple(int(n) for n in n_blocks)
+        self.windows = tuple(g.window for g in groups)
+        self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
+
+    def free_sequence(self, seq_id: int) -> None:
+        pass  # blocks are all such a pool knows; the engine's block manager already took them back
+
+
 class Runner(Protocol):
     """A model's weights uploaded to a backend, ready for batched forward passes."""
 

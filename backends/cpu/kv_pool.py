@@ -9,21 +9,18 @@ import math
 
 import numpy as np
 
+from infer.backends.base import BlockKVPool
 
-class KVPool:
+
+class KVPool(BlockKVPool):
     def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
+        super().__init__(cfg, n_blocks, block_size)
         groups = cfg.kv_groups
-        if len(n_blocks) != len(groups):
-            raise ValueError(f"{len(groups)} KV groups but {len(n_blocks)} block counts")
-        self.block_size = block_size
-        self.n_blocks = tuple(int(n) for n in n_blocks)
-        self.windows = tuple(g.window for g in groups)
         # k[g]: (layers in group, n_blocks * block_size, n_head_kv, head_dim) uint16 f16 bits
         self.k = [np.zeros((len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim), np.uint16)
                   for g, n in zip(groups, self.n_blocks)]
         self.v = [np.zeros((len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v), np.uint16)
                   for g, n in zip(groups, self.n_blocks)]
-        self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
 
     def layer(self, il: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(group, K rows, V rows) of layer il."""
@@ -34,9 +31,6 @@ class KVPool:
         bs = self.block_size
         for a in (self.k[group], self.v[group]):
             a[:, dst * bs:(dst + 1) * bs] = a[:, src * bs:(src + 1) * bs]
-
-    def free_sequence(self, seq_id: int) -> None:
-        pass  # blocks are all this pool knows; the engine's block manager already took them back
 
     def block_bytes(self, group: int) -> int:
         return (self.k[group].nbytes + self.v[group].nbytes) // max(self.n_blocks[group], 1)

@@ -10,24 +10,21 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from infer.backends.base import BlockKVPool
+
 KV_DTYPE = mx.float16
 
 
-class MlxKVPool:
+class MlxKVPool(BlockKVPool):
     def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
+        super().__init__(cfg, n_blocks, block_size)
         groups = cfg.kv_groups
-        if len(n_blocks) != len(groups):
-            raise ValueError(f"{len(groups)} KV groups but {len(n_blocks)} block counts")
-        self.block_size = block_size
-        self.n_blocks = tuple(int(n) for n in n_blocks)
-        self.windows = tuple(g.window for g in groups)
         # k[g][j]: (n_blocks * block_size, n_head_kv, head_dim) of the j-th layer of group g
         self.k = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim), KV_DTYPE) for _ in g.layers]
                   for g, n in zip(groups, self.n_blocks)]
         self.v = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
                   for g, n in zip(groups, self.n_blocks)]
         mx.eval(self.k, self.v)
-        self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
 
     def arrays(self) -> list[mx.array]:
         return [a for side in (self.k, self.v) for group in side for a in group]
@@ -41,9 +38,6 @@ class MlxKVPool:
                 blk = mx.array(np.array(a[src * bs:(src + 1) * bs]))
                 a[dst * bs:(dst + 1) * bs] = blk
         mx.eval(self.k[group], self.v[group])
-
-    def free_sequence(self, seq_id: int) -> None:
-        pass  # blocks are all this pool knows; the engine's block manager already took them back
 
     @property
     def nbytes(self) -> int:

@@ -226,12 +226,12 @@ class LlamaCppRunner:
                              prep.touched)
             self._decode(batch.tokens, batch.positions, prep.slots, rows, prep.touched)
         R = len(rows)
-        out = np.empty((R, self.n_vocab), np.float32)
-        if R:
-            # llama_get_logits: the flagged tokens' rows, in batch order (logit_rows ascend)
-            ptr = self._lib.llama_get_logits(self._ctx)
-            out[:] = np.ctypeslib.as_array(ptr, shape=(R, self.n_vocab))
-        return out
+        if R == 0:
+            return np.zeros((0, self.n_vocab), np.float32)
+        # llama_get_logits: the flagged tokens' rows, in batch order (logit_rows ascend).  Returned
+        # in place, not copied (a vocabulary-sized row per sequence each step): llama.cpp keeps the
+        # buffer until the next decode, as the Runner protocol asks.
+        return np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(R, self.n_vocab))
 
     def warmup(self) -> None:
         """Decode one token (loading weights, building the graph), then forget it."""

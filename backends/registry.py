@@ -47,10 +47,9 @@ def is_apple_silicon() -> bool:
 
 
 def _probe_cpu() -> BackendInfo:
-    from .cpu.target import VNNI
+    from .cpu.target import ISA
 
-    isa = "AVX-512 VNNI" if VNNI else "portable kernels"
-    return BackendInfo("cpu", True, [f"cpu: {os.cpu_count()} cores, {platform.machine()}, {isa}"])
+    return BackendInfo("cpu", True, [f"cpu: {os.cpu_count()} cores, {platform.machine()}, {ISA}"])
 
 
 def _probe_mlx() -> BackendInfo:

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizerCore
 
 from infer.engine.bpe import byte_to_unicode
 from infer.engine.detokenizer import IncrementalDetokenizer
-from infer.engine.tokenizer import EOG_TEXTS, TokenizerError, check_token_id, decode_pieces
+from infer.engine.tokenizer import EOG_TEXTS, TokenizerError, check_text, check_token_id, decode_pieces
 from infer.models.hf_vocab import detect_pre_tokenizer
 
 _SPACE = "\u2581"  # SentencePiece's visible space
@@ -213,12 +213,7 @@ class HFTokenizer:
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids of `text`; add_special adds BOS/EOS where the folder asks for them;
         parse_special lets special tokens written in the text become their ids."""
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise TokenizerError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
+        check_text(text)
         with self._lock:
             self._hf.encode_special_tokens = not parse_special
             try:

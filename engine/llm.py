@@ -8,7 +8,6 @@ from typing import Iterator
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.registry import choose_backend, create_runner, probe_all
 
-__all__ = ["LLM", "BackendError", "choose_backend", "probe_all"]  # the CLI reaches backends through here
 from infer.models.loader import Model, load_model
 
 from .chat_template import load_chat_template
@@ -16,6 +15,8 @@ from .engine import Engine, EngineConfig, Event
 from .hf_tokenizer import HFTokenizer
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
+
+__all__ = ["LLM", "BackendError", "choose_backend", "probe_all"]  # the CLI reaches backends through here
 
 
 class LLM:

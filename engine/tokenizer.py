@@ -15,6 +15,20 @@ from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
 from infer.engine.spm import SentencePieceModel
 
 
+class TokenizerError(ValueError):
+    """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
+
+
+def check_token_id(token_id: Any, vocab_size: int) -> int:
+    """token_id as an int, or a TokenizerError for a non-integer or out-of-range id."""
+    try:
+        tid = int(token_id)
+    except (TypeError, ValueError):
+        raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
+    if not 0 <= tid < vocab_size:
+        raise TokenizerError(f"token id {tid} out of range for a vocabulary of {vocab_size}")
+    return tid
+
 
 def decode_pieces(tok, ids: Iterable[int], special: bool) -> str:
     """The text of ids for any tokenizer with token_to_piece, add_space_prefix and clean_spaces:
@@ -30,19 +44,15 @@ def decode_pieces(tok, ids: Iterable[int], special: bool) -> str:
         data = clean_up_spaces(data)
     return data.decode("utf-8", errors="replace")
 
-class TokenizerError(ValueError):
-    """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
 
-
-def check_token_id(token_id: Any, vocab_size: int) -> int:
-    """token_id as an int, or a TokenizerError for a non-integer or out-of-range id."""
+def check_text(text: Any) -> None:
+    """A TokenizerError unless text is a str that UTF-8 can encode (no lone surrogates)."""
+    if not isinstance(text, str):
+        raise TokenizerError(f"encode() takes str, got {type(text).__name__}")
     try:
-        tid = int(token_id)
-    except (TypeError, ValueError):
-        raise TokenizerError(f"token id must be an integer, got {token_id!r}") from None
-    if not 0 <= tid < vocab_size:
-        raise TokenizerError(f"token id {tid} out of range for a vocabulary of {vocab_size}")
-    return tid
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TokenizerError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
 
 
 # llama.cpp's token attribute bits (llama_token_attr).
@@ -74,9 +84,9 @@ _FIM_TEXTS = (
     ("fim_sep", ("<|file_sep|>",)),
 )
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+             "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+             "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+             "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 _C_SPACE = " \t\n\v\f\r"  # C isspace(), used for the lstrip/rstrip attributes
 
@@ -296,12 +306,7 @@ class Tokenizer:
         control tokens written in the text (e.g. '<start_of_turn>') become their ids.
         User-defined tokens are always matched as whole tokens.
         """
-        if not isinstance(text, str):
-            raise TokenizerError(f"encode() takes str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise TokenizerError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
+        check_text(text)
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self._required("bos"))

@@ -33,7 +33,7 @@ SUPPORTED_HF_MODELS = ("llama", "qwen2", "qwen3", "gemma3")
 # config.json model_type -> GGUF architecture
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-              "qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+             "qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 
 def text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any]]:

@@ -177,8 +177,6 @@ def _make_dot_rows(TT: int):
     return dot_rows
 
 
-
-
 # VNNI register tile: TT tokens x 4 int32 vectors of 16 rows (16 accumulators at TT = 4; the
 # float running sums spill to the stack, touched once per block).  Measured best of 2..8 x 2..4.
 VC_VNNI = 4
@@ -294,8 +292,6 @@ def _make_dot_rows_vnni(TT: int):
         return sig, codegen
 
     return dot_rows_vnni
-
-
 
 
 def _make_dot(TT: int):

@@ -30,6 +30,7 @@ F16_NATIVE = "+f16c" in _FEATURES or _TRIPLE.startswith(("aarch64", "arm64"))
 # AVX-512 VNNI (vpdpbusd: u8 x s8 dot products of 4 bytes into int32 lanes), for the packed
 # matmul (qdot.py).  Only with 16-lane vectors: the kernel's tiles assume 512-bit registers.
 VNNI = "+avx512vnni" in _FEATURES and VECTOR_WIDTH == 16
+ISA = "AVX-512 VNNI" if VNNI else "portable kernels"  # what `infer backends` and stats lines say
 
 # The byte operands of llvm.x86.avx512.vpdpbusd.512: <64 x i8> in LLVM 22 (which reads the older
 # <16 x i32> form only through its auto-upgrade), <16 x i32> before (their own form, or upgraded

@@ -24,7 +24,7 @@ from .kv_pool import KVPool, SequenceKV
 from .matmul import MatmulWorkspace, qmatmul
 from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
 from .repack import GROUP, pack_stacked
-from .target import VNNI
+from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
@@ -137,8 +137,7 @@ class CpuTransformer:
         self.trace = None
 
     def devices(self) -> list[str]:
-        isa = "AVX-512 VNNI" if VNNI else "portable kernels"
-        return [f"cpu: {self.n_threads} threads, {isa}"]
+        return [f"cpu: {self.n_threads} threads, {ISA}"]
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         return KVPool.bytes_per_block(self.cfg, block_size)

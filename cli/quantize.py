@@ -48,9 +48,7 @@ def quantize(
         opts = QuantizeOptions(type_ or "Q4_K_M", output_tensor_type, token_embedding_type, pure, imatrix,
                                allow_requantize, force, threads)
 
-        def warn(msg: str) -> None:
-            console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
-
+        warn = _warner(console)
         if console.is_terminal:
             with _bar(console) as bar:
                 task = bar.add_task("reading", total=None)
@@ -72,6 +70,13 @@ def quantize(
     )
 
 
+def _warner(console):
+    def warn(msg: str) -> None:
+        console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
+
+    return warn
+
+
 def _bar(console):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -85,9 +90,7 @@ def _quantize_mlx(src: Path, out: Path, bits: int, group_size: int, force: bool,
         from infer.models.mlx_export import MlxExportOptions, export_mlx
 
         opts = MlxExportOptions(bits=bits, group_size=group_size, force=force)
-
-        def warn(msg: str) -> None:
-            console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
+        warn = _warner(console)
         if console.is_terminal:
             with _bar(console) as bar:
                 task = bar.add_task("reading", total=None)

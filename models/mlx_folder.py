@@ -22,7 +22,6 @@ from gguf import GGUFValueType as VT
 
 from infer.quant.affine import BITS, GROUP_SIZES, AffineTensor
 from infer.quant.tensor import QTensor
-from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig, ModelConfigError
 from .convert_hf import TensorNamer, hparam_kvs, permute_rope_rows, text_hparams, to_f32
@@ -30,9 +29,6 @@ from .hf_files import ST_DTYPES, ConvertError, StEntry, read_json, read_safetens
 from .loader import Model, ModelLoadError, collect_weights
 
 __all__ = ["load_mlx_folder", "QuantSpec", "quantization_of"]
-
-_DENSE_TYPES = {"F32": F32, "F16": F16, "BF16": BF16}
-
 
 def load_mlx_folder(folder: str | Path) -> Model:
     folder = Path(folder)
@@ -199,12 +195,11 @@ def _vector_f32(e: StEntry, name: str) -> np.ndarray:
 
 
 def _dense(e: StEntry, name: str, arch: str) -> QTensor | np.ndarray:
-    if e.dtype not in _DENSE_TYPES:
+    if e.dtype not in ST_DTYPES:
         raise ModelLoadError(f"{e.path}: tensor {name!r} has dtype {e.dtype} (expected F32, F16 or BF16, or "
                              "U32 with scales and biases)")
-    data = st_view(e)
     if len(e.shape) == 1:
-        x = np.ascontiguousarray(to_f32(data, int(ST_DTYPES[e.dtype][1])), dtype=np.float32)
+        x = _vector_f32(e, name)
         if arch == "gemma3" and name.endswith("norm.weight"):
             # Gemma stores RMSNorm weights as (w - 1); the runtime uses the plain x * w norm. The sum
             # is kept in float32, as transformers computes (1 + w) and llama.cpp's GGUFs hold it.
@@ -212,7 +207,7 @@ def _dense(e: StEntry, name: str, arch: str) -> QTensor | np.ndarray:
         return x
     if len(e.shape) != 2:
         raise ModelLoadError(f"{e.path}: tensor {name!r} has shape {list(e.shape)}, expected a matrix or vector")
-    return QTensor.from_bytes(_DENSE_TYPES[e.dtype], e.shape, np.ascontiguousarray(data).view(np.uint8))
+    return QTensor.from_bytes(int(ST_DTYPES[e.dtype][1]), e.shape, np.ascontiguousarray(st_view(e)).view(np.uint8))
 
 
 def _permuted(t: Any, n_head: int) -> Any:

@@ -28,7 +28,7 @@ from infer.engine.conversation import Conversation, TurnStats
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from test_engine import alone, tiny_prompts
+from test_engine import alone, cancel_midway, tiny_prompts
 from test_gemma_e2e import PROMPTS
 from tiny_models import write_tiny_model
 
@@ -174,14 +174,11 @@ def test_cancel_frees_blocks_and_releases_the_slot(tiny_gemma):
     config = EngineConfig(n_ctx=64, **LC)
     llm = LLM.load(tiny_gemma, config)
     eng, pool = llm.engine, llm.engine.pool
-    rid = eng.add_request([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50))
-    stream = eng.stream(rid)
-    for _ in range(5):
-        next(stream)
-    assert pool.n_live == 1 and sum(eng.usage().blocks_used) > 0
-    eng.cancel(rid)
-    assert list(stream)[-1].finish_reason == "cancelled"
-    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+
+    def one_slot_live():
+        assert pool.n_live == 1
+
+    cancel_midway(eng, one_slot_live)
     assert pool.n_live == 0 and len(pool.donors) == 1  # its cells stay for a later prefix
     # a consumer walking away cancels too; the engine keeps serving what it would alone
     s = eng.generate([1, 9, 9], SamplingParams(temperature=0.0, max_tokens=50))

@@ -27,7 +27,7 @@ from infer.quant import types as qt
 from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
 from test_dequant import random_blocks
-from test_engine import alone, run_all, tiny_prompts
+from test_engine import alone, cancel_midway, run_all, tiny_prompts
 from test_gemma_e2e import PROMPTS
 from tiny_models import write_tiny_model
 
@@ -322,15 +322,7 @@ def test_engine_batched_equals_alone(tiny_gemma3):
 
 
 def test_engine_cancel_frees_blocks(tiny_gemma3):
-    eng = LLM.load(tiny_gemma3, EngineConfig(n_ctx=64, n_threads=2, backend="mlx")).engine
-    rid = eng.add_request([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50))
-    stream = eng.stream(rid)
-    for _ in range(5):
-        next(stream)
-    assert sum(eng.usage().blocks_used) > 0
-    eng.cancel(rid)
-    assert list(stream)[-1].finish_reason == "cancelled"
-    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+    cancel_midway(LLM.load(tiny_gemma3, EngineConfig(n_ctx=64, n_threads=2, backend="mlx")).engine)
 
 
 def test_engine_background_thread(tiny_gemma3):

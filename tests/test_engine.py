@@ -53,6 +53,21 @@ def alone(path, prompts, config, params=GREEDY) -> list[list[int]]:
     return res
 
 
+def cancel_midway(eng, during=None) -> None:
+    """A long request cancelled after 5 tokens ends "cancelled" with every block free (during():
+    more checks while it runs)."""
+    rid = eng.add_request([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50))
+    stream = eng.stream(rid)
+    for _ in range(5):
+        next(stream)
+    assert sum(eng.usage().blocks_used) > 0
+    if during is not None:
+        during()
+    eng.cancel(rid)
+    assert list(stream)[-1].finish_reason == "cancelled"
+    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+
+
 def test_batched_equals_alone_tiny(tiny_path):
     # a small token budget, so prompts are chunked differently when they run together
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
@@ -130,15 +145,7 @@ def test_cancel_frees_blocks_and_prompt_too_long(tiny_path):
         eng.add_request(list(range(3, 70)), GREEDY)
     with pytest.raises(PromptError, match="empty"):
         eng.add_request([], GREEDY)
-    rid = eng.add_request([1, 5, 6, 7], SamplingParams(temperature=0.0, max_tokens=50))
-    stream = eng.stream(rid)
-    for _ in range(5):
-        next(stream)
-    assert sum(eng.usage().blocks_used) > 0
-    eng.cancel(rid)
-    rest = list(stream)
-    assert rest[-1].finish_reason == "cancelled"
-    assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
+    cancel_midway(eng)
     # a consumer that walks away cancels its request too
     s2 = eng.generate([1, 9, 9], SamplingParams(temperature=0.0, max_tokens=50))
     next(s2)

@@ -213,7 +213,7 @@ def test_intermediates_track_llamacpp(gemma_path, ours):
     runner = ours.runner
     runner.trace = lambda name, a: seen.__setitem__(name, a.copy())
     try:
-        ids = _tokens_plain(ours, PROMPTS[0])
+        ids = ours.tokenizer.encode(PROMPTS[0], add_special=True, parse_special=True)
         lr = ref.decode(ids)
         lo = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64))[0].copy()
     finally:
@@ -226,7 +226,3 @@ def test_intermediates_track_llamacpp(gemma_path, ours):
     assert rows[f"l_out-{n_layer - 1}"][0] < 0.1
     assert int(np.argmax(lo)) == int(np.argmax(lr))
     assert np.abs(lo - lr).max() < 0.1 * np.abs(lr).max()
-
-
-def _tokens_plain(llm, text: str) -> list[int]:
-    return llm.tokenizer.encode(text, add_special=True, parse_special=True)

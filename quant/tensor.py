@@ -1,6 +1,9 @@
 """A tensor kept in its GGML storage type: raw blocks, dequantized only on demand."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +42,29 @@ class QTensor:
     def nbytes(self) -> int:
         return self.raw.size
 
+    def release(self) -> None:
+        """Let the OS drop this tensor's pages from memory when it is a view of a read-only file
+        mapping; they are read back from the file if touched again.  Whoever keeps a repacked
+        copy calls it, so the weights are not resident twice.  Any other array: nothing happens."""
+        release_mapped(self.raw)
+
     def dequantize(self) -> np.ndarray:
         from .dequant import dequantize
 
         return dequantize(self.raw, self.type_id, self.shape)
+
+
+def release_mapped(a: np.ndarray) -> None:
+    """madvise(MADV_DONTNEED) over the whole pages inside `a`, if `a` views a read-only np.memmap
+    (never on writable or anonymous memory, whose contents that would discard)."""
+    base = a
+    while base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    if base is None or getattr(base, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED") or sys.platform == "win32":
+        return
+    addr = a.__array_interface__["data"][0]
+    start = -(-addr // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (addr + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)

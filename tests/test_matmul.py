@@ -1,5 +1,5 @@
 """The CPU matmul for every GGML type against dequantize-then-multiply with llama.cpp's activation rounding:
-the repacked int8 path the model runs, and the reference path qmatmul takes for raw tensors."""
+the packed path the model runs, and the reference path qmatmul takes for raw tensors."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,9 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
-from infer.backends.cpu.matmul import round_activations
-from infer.backends.cpu.repack import ACT_NONE, ACT_ROUNDING, GROUP, pack_stacked
-from infer.backends.cpu.target import VNNI
+from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
+from infer.backends.cpu.repack import GROUP, pack_stacked
+from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
 from tiny_models import _tensor
 
@@ -50,9 +50,9 @@ REPACKED = [t for t in TYPES if int(t) in GROUP]
 
 @pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 4, 8, 13])
-def test_vnni_layout_bit_identical(qtype, T):
-    """Both packed layouts on every repackable type: the portable one, and where the CPU has
-    AVX-512 VNNI, the integer-dot kernel's, which must give the very same floats."""
+def test_integer_kernel_bit_identical(qtype, T):
+    """Both kernels on every repackable type: the portable one, and where the CPU has one (AVX-512
+    VNNI, AVX-512BW or AVX2), the integer-dot one, which must give the very same floats."""
     rows, n = 192, 512
     w = _weight(qtype, rows, n, seed=int(qtype) * 11 + T)
     x = np.random.default_rng(100 + T).normal(0, 1, size=(T, n)).astype(np.float32)
@@ -60,9 +60,9 @@ def test_vnni_layout_bit_identical(qtype, T):
     ws = MatmulWorkspace(32, n, rows * n, 4)
     ref = _reference(qtype, w, x)
     outs = []
-    for vnni in ([False, True] if VNNI else [False]):
-        p = pack_stacked((w,), vnni=vnni)
-        assert p.vnni == vnni
+    for int_kernel in ([False, True] if INT_KERNEL else [False]):
+        p = pack_stacked((w,), int_kernel=int_kernel)
+        assert p.int_kernel == int_kernel
         out = np.zeros((T, rows), np.float32)
         qmatmul(p, x, out, ws)
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
@@ -70,10 +70,39 @@ def test_vnni_layout_bit_identical(qtype, T):
     assert all(np.array_equal(o, outs[0]) for o in outs)
 
 
-def test_no_vnni_env(monkeypatch):
-    """INFER_NO_VNNI=1 at pack time selects the portable layout."""
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
+def test_batching_changes_no_result(qtype):
+    """Each token's row of a batch is bit-identical to that token alone (decode and prefill
+    agree; the 4-token register tile and the 1-token one sum in the same order)."""
+    rows, n, T = 130, 768, 11  # a partial last tile
+    w = _weight(qtype, rows, n, seed=int(qtype) * 13)
+    x = np.random.default_rng(7).normal(0, 1, size=(T, n)).astype(np.float32)
+    ws = MatmulWorkspace(32, n, rows * n, 4)
+    for int_kernel in ([False, True] if INT_KERNEL else [False]):
+        p = pack_stacked((w,), int_kernel=int_kernel)
+        batch = np.zeros((T, rows), np.float32)
+        qmatmul(p, x, batch, ws)
+        for t in range(T):
+            one = np.zeros((1, rows), np.float32)
+            qmatmul(p, x[t:t + 1], one, ws)
+            assert np.array_equal(one[0], batch[t])
+
+
+# Packed at the file's bits per weight: every byte of the packed planes is a byte of the file
+# (Q2_K and Q3_K keep their 2-bit planes in 4-bit lanes and are not listed).
+SAME_BYTES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q5_K, GT.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", SAME_BYTES, ids=lambda t: t.name)
+def test_packed_costs_the_file_bytes(qtype):
+    w = _weight(qtype, 128, 512, seed=3)
+    assert pack_stacked((w,)).nbytes == w.raw.nbytes
+
+
+def test_portable_kernel_env(monkeypatch):
+    """INFER_PORTABLE_KERNEL=1 at pack time selects the portable kernel."""
     w = _weight(GT.Q8_0, 64, 256, seed=1)
-    monkeypatch.setenv("INFER_NO_VNNI", "1")
-    assert not pack_stacked((w,)).vnni
-    monkeypatch.delenv("INFER_NO_VNNI")
-    assert pack_stacked((w,)).vnni == VNNI
+    monkeypatch.setenv("INFER_PORTABLE_KERNEL", "1")
+    assert not pack_stacked((w,)).int_kernel
+    monkeypatch.delenv("INFER_PORTABLE_KERNEL")
+    assert pack_stacked((w,)).int_kernel == INT_KERNEL

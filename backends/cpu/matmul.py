@@ -1,8 +1,9 @@
 """Products of activations with weights kept in their GGML block types.
 
-Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into int8 tiles
-(repack.py) and multiplied as llama.cpp does, with 8-bit activations and exact integer block
-dots (qdot.py; on CPUs with AVX-512 VNNI, integer dot instructions with bit-identical results).
+Block-quantized weights (Q4_0 .. Q8_0, Q2_K .. Q6_K) are repacked once into row tiles at the
+file's bits per weight (repack.py) and multiplied as llama.cpp does, with 8-bit activations and
+exact integer block dots (qdot.py; with AVX-512 VNNI or AVX2, integer dot instructions with
+bit-identical results).
 Weights kept as they are (F32, F16, BF16, or any type not repacked) take the reference path: the
 activations are rounded as llama.cpp rounds them for that type, then small batches dequantize
 one weight row at a time into a per-thread buffer and dot it with every activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
@@ -14,9 +15,9 @@ from numba import njit, prange
 
 from infer.quant.dequant import dequant_row, dequant_rows
 
-from .ops import f16_round
-from .qdot import TT_MAX, matmul_packed
-from .repack import ACT_BF16, ACT_F16, ACT_NONE, ACT_Q8_0, ACT_ROUNDING, NC, PackedWeight
+from .activations import ACT_NONE, ACT_ROUNDING, round_activations
+from .qdot import NC, TT_MAX, matmul_packed
+from .repack import PackedWeight
 
 # Reference path: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
 BLAS_MIN_ROWS = 16
@@ -48,53 +49,6 @@ def qmatmul_rows(type_id, w, x, out, scratch):
                     out[t, r0 + j] = acc
 
 
-@njit(cache=True)
-def round_activations(mode, x, out):
-    # x, out: (T, K) f32; out = x as llama.cpp quantizes it for the dot product, dequantized again
-    T, K = x.shape
-    if mode == ACT_F16:
-        for t in range(T):
-            for k in range(K):
-                out[t, k] = f16_round(x[t, k])
-        return
-    if mode == ACT_BF16:
-        u = out.view(np.uint32)
-        xi = x.view(np.uint32)
-        for t in range(T):
-            for k in range(K):
-                b = xi[t, k]
-                # round to nearest even on the upper 16 bits (NaN is not expected in activations)
-                u[t, k] = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
-        return
-    bs = 32 if mode == ACT_Q8_0 else 256
-    for t in range(T):
-        for b0 in range(0, K, bs):
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for k in range(b0, b0 + bs):
-                a = abs(x[t, k])
-                if a > amax:
-                    amax = a
-                    vmax = x[t, k]
-            if amax == 0:
-                for k in range(b0, b0 + bs):
-                    out[t, k] = 0.0
-                continue
-            if mode == ACT_Q8_0:
-                # Q8_0: scale stored as f16, quants from the unrounded inverse
-                d = f16_round(amax / np.float32(127.0))
-                iscale = np.float32(127.0) / amax
-                for k in range(b0, b0 + bs):
-                    out[t, k] = np.float32(np.rint(x[t, k] * iscale)) * d
-            else:
-                # Q8_K: signed max maps to -127, float32 scale
-                iscale = np.float32(-127.0) / vmax
-                d = np.float32(1.0) / iscale
-                for k in range(b0, b0 + bs):
-                    q = min(np.float32(127.0), np.float32(np.rint(iscale * x[t, k])))
-                    out[t, k] = q * d
-
-
 class MatmulWorkspace:
     """Scratch buffers for qmatmul, sized once for the largest weight."""
 
@@ -110,7 +64,7 @@ class MatmulWorkspace:
         self.xq = np.zeros(max_tokens * max_k, np.float32)
         self.dxb = np.zeros(max_tokens * max_k // 16, np.float32)
         self.bsum = np.zeros(max_tokens * max_k // 16, np.float32)
-        self.xi = np.zeros(max_tokens * max_k, np.int8)  # the same quants as int8, for the VNNI kernel
+        self.xi = np.zeros(max_tokens * max_k, np.int8)  # the same quants as int8, for the integer kernel
         self.acc = np.zeros((n_chunks, TT_MAX, NC), np.float32)
 
 
@@ -120,8 +74,8 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
     """
     if isinstance(w, PackedWeight):
         x = np.ascontiguousarray(x, np.float32)
-        xq = ws.xi if w.vnni else ws.xq  # the VNNI kernel takes the activation quants as int8
-        matmul_packed(w.act, x, w.q, w.s, w.m, w.has_min, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        xq = ws.xi if w.int_kernel else ws.xq  # the integer kernel takes the activation quants as int8
+        matmul_packed(w.type_id, w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

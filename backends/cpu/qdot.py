@@ -1,57 +1,119 @@
-"""Products of activations with repacked (int8 + block scale) weights, the way llama.cpp forms them.
+"""Products of activations with packed weights, the way llama.cpp forms them.
 
-llama.cpp quantizes the activations to 8 bits (Q8_0: a scale per 32, Q8_K: per 256) and takes
-an integer dot product per weight block, scaled once by both scales.  We do the same: the block
-dot is exact (int8 weights times integer activation quants, converted to float32: every product
-and partial sum is an integer below 2**24, so exact in any order), so the only rounding is in
-the scaling and in the sum over blocks.  Decode and prefill use the same arithmetic, so logits do
-not depend on how the prompt was split into forward calls.
+llama.cpp quantizes the activations to 8 bits (Q8_0: a scale per 32, Q8_K: per 256; see
+activations.py) and takes an integer dot product per weight block, scaled once by both scales.
+We do the same: the block dot is exact (small unsigned weight quants times 8-bit activation
+quants; every product and partial sum is an integer below 2**24, so exact in any order and in
+float32 as well as int32), so the only rounding is in the scaling and in the sum over blocks, and
+both kernels below, every batch size and every way of splitting a prompt give the same floats.
 
-The kernels run over tiles of NC weight rows (see repack.py) in parallel.  The inner loop is
-written as explicit LLVM vector code (a numba intrinsic): plain numba loops over a tile do get
-vectorized, but every block then pays for run-time overlap checks between the arrays (LLVM
-cannot know numba arrays do not alias) and the partial sums go through memory.  Here a register
-tile of TT tokens x VC vectors of W rows accumulates one block, then is scaled and added to the
-running sums.  Only generic LLVM vector operations are used, so the code compiles for any
-target; W follows the widest float vector (16 with AVX-512, else 8; see target.py), which only
-affects speed.  Prefill takes four tokens per pass, so each converted weight vector serves four FMAs.
+The weights stay at the file's bits per weight (LAYOUTS, packed by repack.py): each quant is
+stored as u = q + offset >= 0 in a low plane of 2, 4 or 8 bits and, for 5- and 6-bit types, a
+high plane of 1 or 2 bits; the kernels take the planes apart in registers.  A block's quants lie
+in groups of 4 columns: for each group, the NC rows of a tile follow each other with their 4
+quants side by side, so one 64-byte vector holds 16 rows x 4 columns.  A plane of `bits` bits
+holds 8 // bits consecutive groups in each byte (group k of a byte at bit bits * k).  Scales stay
+as the file has them: f16 per block for the legacy types; for the K-quants the f16 super-block
+scale (and min) per row plus the small integer sub-block scales (Q4_K and Q5_K: llama.cpp's 12
+packed bytes), multiplied out in the kernel exactly as infer.quant.dequant multiplies them.
 
-With AVX-512 VNNI (weights packed in its layout, see repack.py) the block dot is an integer dot
-instead: vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds them into an int32
-lane, 64 products per instruction against 16 per float FMA.  Its unsigned operand holds the
-weights plus 128 and its signed one the activation quants (int8), so the int32 sum is the dot
-plus 128 * (the block's sum of activation quants); starting the accumulator at minus that term
-leaves exactly the integer the float kernel forms, and the scaling that follows is the same
-operations in the same order, so the results are bit-identical (tests/test_matmul.py checks
-it).  Converting the weights costs nothing there, so that kernel also serves single tokens.
+Two kernels, both explicit LLVM vector code (numba intrinsics, generic LLVM operations but for
+vpdpbusd), over a register tile of TT tokens x 64 rows:
+- AVX-512 VNNI (target.VNNI): vpdpbusd multiplies 4 unsigned weight bytes by 4 signed activation
+  bytes and adds them into an int32 lane; starting each lane at -offset * (the block's sum of
+  activation quants) leaves exactly the signed block dot.
+- Portable: the quants widened to float32 and multiplied by the 4 activations of their group,
+  the 4 column lanes of each row added at the end of the block (exact integers), the offset term
+  added; the same integer, then the same scaling operations in the same order.
+Both take the same layout; which one runs is chosen per weight when it is packed (repack.py).
 
 The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
 its own file only, so code generated for it from another module would go stale unnoticed.
 """
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .ops import f16_round
-from .repack import ACT_Q8_0, NC
-from .target import VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
+from infer.quant import types as qt
 
-PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in parallel
+from .activations import quantize_rows
+from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float
+
+NC = 64  # rows per tile: 4 vectors of 16 lanes, enough independent work per column to hide latency
 TT_MAX = 4  # most tokens one pass of either kernel takes (the rows of the acc scratch)
 
+# How a layout's block scales are stored (see the module doc).
+SC_F16 = 0  # s: f16 scale per block; m: f16 of -min per block
+SC_K6 = 1  # s: f16 d per super-block; sc: signed 8-bit scale per sub-block (Q3_K, Q6_K): d * sc
+SC_K2 = 2  # s, m: f16 d, dmin per super-block; sc: per sub-block byte, d * (lo 4 bits), dmin * (hi 4 bits)
+SC_K4 = 3  # s, m: f16 d, dmin per super-block; sc: 12 bytes per super-block, unpacked as ggml's get_scale_min_k4
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one GGML type's blocks are packed: weight = scale * (u - offset) - min."""
+
+    group: int  # G: elements per block scale (sub-block for the K-quants)
+    lo_bits: int  # low plane: 2, 4 or 8 bits per quant
+    hi_bits: int  # high plane: 0, 1 or 2 bits per quant (u's bits above lo_bits)
+    offset: int  # u = q + offset, so that u >= 0
+    scales: int  # SC_*
+    has_min: bool
+
+    @property
+    def lo_bytes(self) -> int:  # bytes of one block of one tile in the low plane
+        return _plane_bytes(self.group, self.lo_bits)
+
+    @property
+    def hi_bytes(self) -> int:
+        return _plane_bytes(self.group, self.hi_bits)
+
+
+def _plane_bytes(group: int, bits: int) -> int:
+    """Bytes per block per tile of a plane: NC rows x 4 bytes per byte-group, each byte-group
+    holding 8 // bits groups of 4 columns (Q3_K's 4 groups leave half of its 1-bit bytes unused)."""
+    return -(-(group // 4) * bits // 8) * NC * 4 if bits else 0
+
+
+LAYOUTS = {
+    qt.Q4_0: Layout(32, 4, 0, 8, SC_F16, False),
+    qt.Q4_1: Layout(32, 4, 0, 0, SC_F16, True),
+    qt.Q5_0: Layout(32, 4, 1, 16, SC_F16, False),
+    qt.Q5_1: Layout(32, 4, 1, 0, SC_F16, True),
+    qt.Q8_0: Layout(32, 8, 0, 128, SC_F16, False),
+    qt.Q2_K: Layout(16, 2, 0, 0, SC_K2, True),
+    qt.Q3_K: Layout(16, 2, 1, 4, SC_K6, False),
+    qt.Q4_K: Layout(32, 4, 0, 0, SC_K4, True),
+    qt.Q5_K: Layout(32, 4, 1, 0, SC_K4, True),
+    qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False),
+}
 
 W = VECTOR_WIDTH  # float32 lanes per vector
-VC = 4  # vectors per register tile: 4*W rows
-ROWS = VC * W  # rows one call covers
-assert NC % ROWS == 0
+VC = 4  # vectors per call: 4*W rows
+ROWS = VC * W  # rows one call covers (both kernels)
+assert NC % ROWS == 0 and (not VNNI or ROWS == 64)
 
-I8, I32, I64, F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
-VF = ir.VectorType(F32, W)
-VI8 = ir.VectorType(I8, W)
+I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+def _c64(v):
+    return ir.Constant(I64, v)
+
+
+def _splat(builder, x, n):
+    """A scalar broadcast to an n-lane vector."""
+    vt = ir.VectorType(x.type, n)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _const(ty, n, v):
+    return ir.Constant(ir.VectorType(ty, n), [v] * n)
 
 
 class _Arr:
@@ -63,326 +125,299 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-def _scale_kind(s, m, operands, dxb, bsum, a):
-    """Typing check shared by the dot_rows intrinsics: None unless every array is C-contiguous
-    with the expected dtype and rank; else whether the scales s, m are f16 bits (uint16)."""
-    sdt = s.dtype if isinstance(s, types.Array) and s.dtype in (types.float32, types.uint16) else None
-    for arr, dt, nd in (*operands, (s, sdt, 3), (m, sdt, 3), (dxb, types.float32, 2),
-                        (bsum, types.float32, 2), (a, types.float32, 2)):
-        if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
-            return None
-    return sdt == types.uint16
+_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "r0", "xq", "t0", "dxb", "bsum", "a")
+_ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
+           "sc": (types.uint8, 3), "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
 
 
-def _scale_loader(builder, half):
-    """load(arr, off): W scales at element off of s or m, as float32 (f16 bits are widened:
-    vcvtph2ps on x86)."""
-    def load(arr, off):
-        if half:
-            p = builder.bitcast(builder.gep(arr.data, [off]), ir.VectorType(ir.IntType(16), W).as_pointer())
-            return half_to_float(builder, builder.load(p, align=2))
-        return builder.load(builder.bitcast(builder.gep(arr.data, [off]), VF.as_pointer()), align=4)
-    return load
+class _Block:
+    """IR for what both kernels do alike: a tile's quants and block scales for some rows."""
 
+    def __init__(self, builder, arrs, tile):
+        self.b, self.arrs, self.tile = builder, arrs, tile
 
-def _make_dot_rows(TT: int):
-    def dot_rows(typingctx, q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a):
-        # q: (NT, nb, G, NC) int8; s, m: (NT | 1, nb, NC) f32, or uint16 holding f16 bits
-        # xq: (T, K) f32; dxb, bsum: (T, K//16) f32
-        # a: (TT, NC) f32.  Writes a[tt, r0:r0+ROWS] = row r0.. of tile `tile` times token t0+tt.
-        half = _scale_kind(s, m, ((q, types.int8, 4), (xq, types.float32, 2)), dxb, bsum, a)
-        if half is None:
-            return None
-        sig = types.void(q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a)
+    def _load(self, name, elem_off, n, ty):
+        arr = self.arrs[name]
+        p = self.b.bitcast(self.b.gep(arr.data, [elem_off]), ir.VectorType(ty, n).as_pointer())
+        return self.b.load(p, align=1)
 
-        def codegen(context, builder, signature, args):
-            st = signature.args
-            qa, sa, ma, xa, da, ba, aa = (_Arr(context, builder, st[i], args[i]) for i in (0, 3, 4, 6, 8, 9, 10))
-            tile_, r0_, t0_ = (context.cast(builder, args[i], st[i], types.int64) for i in (1, 2, 7))
-            hm = context.cast(builder, args[5], st[5], types.boolean)
-            nb, G, NC = qa.shape[1], qa.shape[2], qa.shape[3]
-            K = xa.shape[1]
-            K16 = da.shape[1]
-            mul, add = builder.mul, builder.add
-            fma_fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF, VF, VF]), f"llvm.fma.v{W}f32")
-            fma = lambda x, y, z: builder.call(fma_fn, [x, y, z])
-            c64 = lambda v: ir.Constant(I64, v)
+    def _tile_off(self, name, x, row):
+        """Element offset of [tile, x, row] in a (NT, X, NC) scale array."""
+        b, shape = self.b, self.arrs[name].shape
+        return b.add(b.mul(b.add(b.mul(self.tile, shape[1]), x), _c64(NC)), row)
 
-            load_scales = _scale_loader(builder, half)
-            # element offsets of this tile's rows r0.. in q (bytes) and in s/m
-            q_base = add(mul(mul(tile_, nb), mul(G, NC)), r0_)
-            s_base = add(mul(mul(tile_, nb), NC), r0_)
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(VF, [0.0] * W)) for _ in range(VC)] for _ in range(TT)]
+    def plane(self, name, block_bytes, b_idx, group_byte, row, n):
+        """n bytes (n/4 rows x 4 columns) of one byte-group of a plane of block b_idx."""
+        bld, shape = self.b, self.arrs[name].shape
+        off = bld.add(bld.mul(bld.add(bld.mul(self.tile, shape[1]), b_idx), _c64(block_bytes)),
+                      bld.add(bld.mul(group_byte, _c64(NC * 4)), bld.mul(row, _c64(4))))
+        return self._load(name, off, n, I8)
 
-            cacc = [[cgutils.alloca_once(builder, VF) for _ in range(VC)] for _ in range(TT)]
+    def quants(self, L: Layout, cache, b_idx, p, k, row, n):
+        """<n x i8> u of group p * (8 // lo_bits) + k for n/4 rows from `row` (p, k: ints;
+        cache: the plane vectors loaded so far for this block)."""
+        bld = self.b
+        key = ("lo", p, row)
+        if key not in cache:
+            cache[key] = self.plane("lo", L.lo_bytes, b_idx, _c64(p), row, n)
+        u = cache[key]
+        if L.lo_bits < 8:
+            if k:
+                u = bld.lshr(u, _const(I8, n, L.lo_bits * k))
+            u = bld.and_(u, _const(I8, n, (1 << L.lo_bits) - 1))
+        if L.hi_bits:
+            per = 8 // L.hi_bits
+            j4 = p * (8 // L.lo_bits) + k
+            key = ("hi", j4 // per, row)
+            if key not in cache:
+                cache[key] = self.plane("hi", L.hi_bytes, b_idx, _c64(j4 // per), row, n)
+            h = cache[key]
+            if j4 % per:
+                h = bld.lshr(h, _const(I8, n, L.hi_bits * (j4 % per)))
+            h = bld.shl(bld.and_(h, _const(I8, n, (1 << L.hi_bits) - 1)), _const(I8, n, L.lo_bits))
+            u = bld.or_(u, h)
+        return u
 
-            def block_loop(g):
-                # the whole K for one block size g (16 or 32)
-                with cgutils.for_range(builder, nb) as loop:
-                    b = loop.index
-                    for row in cacc:
-                        for p in row:
-                            builder.store(ir.Constant(VF, [0.0] * W), p)
-                    qb = add(q_base, mul(b, mul(G, NC)))
-                    xb = mul(b, G)
-                    # A real loop over the block's columns (trip count G, opaque to LLVM): fully
-                    # unrolled, the scheduler hoists every conversion and spills them all.
-                    with cgutils.for_range(builder, G) as jl:
-                        j = jl.index
-                        qj = add(qb, mul(j, NC))
-                        w = []
-                        for v in range(VC):
-                            p = builder.bitcast(builder.gep(qa.data, [add(qj, c64(v * W))]), VI8.as_pointer())
-                            w.append(builder.sitofp(builder.sext(builder.load(p, align=1), ir.VectorType(I32, W)), VF))
-                        for tt in range(TT):
-                            xi = add(mul(add(t0_, c64(tt)), K), add(xb, j))
-                            xs = splat(builder, builder.load(builder.gep(xa.data, [xi])))
-                            for v in range(VC):
-                                builder.store(fma(w[v], xs, builder.load(cacc[tt][v])), cacc[tt][v])
-                    c = [[builder.load(p) for p in row] for row in cacc]
-                    sb = add(s_base, mul(b, NC))
-                    sub = c64(g // 16)
-                    for tt in range(TT):
-                        di = add(mul(add(t0_, c64(tt)), K16), mul(b, sub))
-                        dx = splat(builder, builder.load(builder.gep(da.data, [di])))
-                        bs = builder.load(builder.gep(ba.data, [di]))
-                        if g == 32:
-                            bs = builder.fadd(bs, builder.load(builder.gep(ba.data, [add(di, c64(1))])))
-                        nbs = splat(builder, builder.fneg(bs))
-                        for v in range(VC):
-                            off = add(sb, c64(v * W))
-                            sv = load_scales(sa, off)
-                            # as llama.cpp: one FMA of the exact block dot with the product of the two scales
-                            a = fma(c[tt][v], builder.fmul(sv, dx), builder.load(acc[tt][v]))
-                            # weights with mins: - m * (sum of the block's activation quants)
-                            mv = load_scales(ma, builder.select(hm, off, c64(v * W)))
-                            a = builder.select(hm, fma(builder.fmul(mv, dx), nbs, a), a)
-                            builder.store(a, acc[tt][v])
-
-            is32 = builder.icmp_signed("==", G, c64(32))
-            with builder.if_else(is32) as (then, otherwise):
-                with then:
-                    block_loop(32)
-                with otherwise:
-                    block_loop(16)
-            for tt in range(TT):
-                for v in range(VC):
-                    ai = add(mul(c64(tt), aa.shape[1]), add(r0_, c64(v * W)))
-                    p = builder.bitcast(builder.gep(aa.data, [ai]), VF.as_pointer())
-                    builder.store(builder.load(acc[tt][v]), p, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot_rows
-
-
-# VNNI register tile: TT tokens x 4 int32 vectors of 16 rows (16 accumulators at TT = 4; the
-# float running sums spill to the stack, touched once per block).  Measured best of 2..8 x 2..4.
-VC_VNNI = 4
-ROWS_VNNI = VC_VNNI * 16
-assert NC % ROWS_VNNI == 0 and (not VNNI or ROWS_VNNI == ROWS)  # one matmul loop steps both kernels
-VI32 = ir.VectorType(I32, 16)
-VB = ir.VectorType(I8, 64) if VNNI_BYTES else VI32  # vpdpbusd's byte operands, as this LLVM declares them
-
-
-def _make_dot_rows_vnni(TT: int):
-    def dot_rows_vnni(typingctx, q, tile, r0, s, m, has_min, xi, t0, dxb, bsum, a):
-        # q: (NT, nb, G//4, NC, 4) uint8, q + 128; s, m: (NT | 1, nb, NC) f32, or uint16 holding f16 bits
-        # xi: (T, K) int8 activation quants; dxb, bsum: (T, K//16) f32
-        # a: (>= TT, NC) f32.  Writes a[tt, r0:r0+ROWS_VNNI] = row r0.. of tile `tile` times token t0+tt,
-        # bit-identical to dot_rows.
-        half = _scale_kind(s, m, ((q, types.uint8, 5), (xi, types.int8, 2)), dxb, bsum, a)
-        if half is None:
-            return None
-        sig = types.void(q, tile, r0, s, m, has_min, xi, t0, dxb, bsum, a)
-
-        def codegen(context, builder, signature, args):
-            st = signature.args
-            qa, sa, ma, xa, da, ba, aa = (_Arr(context, builder, st[i], args[i]) for i in (0, 3, 4, 6, 8, 9, 10))
-            tile_, r0_, t0_ = (context.cast(builder, args[i], st[i], types.int64) for i in (1, 2, 7))
-            hm = context.cast(builder, args[5], st[5], types.boolean)
-            nb, G4, NC = qa.shape[1], qa.shape[2], qa.shape[3]
-            K = xa.shape[1]
-            K16 = da.shape[1]
-            mul, add = builder.mul, builder.add
-            fma_fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF, VF, VF]), "llvm.fma.v16f32")
-            fma = lambda x, y, z: builder.call(fma_fn, [x, y, z])
-            dp_fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VI32, [VI32, VB, VB]),
-                                                   "llvm.x86.avx512.vpdpbusd.512")
-            c64 = lambda v: ir.Constant(I64, v)
-
-            def splat_i32(x):
-                v = builder.insert_element(ir.Constant(VI32, ir.Undefined), x, ir.Constant(I32, 0))
-                return builder.shuffle_vector(v, ir.Constant(VI32, ir.Undefined), ir.Constant(VI32, [0] * 16))
-
-            load_scales = _scale_loader(builder, half)
-            # byte offset of this tile's rows r0.. in q (4 bytes per row per 4 columns); element offset in s/m
-            q_base = add(mul(mul(tile_, nb), mul(mul(G4, NC), c64(4))), mul(r0_, c64(4)))
-            s_base = add(mul(mul(tile_, nb), NC), r0_)
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(VF, [0.0] * 16)) for _ in range(VC_VNNI)]
-                   for _ in range(TT)]
-            iacc = [[cgutils.alloca_once(builder, VI32) for _ in range(VC_VNNI)] for _ in range(TT)]
-
-            def block_loop(g, mins):
-                # the whole K for one block size g (16 or 32), with or without mins
-                with cgutils.for_range(builder, nb) as loop:
-                    b = loop.index
-                    sub = c64(g // 16)
-                    dxs, bss = [], []
-                    for tt in range(TT):
-                        di = add(mul(add(t0_, c64(tt)), K16), mul(b, sub))
-                        dxs.append(splat(builder, builder.load(builder.gep(da.data, [di]))))
-                        bs = builder.load(builder.gep(ba.data, [di]))
-                        if g == 32:
-                            bs = builder.fadd(bs, builder.load(builder.gep(ba.data, [add(di, c64(1))])))
-                        bss.append(bs)
-                        # the weights carry +128: start from -128 * (sum of the block's activation
-                        # quants) so the int32 sums come out as the exact dot (bs is an exact integer)
-                        init = splat_i32(builder.mul(builder.fptosi(bs, I32), ir.Constant(I32, -128)))
-                        for p in iacc[tt]:
-                            builder.store(init, p)
-                    qb = add(q_base, mul(b, mul(c64(g), NC)))
-                    xb = mul(b, c64(g))
-                    # the block's groups of 4 columns (LLVM unrolls it: nothing to hoist here)
-                    with cgutils.for_range(builder, c64(g // 4)) as jl:
-                        j4 = jl.index
-                        qj = add(qb, mul(j4, mul(NC, c64(4))))
-                        w = []
-                        for v in range(VC_VNNI):
-                            p = builder.bitcast(builder.gep(qa.data, [add(qj, c64(v * 64))]), VB.as_pointer())
-                            w.append(builder.load(p, align=1))
-                        for tt in range(TT):
-                            xi = add(mul(add(t0_, c64(tt)), K), add(xb, mul(j4, c64(4))))
-                            x4 = builder.load(builder.bitcast(builder.gep(xa.data, [xi]), I32.as_pointer()), align=1)
-                            xs = builder.bitcast(splat_i32(x4), VB)
-                            for v in range(VC_VNNI):
-                                # u8 weights (2nd operand) times s8 activations (3rd), 4 at a time
-                                builder.store(builder.call(dp_fn, [builder.load(iacc[tt][v]), w[v], xs]), iacc[tt][v])
-                    sb = add(s_base, mul(b, NC))
-                    for tt in range(TT):
-                        dx = dxs[tt]
-                        nbs = splat(builder, builder.fneg(bss[tt]))
-                        for v in range(VC_VNNI):
-                            c = builder.sitofp(builder.load(iacc[tt][v]), VF)  # exact: |c| < 2**24
-                            off = add(sb, c64(v * 16))
-                            sv = load_scales(sa, off)
-                            # the same operations, in the same order, as dot_rows
-                            a = fma(c, builder.fmul(sv, dx), builder.load(acc[tt][v]))
-                            if mins:
-                                a = fma(builder.fmul(load_scales(ma, off), dx), nbs, a)
-                            builder.store(a, acc[tt][v])
-
-            is32 = builder.icmp_signed("==", G4, c64(8))
-            with builder.if_else(is32) as (then, otherwise):
-                for blk, g in ((then, 32), (otherwise, 16)):
-                    with blk:
-                        with builder.if_else(hm) as (with_min, without):
-                            with with_min:
-                                block_loop(g, True)
-                            with without:
-                                block_loop(g, False)
-            for tt in range(TT):
-                for v in range(VC_VNNI):
-                    ai = add(mul(c64(tt), aa.shape[1]), add(r0_, c64(v * 16)))
-                    p = builder.bitcast(builder.gep(aa.data, [ai]), VF.as_pointer())
-                    builder.store(builder.load(acc[tt][v]), p, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot_rows_vnni
+    def scales(self, L: Layout, b_idx, row, n):
+        """(scale, min or None) of block b_idx for n rows from `row`, as <n x float>."""
+        bld = self.b
+        vf = ir.VectorType(F32, n)
+        h2f = lambda name, x: half_to_float(bld, self._load(name, self._tile_off(name, x, row), n, I16))
+        if L.scales == SC_F16:
+            return h2f("s", b_idx), (h2f("m", b_idx) if L.has_min else None)
+        sb = bld.udiv(b_idx, _c64(256 // L.group))
+        d = h2f("s", sb)
+        if L.scales == SC_K6:
+            sc = bld.sitofp(self._load("sc", self._tile_off("sc", b_idx, row), n, I8), vf)
+            return bld.fmul(d, sc), None
+        dmin = h2f("m", sb)
+        if L.scales == SC_K2:
+            byte = self._load("sc", self._tile_off("sc", b_idx, row), n, I8)
+            sc = bld.uitofp(bld.and_(byte, _const(I8, n, 15)), vf)
+            mn = bld.uitofp(bld.lshr(byte, _const(I8, n, 4)), vf)
+            return bld.fmul(d, sc), bld.fmul(dmin, mn)
+        # SC_K4: sub-block j of 8 in the super-block; q = its 12 scale bytes (get_scale_min_k4)
+        j = bld.urem(b_idx, _c64(8))
+        q = lambda i: self._load("sc", self._tile_off("sc", bld.add(bld.mul(sb, _c64(12)), i), row), n, I8)
+        lt = bld.icmp_unsigned("<", j, _c64(4))
+        sel = lambda x, y: bld.select(lt, x, y)
+        v = lambda c: _const(I8, n, c)
+        top2 = lambda x: bld.shl(bld.lshr(x, v(6)), v(4))  # bits 6-7 of a byte as bits 4-5
+        q_j, q_j4 = q(j), q(bld.add(j, _c64(4)))
+        q_jm4 = q(sel(j, bld.sub(j, _c64(4))))
+        sc = sel(bld.and_(q_j, v(63)), bld.or_(bld.and_(q_j4, v(15)), top2(q_jm4)))
+        mn = sel(bld.and_(q_j4, v(63)), bld.or_(bld.lshr(q_j4, v(4)), top2(q_j)))
+        return bld.fmul(d, bld.uitofp(sc, vf)), bld.fmul(dmin, bld.uitofp(mn, vf))
 
 
 def _make_dot(TT: int):
-    # One intrinsic for both weight layouts: the float kernel's typer or the VNNI kernel's accepts
-    # the arguments (each returns None for the other layout), so one matmul serves both.
-    flt, vnni = _make_dot_rows(TT), _make_dot_rows_vnni(TT)
+    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a):
+    a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT.
 
-    @intrinsic
-    def dot(typingctx, q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a):
-        args = (q, tile, r0, s, m, has_min, xq, t0, dxb, bsum, a)
-        return flt(typingctx, *args) or vnni(typingctx, *args)
+    lo, hi: (NT, nb, bytes per block) uint8 planes (hi (0, 0, 0) when a type has none); s, m:
+    (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
+    uint8 sub-block scales ((0, 0, 0) for the legacy types); xq: (T, K) int8
+    activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
+    activation scales and quant sums per 16; a: (>= TT, NC) f32.
+    """
+    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a):
+        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a)))
+        for name, (dt, nd) in _ARRAYS.items():
+            arr = args[name]
+            if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
+                return None
+        if not (isinstance(xq, types.Array) and xq.ndim == 2 and xq.layout == "C"
+                and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
+            return None
+        kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
+        sig = types.void(type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a)
 
-    return dot
+        def codegen(context, builder, signature, argv):
+            st = signature.args
+            arrs = {n: _Arr(context, builder, st[i], argv[i]) for i, n in enumerate(_ARGS) if n in _ARRAYS or n == "xq"}
+            tid, tile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 9))
+            _Kernel(builder, arrs, tile_, t0_, TT, kind).run(tid, r0_)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return intrinsic(dot)
+
+
+class _Kernel:
+    """Code generation of one call: ROWS rows from r0, TT tokens from t0, for every layout."""
+
+    def __init__(self, builder, arrs, tile, t0, TT, kind):
+        self.b, self.arrs, self.t0, self.TT, self.kind = builder, arrs, t0, TT, kind
+        self.int = kind != "float"
+        self.blk = _Block(builder, arrs, tile)
+        self.K = arrs["xq"].shape[1]
+        self.K16 = arrs["dxb"].shape[1]
+        mod = builder.module
+        self.fma_fn = {}
+        # rows per vector and vectors per pass: the integer kernels W x 4 (all ROWS in one pass
+        # over K), the portable one W x 1 (its 4-lane float accumulators take 4 registers a vector)
+        self.rw, self.nv = (W, ROWS // W) if self.int else (W, 1)
+        vi32 = ir.VectorType(I32, W)
+        if kind == "vnni":
+            vb = ir.VectorType(I8, 64) if VNNI_BYTES else vi32
+            self.vb = vb
+            self.dp_fn = cgutils.get_or_insert_function(mod, ir.FunctionType(vi32, [vi32, vb, vb]), "llvm.x86.avx512.vpdpbusd.512")
+        elif kind == "madd":
+            vb, vi16 = ir.VectorType(I8, 4 * W), ir.VectorType(I16, 2 * W)
+            ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if W == 16
+                      else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+            self.vb = vb
+            self.ub_fn = cgutils.get_or_insert_function(mod, ir.FunctionType(vi16, [vb, vb]), ub)
+            self.wd_fn = cgutils.get_or_insert_function(mod, ir.FunctionType(vi32, [vi16, vi16]), wd)
+
+    def fma(self, x, y, z):
+        n = x.type.count
+        if n not in self.fma_fn:
+            vf = ir.VectorType(F32, n)
+            self.fma_fn[n] = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{n}f32")
+        return self.b.call(self.fma_fn[n], [x, y, z])
+
+    def run(self, tid, r0):
+        bld = self.b
+        vf = ir.VectorType(F32, self.rw)
+        self.acc = [[cgutils.alloca_once(bld, vf) for _ in range(self.nv)] for _ in range(self.TT)]
+        n4 = 4 * self.rw
+        self.iacc = [[cgutils.alloca_once(bld, ir.VectorType(I32, self.rw) if self.int else ir.VectorType(F32, n4))
+                      for _ in range(self.nv)] for _ in range(self.TT)]
+        with cgutils.for_range(bld, _c64(ROWS // (self.rw * self.nv))) as passes:
+            rows = [bld.add(r0, bld.add(bld.mul(passes.index, _c64(self.rw * self.nv)), _c64(i * self.rw)))
+                    for i in range(self.nv)]
+            for row in self.acc:
+                for p in row:
+                    bld.store(ir.Constant(vf, [0.0] * self.rw), p)
+            sw = bld.switch(tid, bld.function.append_basic_block("unknown_type"))
+            done = bld.function.append_basic_block("layout_done")
+            for type_id, L in LAYOUTS.items():
+                case = bld.function.append_basic_block(f"layout_{type_id}")
+                sw.add_case(ir.Constant(I64, type_id), case)
+                bld.position_at_end(case)
+                self.block_loop(L, rows)
+                bld.branch(done)
+            bld.position_at_end(sw.default)
+            bld.branch(done)
+            bld.position_at_end(done)
+            aa = self.arrs["a"]
+            for tt in range(self.TT):
+                for i, row in enumerate(rows):
+                    ai = bld.add(bld.mul(_c64(tt), aa.shape[1]), row)
+                    p = bld.bitcast(bld.gep(aa.data, [ai]), vf.as_pointer())
+                    bld.store(bld.load(self.acc[tt][i]), p, align=4)
+
+    def block_loop(self, L: Layout, rows):
+        """The whole K for one layout: per block the exact integer dot, then the scaling."""
+        bld, blk, TT, n = self.b, self.blk, self.TT, 4 * self.rw
+        da, ba, xa = self.arrs["dxb"], self.arrs["bsum"], self.arrs["xq"]
+        nb = bld.udiv(self.K, _c64(L.group))
+        with cgutils.for_range(bld, nb) as loop:
+            b_idx = loop.index
+            dxs, bss = [], []
+            for tt in range(TT):
+                di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), bld.mul(b_idx, _c64(L.group // 16)))
+                dxs.append(_splat(bld, bld.load(bld.gep(da.data, [di])), self.rw))
+                bs = bld.load(bld.gep(ba.data, [di]))
+                if L.group == 32:
+                    bs = bld.fadd(bs, bld.load(bld.gep(ba.data, [bld.add(di, _c64(1))])))
+                bss.append(bs)
+                for p in self.iacc[tt]:
+                    if self.int:
+                        # u carries +offset: start from -offset * (sum of the block's activation
+                        # quants); the madd kernel takes Q8_0's quants signed (see accumulate)
+                        off = 0 if self.kind == "madd" and L.lo_bits == 8 else L.offset
+                        init = bld.mul(bld.fptosi(bs, I32), ir.Constant(I32, -off))
+                        bld.store(_splat(bld, init, self.rw), p)
+                    else:
+                        bld.store(ir.Constant(ir.VectorType(F32, n), [0.0] * n), p)
+            per = 8 // L.lo_bits
+            # the low plane's byte-groups, unrolled: every shift is a constant
+            cache = {}
+            for pi in range(-(-L.group * L.lo_bits // 32)):
+                for k in range(min(per, L.group // 4)):
+                    us = [blk.quants(L, cache, b_idx, pi, k, row, n) for row in rows]
+                    col = bld.add(bld.mul(b_idx, _c64(L.group)), _c64(4 * (pi * per + k)))
+                    for tt in range(TT):
+                        xi = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K), col)
+                        self.accumulate(tt, us, xa, xi, n, L)
+            for i, row in enumerate(rows):
+                s, m = blk.scales(L, b_idx, row, self.rw)
+                for tt in range(TT):
+                    c = self.block_dot(tt, i, L, bss[tt])
+                    # as llama.cpp: one FMA of the exact block dot with the product of the two scales
+                    a = self.fma(c, bld.fmul(s, dxs[tt]), bld.load(self.acc[tt][i]))
+                    if m is not None:  # - min * (sum of the block's activation quants)
+                        a = self.fma(bld.fmul(m, dxs[tt]), _splat(bld, bld.fneg(bss[tt]), self.rw), a)
+                    bld.store(a, self.acc[tt][i])
+
+    def madd(self, u, xs, L: Layout):
+        """<rw x i32>: each row's 4 products of u8 quants u and s8 activations xs, summed: vpmaddubsw
+        (pairs into int16, saturating) then vpmaddwd by ones.  Quants of up to 6 bits cannot
+        saturate (2 * 63 * 127 < 2**15); Q8_0's u = q + 128 could, so it runs on |q| times xs
+        with q's sign, as llama.cpp does (2 * 128 * 127 < 2**15), and its accumulator starts at 0."""
+        bld, n = self.b, u.type.count
+        if L.lo_bits == 8:
+            zero = _const(I8, n, 0)
+            q = bld.xor(u, _const(I8, n, 0x80))
+            neg = bld.icmp_signed("<", q, zero)
+            u = bld.select(neg, bld.sub(zero, q), q)  # |q|, read unsigned (-128 -> 128)
+            xs = bld.select(neg, bld.sub(zero, xs), xs)
+        pairs = bld.call(self.ub_fn, [u, xs])
+        return bld.call(self.wd_fn, [pairs, _const(I16, n // 2, 1)])
+
+    def accumulate(self, tt, us, xa, xi, n, L: Layout):
+        """Add one group's 4 columns of quants times token tt's 4 activation quants."""
+        bld = self.b
+        if self.int:
+            x4 = bld.load(bld.bitcast(bld.gep(xa.data, [xi]), I32.as_pointer()), align=1)
+            xs = bld.bitcast(_splat(bld, x4, self.rw), self.vb)
+            for i, u in enumerate(us):
+                acc = bld.load(self.iacc[tt][i])
+                if self.kind == "vnni":
+                    # u8 weights (2nd operand) times s8 activations (3rd), 4 at a time
+                    acc = bld.call(self.dp_fn, [acc, bld.bitcast(u, self.vb), xs])
+                else:
+                    acc = bld.add(acc, self.madd(u, xs, L))
+                bld.store(acc, self.iacc[tt][i])
+            return
+        x4 = bld.load(bld.bitcast(bld.gep(xa.data, [xi]), ir.VectorType(F32, 4).as_pointer()), align=4)
+        xp = bld.shuffle_vector(x4, ir.Constant(ir.VectorType(F32, 4), ir.Undefined),
+                                ir.Constant(ir.VectorType(I32, n), [c % 4 for c in range(n)]))
+        for i, u in enumerate(us):
+            uf = bld.uitofp(bld.zext(u, ir.VectorType(I32, n)), ir.VectorType(F32, n))
+            bld.store(self.fma(uf, xp, bld.load(self.iacc[tt][i])), self.iacc[tt][i])
+
+    def block_dot(self, tt, i, L: Layout, bs):
+        """The block's exact signed integer dot for token tt, rows of vector i, as <rw x float>."""
+        bld, rw = self.b, self.rw
+        acc = bld.load(self.iacc[tt][i])
+        if self.int:
+            return bld.sitofp(acc, ir.VectorType(F32, rw))  # exact: |c| < 2**24
+        undef = ir.Constant(acc.type, ir.Undefined)
+        lane = lambda k: bld.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, rw), [4 * r + k for r in range(rw)]))
+        c = bld.fadd(bld.fadd(lane(0), lane(1)), bld.fadd(lane(2), lane(3)))
+        if L.offset:
+            c = bld.fadd(c, _splat(bld, bld.fmul(bs, ir.Constant(F32, -float(L.offset))), rw))
+        return c
 
 
 dot_rows_1 = _make_dot(1)  # decode: one token (memory-bound either way)
 dot_rows_4 = _make_dot(4)  # batches: four tokens share each loaded weight vector
 
 
-@njit(cache=True)
-def quantize_row(mode, x, xq, dxb, bsum):
-    # x: (K,) f32 C-contiguous; mode: ACT_Q8_0 or ACT_Q8_K
-    # xq: (K,) f32 or int8 (for the VNNI kernel), the integer quants llama.cpp forms for its dot
-    #   products (all in [-127, 127])
-    # dxb: (K//16,) f32, the scale of each 16-element sub-block; bsum: (K//16,) f32, its sum of quants
-    # matmul.round_activations(mode, x) == xq * dxb (repeated over each sub-block), exactly.
-    # No fastmath: the scale's division and the rounding must be exactly llama.cpp's.
-    K = x.shape[0]
-    bits = x.view(np.uint32)
-    bs = 32 if mode == ACT_Q8_0 else 256
-    for b0 in range(0, K, bs):
-        # max |x| as the max of the magnitude bits: an integer reduction, which vectorizes
-        m = np.uint32(0)
-        for k in range(b0, b0 + bs):
-            m = max(m, bits[k] & np.uint32(0x7FFFFFFF))
-        d = np.float32(0.0)
-        if m == 0:
-            for k in range(b0, b0 + bs):
-                xq[k] = 0.0
-        elif mode == ACT_Q8_0:
-            amax = abs(x[b0])
-            for k in range(b0, b0 + bs):  # the value with those bits (x itself, so no bitcast needed)
-                if bits[k] & np.uint32(0x7FFFFFFF) == m:
-                    amax = abs(x[k])
-                    break
-            # scale stored as f16, quants from the unrounded inverse
-            d = f16_round(amax / np.float32(127.0))
-            iscale = np.float32(127.0) / amax
-            for k in range(b0, b0 + bs):
-                xq[k] = np.float32(np.rint(x[k] * iscale))
-        else:
-            vmax = x[b0]
-            for k in range(b0, b0 + bs):  # the first element of largest magnitude, with its sign
-                if bits[k] & np.uint32(0x7FFFFFFF) == m:
-                    vmax = x[k]
-                    break
-            # Q8_K: the signed maximum maps to -127, float32 scale
-            iscale = np.float32(-127.0) / vmax
-            d = np.float32(1.0) / iscale
-            for k in range(b0, b0 + bs):
-                xq[k] = min(np.float32(127.0), np.float32(np.rint(iscale * x[k])))
-        for j in range(b0 // 16, (b0 + bs) // 16):
-            dxb[j] = d
-            acc = np.float32(0.0)
-            for k in range(16 * j, 16 * j + 16):
-                acc += np.float32(xq[k])
-            bsum[j] = acc
-
-
 @njit(cache=True, parallel=True)
-def quantize_rows(mode, x, xq, dxb, bsum):
-    # quantize_row for every row: x (T, K) f32; xq (T, K) f32 or int8; dxb, bsum (T, K//16) f32
-    T = x.shape[0]
-    if T >= PAR_QUANT_MIN:
-        for t in prange(T):
-            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
-    else:  # a parallel region costs more than quantizing a few rows
-        for t in range(T):
-            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
-
-
-@njit(cache=True, parallel=True)
-def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
+def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
-    # x: (T, K) f32; q: (NT, nb, G, NC) int8, or in the VNNI layout (NT, nb, G//4, NC, 4) uint8 (q + 128);
-    #   s: (NT, nb, NC) f32 or uint16 f16 bits, m: (NT or 1, nb, NC) like s: a PackedWeight of N <= NT*NC rows
-    # xq_buf: (>= T*K,) f32 (int8 for the VNNI layout), dxb_buf, bsum_buf: (>= T*K/16,) f32 scratch for
-    #   the quantized activations
+    # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
+    #   (shapes in _make_dot's doc)
+    # xq_buf: (>= T*K,) int8 for the VNNI kernel, f32 for the portable one; dxb_buf, bsum_buf:
+    #   (>= T*K/16,) f32 scratch for the quantized activations
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk
-    NT, nc = q.shape[0], q.shape[3]
+    NT = lo.shape[0]
     T, K = x.shape
     xq = xq_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
@@ -393,19 +428,19 @@ def matmul_packed(mode, x, q, s, m, has_min, N, xq_buf, dxb_buf, bsum_buf, out, 
         a = acc[c]
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
-            r0 = tile * nc
-            nr = min(nc, N - r0)
+            r0 = tile * NC
+            nr = min(NC, N - r0)
             t = 0
-            while t + 4 <= T:  # four tokens per pass: each weight vector converted once, used four times
-                for v in range(0, nc, ROWS):
-                    dot_rows_4(q, tile, v, s, m, has_min, xq, t, dxb, bsum, a)
+            while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
+                for v in range(0, NC, ROWS):
+                    dot_rows_4(type_id, lo, hi, s, m, sc, tile, v, xq, t, dxb, bsum, a)
                 for i in range(4):
                     for r in range(nr):
                         out[t + i, col0 + r0 + r] = a[i, r]
                 t += 4
             while t < T:
-                for v in range(0, nc, ROWS):
-                    dot_rows_1(q, tile, v, s, m, has_min, xq, t, dxb, bsum, a)
+                for v in range(0, NC, ROWS):
+                    dot_rows_1(type_id, lo, hi, s, m, sc, tile, v, xq, t, dxb, bsum, a)
                 for r in range(nr):
                     out[t, col0 + r0 + r] = a[0, r]
                 t += 1

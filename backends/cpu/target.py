@@ -27,10 +27,16 @@ VECTOR_WIDTH = 16 if "+avx512f" in _FEATURES else 8
 # call a runtime helper that numba does not link, so half_to_float below converts with integer ops.
 F16_NATIVE = "+f16c" in _FEATURES or _TRIPLE.startswith(("aarch64", "arm64"))
 
-# AVX-512 VNNI (vpdpbusd: u8 x s8 dot products of 4 bytes into int32 lanes), for the packed
-# matmul (qdot.py).  Only with 16-lane vectors: the kernel's tiles assume 512-bit registers.
+# The packed matmul's integer kernel (qdot.py), by what the CPU has:
+# - AVX-512 VNNI: vpdpbusd, u8 x s8 dot products of 4 bytes added into int32 lanes (16-lane vectors);
+# - else AVX-512BW or AVX2: the same sums from vpmaddubsw (u8 x s8 pairs into int16) and vpmaddwd
+#   (pairs of those into int32), as llama.cpp's AVX2 kernels form them, at the float vector width;
+# - else none: the portable float kernel runs (same results).
 VNNI = "+avx512vnni" in _FEATURES and VECTOR_WIDTH == 16
-ISA = "AVX-512 VNNI" if VNNI else "portable kernels"  # what `infer backends` and stats lines say
+MADD = not VNNI and ("+avx512bw" in _FEATURES if VECTOR_WIDTH == 16 else "+avx2" in _FEATURES)
+INT_KERNEL = VNNI or MADD
+ISA = ("AVX-512 VNNI" if VNNI else ("AVX-512BW" if VECTOR_WIDTH == 16 else "AVX2") if MADD
+       else "portable kernels")  # what `infer backends` and stats lines say
 
 # The byte operands of llvm.x86.avx512.vpdpbusd.512: <64 x i8> in LLVM 22 (which reads the older
 # <16 x i32> form only through its auto-upgrade), <16 x i32> before (their own form, or upgraded

@@ -30,15 +30,25 @@ DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fe
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
 
 
+def _packed(ws):
+    """pack_stacked(ws), the sources' pages of the mapped file released once packed (one copy
+    of the weights in memory), or None."""
+    p = pack_stacked(ws)
+    if p is not None:
+        for w in ws:
+            w.release()
+    return p
+
+
 def _pack(w):
     """The repacked form of a QTensor, or the QTensor itself for types kept as they are."""
-    return pack_stacked((w,)) or w
+    return _packed((w,)) or w
 
 
 def _products(*ws) -> list[tuple[object, int]]:
     """(weight, first output column) pairs computing the weights' products side by side: one
     stacked packed matrix if possible, else each weight (packed, or kept as it is) on its own."""
-    stacked = pack_stacked(ws)
+    stacked = _packed(ws)
     if stacked is not None:
         return [(stacked, 0)]
     out, col = [], 0

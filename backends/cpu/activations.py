@@ -1,0 +1,134 @@
+"""How llama.cpp rounds the activations before a product with each weight type, and the integer
+quants the packed kernels (qdot.py) take.
+
+llama.cpp quantizes the activations for its dot products to the weight type's "vec_dot_type":
+Q8_0 (a scale per 32) for the legacy types, Q8_K (per 256) for the K-quants, f16 or bf16 for
+those float types.  Applying the same rounding keeps our logits within llama.cpp's own rounding
+of the same file.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from infer.quant import types as qt
+
+from .ops import f16_round
+
+ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+ACT_ROUNDING = {
+    qt.F32: ACT_NONE, qt.F16: ACT_F16, qt.BF16: ACT_BF16,
+    qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_0, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_0, qt.Q8_0: ACT_Q8_0,
+    qt.Q2_K: ACT_Q8_K, qt.Q3_K: ACT_Q8_K, qt.Q4_K: ACT_Q8_K, qt.Q5_K: ACT_Q8_K, qt.Q6_K: ACT_Q8_K,
+}
+
+PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in parallel
+
+
+@njit(cache=True)
+def round_activations(mode, x, out):
+    # x, out: (T, K) f32; out = x as llama.cpp quantizes it for the dot product, dequantized again
+    T, K = x.shape
+    if mode == ACT_F16:
+        for t in range(T):
+            for k in range(K):
+                out[t, k] = f16_round(x[t, k])
+        return
+    if mode == ACT_BF16:
+        u = out.view(np.uint32)
+        xi = x.view(np.uint32)
+        for t in range(T):
+            for k in range(K):
+                b = xi[t, k]
+                # round to nearest even on the upper 16 bits (NaN is not expected in activations)
+                u[t, k] = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
+        return
+    bs = 32 if mode == ACT_Q8_0 else 256
+    for t in range(T):
+        for b0 in range(0, K, bs):
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for k in range(b0, b0 + bs):
+                a = abs(x[t, k])
+                if a > amax:
+                    amax = a
+                    vmax = x[t, k]
+            if amax == 0:
+                for k in range(b0, b0 + bs):
+                    out[t, k] = 0.0
+                continue
+            if mode == ACT_Q8_0:
+                # Q8_0: scale stored as f16, quants from the unrounded inverse
+                d = f16_round(amax / np.float32(127.0))
+                iscale = np.float32(127.0) / amax
+                for k in range(b0, b0 + bs):
+                    out[t, k] = np.float32(np.rint(x[t, k] * iscale)) * d
+            else:
+                # Q8_K: signed max maps to -127, float32 scale
+                iscale = np.float32(-127.0) / vmax
+                d = np.float32(1.0) / iscale
+                for k in range(b0, b0 + bs):
+                    q = min(np.float32(127.0), np.float32(np.rint(iscale * x[t, k])))
+                    out[t, k] = q * d
+
+
+@njit(cache=True)
+def quantize_row(mode, x, xq, dxb, bsum):
+    # x: (K,) f32 C-contiguous; mode: ACT_Q8_0 or ACT_Q8_K
+    # xq: (K,) f32 or int8 (for the integer kernel), the integer quants llama.cpp forms for its dot
+    #   products (all in [-127, 127])
+    # dxb: (K//16,) f32, the scale of each 16-element sub-block; bsum: (K//16,) f32, its sum of quants
+    # round_activations(mode, x) == xq * dxb (repeated over each sub-block), exactly.
+    # No fastmath: the scale's division and the rounding must be exactly llama.cpp's.
+    K = x.shape[0]
+    bits = x.view(np.uint32)
+    bs = 32 if mode == ACT_Q8_0 else 256
+    for b0 in range(0, K, bs):
+        # max |x| as the max of the magnitude bits: an integer reduction, which vectorizes
+        m = np.uint32(0)
+        for k in range(b0, b0 + bs):
+            m = max(m, bits[k] & np.uint32(0x7FFFFFFF))
+        d = np.float32(0.0)
+        if m == 0:
+            for k in range(b0, b0 + bs):
+                xq[k] = 0.0
+        elif mode == ACT_Q8_0:
+            amax = abs(x[b0])
+            for k in range(b0, b0 + bs):  # the value with those bits (x itself, so no bitcast needed)
+                if bits[k] & np.uint32(0x7FFFFFFF) == m:
+                    amax = abs(x[k])
+                    break
+            # scale stored as f16, quants from the unrounded inverse
+            d = f16_round(amax / np.float32(127.0))
+            iscale = np.float32(127.0) / amax
+            for k in range(b0, b0 + bs):
+                xq[k] = np.float32(np.rint(x[k] * iscale))
+        else:
+            vmax = x[b0]
+            for k in range(b0, b0 + bs):  # the first element of largest magnitude, with its sign
+                if bits[k] & np.uint32(0x7FFFFFFF) == m:
+                    vmax = x[k]
+                    break
+            # Q8_K: the signed maximum maps to -127, float32 scale
+            iscale = np.float32(-127.0) / vmax
+            d = np.float32(1.0) / iscale
+            for k in range(b0, b0 + bs):
+                xq[k] = min(np.float32(127.0), np.float32(np.rint(iscale * x[k])))
+        for j in range(b0 // 16, (b0 + bs) // 16):
+            dxb[j] = d
+            acc = np.float32(0.0)
+            for k in range(16 * j, 16 * j + 16):
+                acc += np.float32(xq[k])
+            bsum[j] = acc
+
+
+@njit(cache=True, parallel=True)
+def quantize_rows(mode, x, xq, dxb, bsum):
+    # quantize_row for every row: x (T, K) f32; xq (T, K) f32 or int8; dxb, bsum (T, K//16) f32
+    T = x.shape[0]
+    if T >= PAR_QUANT_MIN:
+        for t in prange(T):
+            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])
+    else:  # a parallel region costs more than quantizing a few rows
+        for t in range(T):
+            quantize_row(mode, x[t], xq[t], dxb[t], bsum[t])

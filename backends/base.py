@@ -24,6 +24,8 @@ class RunnerOptions:
     max_tokens: int = 512  # most tokens one forward pass takes
     gpu_layers: int = -1  # llama.cpp: layers offloaded to the GPU (-1: all)
     max_seqs: int = 0  # sequences the engine runs at once (0: not said); llama.cpp sizes its slots by it
+    mmap: bool = True  # False (--no-mmap): weights read into process memory, nothing read from the file later
+    mlock: bool = False  # --mlock: the weights pinned in RAM
 
 
 class KVPoolLike(Protocol):

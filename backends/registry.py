@@ -131,7 +131,7 @@ def create_runner(name: str, model, options: RunnerOptions = RunnerOptions()) ->
         from .cpu.transformer import CpuTransformer
 
         return CpuTransformer(model.config, model.weights, n_threads=options.n_threads or os.cpu_count(),
-                              max_tokens=options.max_tokens)
+                              max_tokens=options.max_tokens, mmap=options.mmap, mlock=options.mlock)
     if name == "mlx":
         from .mlx.transformer import MlxTransformer
 

@@ -25,6 +25,8 @@ def bench(
     threads: int = typer.Option(0, "--threads", "-t", help="CPU threads (0: all cores)."),
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
+    mmap: bool = opt.MMAP,
+    mlock: bool = opt.MLOCK,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     with reported():
@@ -34,7 +36,7 @@ def bench(
         from .run import _load
 
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
-                              backend=backend, gpu_layers=gpu_layers,
+                              backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)

@@ -45,6 +45,8 @@ def chat(
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
+    mmap: bool = opt.MMAP,
+    mlock: bool = opt.MLOCK,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
@@ -61,7 +63,7 @@ def chat(
         )
         interactive = sys.stdin.isatty()
         llm = _load(model, EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend,
-                                              gpu_layers=gpu_layers), quiet=not interactive)
+                                              gpu_layers=gpu_layers, mmap=mmap, mlock=mlock), quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:
             _answer_piped(conv, params, as_json, verbose)

@@ -16,3 +16,6 @@ THREADS = typer.Option(0, "--threads", help="CPU threads (0: all cores).")
 BACKEND = typer.Option("auto", "--backend", "-b",
                        help="cpu, mlx, llama.cpp, or auto (MLX on Apple Silicon, llama.cpp with a GPU build, else cpu).")
 GPU_LAYERS = typer.Option(-1, "--gpu-layers", "-ngl", help="llama.cpp backend: layers offloaded to the GPU (-1: all).")
+MMAP = typer.Option(True, "--mmap/--no-mmap",
+                    help="--no-mmap: read the weights into memory; nothing is read from the file after loading.")
+MLOCK = typer.Option(False, "--mlock", help="Pin the weights in RAM so the OS never pages them out.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from typing import List, Optional
 
 import typer
@@ -29,6 +30,8 @@ def run(
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
+    mmap: bool = opt.MMAP,
+    mlock: bool = opt.MLOCK,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:
@@ -47,7 +50,7 @@ def run(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers)
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock)
         llm = _load(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)
@@ -69,12 +72,16 @@ def _load(model_name: str | None, config, quiet: bool):
     console = Console(stderr=True)
     first = not kernels_compiled()
     msg = "Compiling kernels (first run only)…" if first else f"Loading {path.name}…"
-    if quiet or not console.is_terminal:
-        llm = LLM.load(path, config)
-    else:
-        with console.status(msg):
+    with warnings.catch_warnings(record=True) as caught:  # a backend's warnings (an --mlock refusal)
+        warnings.simplefilter("always", RuntimeWarning)
+        if quiet or not console.is_terminal:
             llm = LLM.load(path, config)
-            llm.runner.warmup()
+        else:
+            with console.status(msg):
+                llm = LLM.load(path, config)
+                llm.runner.warmup()
+    for w in caught:
+        sys.stderr.write(f"warning: {w.message}\n")
     if first:
         mark_kernels_compiled()
     return llm

@@ -30,6 +30,8 @@ def serve(
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
+    mmap: bool = opt.MMAP,
+    mlock: bool = opt.MLOCK,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
@@ -50,7 +52,7 @@ def serve(
         from .openai_server import ServerConfig, create_app
         from .run import _load
 
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers,
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path

@@ -50,6 +50,8 @@ class EngineConfig:
     kv_memory: int = 0  # bytes for the KV pool; 0: room for max_seqs sequences of n_ctx tokens
     block_size: int = BLOCK_SIZE
     prefix_cache: bool = True
+    mmap: bool = True  # --no-mmap sets False: weights read into memory, the file not read after loading
+    mlock: bool = False  # --mlock: weights pinned in RAM
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:

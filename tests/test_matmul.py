@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
+from infer.backends.cpu.qdot import EXPAND_MIN_TOKENS
 from infer.backends.cpu.repack import GROUP, pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
@@ -49,7 +50,7 @@ REPACKED = [t for t in TYPES if int(t) in GROUP]
 
 
 @pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
-@pytest.mark.parametrize("T", [1, 3, 4, 8, 13])
+@pytest.mark.parametrize("T", [1, 3, 4, 8, 13, 21])
 def test_integer_kernel_bit_identical(qtype, T):
     """Both kernels on every repackable type: the portable one, and where the CPU has one (AVX-512
     VNNI, AVX-512BW or AVX2), the integer-dot one, which must give the very same floats."""
@@ -73,8 +74,9 @@ def test_integer_kernel_bit_identical(qtype, T):
 @pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
 def test_batching_changes_no_result(qtype):
     """Each token's row of a batch is bit-identical to that token alone (decode and prefill
-    agree; the 4-token register tile and the 1-token one sum in the same order)."""
-    rows, n, T = 130, 768, 11  # a partial last tile
+    agree: the 4-token register tile and the 1-token one sum in the same order, and a batch of
+    EXPAND_MIN_TOKENS or more runs on tiles expanded to bytes, a single token on the planes)."""
+    rows, n, T = 130, 768, EXPAND_MIN_TOKENS + 5  # a partial last tile
     w = _weight(qtype, rows, n, seed=int(qtype) * 13)
     x = np.random.default_rng(7).normal(0, 1, size=(T, n)).astype(np.float32)
     ws = MatmulWorkspace(32, n, rows * n, 4)
@@ -88,9 +90,9 @@ def test_batching_changes_no_result(qtype):
             assert np.array_equal(one[0], batch[t])
 
 
-# Packed at the file's bits per weight: every byte of the packed planes is a byte of the file
-# (Q2_K and Q3_K keep their 2-bit planes in 4-bit lanes and are not listed).
-SAME_BYTES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q4_K, GT.Q5_K, GT.Q6_K]
+# Packed at the file's bits per weight: as many bytes as the file (all but Q3_K, whose 1-bit plane
+# is half used).
+SAME_BYTES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q4_K, GT.Q5_K, GT.Q6_K]
 
 
 @pytest.mark.parametrize("qtype", SAME_BYTES, ids=lambda t: t.name)
@@ -106,3 +108,58 @@ def test_portable_kernel_env(monkeypatch):
     assert not pack_stacked((w,)).int_kernel
     monkeypatch.delenv("INFER_PORTABLE_KERNEL")
     assert pack_stacked((w,)).int_kernel == INT_KERNEL
+
+
+def _avx2_build_features() -> str | None:
+    """LLVM features of this CPU with every AVX-512 extension (and AVX-VNNI) turned off, or None
+    when it has no AVX2: what numba would compile for an AVX2-only CPU."""
+    import llvmlite.binding as llvm
+
+    f = llvm.get_host_cpu_features()
+    if not f.get("avx2"):
+        return None
+    off = lambda k: k.startswith(("avx512", "avx10", "amx")) or k == "avxvnni"
+    return ",".join(("-" if off(k) else "+") + k for k, v in f.items() if v)
+
+
+_AVX2_CHECK = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from gguf import GGMLQuantizationType as GT
+from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
+from infer.backends.cpu.repack import pack_stacked
+from infer.backends.cpu.target import ISA
+from test_matmul import REPACKED, _reference, _weight
+assert ISA == "AVX2", ISA
+for qtype in REPACKED:
+    w = _weight(qtype, 130, 512, seed=int(qtype))
+    for T in (1, 5, 21):
+        x = np.random.default_rng(T).normal(0, 1, size=(T, 512)).astype(np.float32)
+        ref = _reference(qtype, w, x)
+        outs = []
+        for int_kernel in (True, False):
+            out = np.zeros((T, 130), np.float32)
+            qmatmul(pack_stacked((w,), int_kernel=int_kernel), x, out, MatmulWorkspace(32, 512, 0, 4))
+            np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+            outs.append(out)
+        assert np.array_equal(outs[0], outs[1]), qtype.name
+print("ok", ISA)
+"""
+
+
+@pytest.mark.skipif(_avx2_build_features() is None, reason="needs a CPU with AVX2")
+def test_avx2_kernel_in_an_avx2_build():
+    """The AVX2 kernel (vpmaddubsw/vpmaddwd), compiled as for a CPU without AVX-512 (numba's CPU
+    name and features set in a subprocess), on every packed type: bit-identical to the portable
+    kernel and within rounding of dequantize-then-multiply."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=_avx2_build_features())
+    p = subprocess.run([sys.executable, "-c", _AVX2_CHECK, str(Path(__file__).parent)], env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "ok AVX2" in p.stdout

@@ -66,6 +66,8 @@ class MatmulWorkspace:
         self.bsum = np.zeros(max_tokens * max_k // 16, np.float32)
         self.xi = np.zeros(max_tokens * max_k, np.int8)  # the same quants as int8, for the integer kernel
         self.acc = np.zeros((n_chunks, TT_MAX, NC), np.float32)
+        # one tile expanded to bytes per parallel chunk, for batches (qdot.expand_tile)
+        self.expanded = np.zeros((n_chunks, 1, 1, max_k * NC), np.uint8)
 
 
 def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 0) -> None:
@@ -75,7 +77,9 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
     if isinstance(w, PackedWeight):
         x = np.ascontiguousarray(x, np.float32)
         xq = ws.xi if w.int_kernel else ws.xq  # the integer kernel takes the activation quants as int8
-        matmul_packed(w.type_id, w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc)
+        L = w.layout
+        matmul_packed(w.type_id, w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc,
+                      L.lo_bits, L.hi_bits, L.group, ws.expanded)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

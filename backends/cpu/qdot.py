@@ -5,7 +5,7 @@ activations.py) and takes an integer dot product per weight block, scaled once b
 We do the same: the block dot is exact (small unsigned weight quants times 8-bit activation
 quants; every product and partial sum is an integer below 2**24, so exact in any order and in
 float32 as well as int32), so the only rounding is in the scaling and in the sum over blocks, and
-both kernels below, every batch size and every way of splitting a prompt give the same floats.
+every kernel below, every batch size and every way of splitting a prompt give the same floats.
 
 The weights stay at the file's bits per weight (LAYOUTS, packed by repack.py): each quant is
 stored as u = q + offset >= 0 in a low plane of 2, 4 or 8 bits and, for 5- and 6-bit types, a
@@ -17,15 +17,18 @@ as the file has them: f16 per block for the legacy types; for the K-quants the f
 scale (and min) per row plus the small integer sub-block scales (Q4_K and Q5_K: llama.cpp's 12
 packed bytes), multiplied out in the kernel exactly as infer.quant.dequant multiplies them.
 
-Two kernels, both explicit LLVM vector code (numba intrinsics, generic LLVM operations but for
-vpdpbusd), over a register tile of TT tokens x 64 rows:
-- AVX-512 VNNI (target.VNNI): vpdpbusd multiplies 4 unsigned weight bytes by 4 signed activation
-  bytes and adds them into an int32 lane; starting each lane at -offset * (the block's sum of
-  activation quants) leaves exactly the signed block dot.
-- Portable: the quants widened to float32 and multiplied by the 4 activations of their group,
+The kernels are explicit LLVM vector code (numba intrinsics: generic LLVM operations but for the
+x86 dot instructions), over a register tile of TT tokens x ROWS rows:
+- integer, with AVX-512 VNNI (target.VNNI): vpdpbusd multiplies 4 unsigned weight bytes by 4
+  signed activation bytes and adds them into an int32 lane; starting each lane at -offset * (the
+  block's sum of activation quants) leaves exactly the signed block dot;
+- integer, with AVX2 or AVX-512BW (target.MADD): the same sums from vpmaddubsw and vpmaddwd;
+- portable: the quants widened to float32 and multiplied by the 4 activations of their group,
   the 4 column lanes of each row added at the end of the block (exact integers), the offset term
   added; the same integer, then the same scaling operations in the same order.
-Both take the same layout; which one runs is chosen per weight when it is packed (repack.py).
+All take the same layout; which one runs is chosen per weight when it is packed (repack.py).
+Batches of EXPAND_MIN_TOKENS or more first expand each tile to bytes (expand_tile) and run all
+their tokens over that: the unpacking is paid once per tile instead of once per 4 tokens.
 
 The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
 its own file only, so code generated for it from another module would go stale unnoticed.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -42,7 +46,7 @@ from numba.extending import intrinsic
 from infer.quant import types as qt
 
 from .activations import quantize_rows
-from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float
+from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
 
 NC = 64  # rows per tile: 4 vectors of 16 lanes, enough independent work per column to hide latency
 TT_MAX = 4  # most tokens one pass of either kernel takes (the rows of the acc scratch)
@@ -93,6 +97,13 @@ LAYOUTS = {
     qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False),
 }
 
+# Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
+# the same u, the same scales, read as an 8-bit plane (Q8_0 is one already).
+EXPANDED = 256  # type_id + EXPANDED: that type's quants expanded to bytes
+BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, L.scales, L.has_min)
+                for t, L in LAYOUTS.items() if L.lo_bits < 8}
+EXPAND_MIN_TOKENS = 16  # from this many tokens on, expanding pays for itself
+
 W = VECTOR_WIDTH  # float32 lanes per vector
 VC = 4  # vectors per call: 4*W rows
 ROWS = VC * W  # rows one call covers (both kernels)
@@ -103,13 +114,6 @@ I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTy
 
 def _c64(v):
     return ir.Constant(I64, v)
-
-
-def _splat(builder, x, n):
-    """A scalar broadcast to an n-lane vector."""
-    vt = ir.VectorType(x.type, n)
-    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
 
 
 def _const(ty, n, v):
@@ -125,7 +129,7 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "r0", "xq", "t0", "dxb", "bsum", "a")
+_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
 _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
            "sc": (types.uint8, 3), "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
 
@@ -133,8 +137,8 @@ _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3
 class _Block:
     """IR for what both kernels do alike: a tile's quants and block scales for some rows."""
 
-    def __init__(self, builder, arrs, tile):
-        self.b, self.arrs, self.tile = builder, arrs, tile
+    def __init__(self, builder, arrs, tile, qtile):
+        self.b, self.arrs, self.tile, self.qtile = builder, arrs, tile, qtile
 
     def _load(self, name, elem_off, n, ty):
         arr = self.arrs[name]
@@ -149,7 +153,7 @@ class _Block:
     def plane(self, name, block_bytes, b_idx, group_byte, row, n):
         """n bytes (n/4 rows x 4 columns) of one byte-group of a plane of block b_idx."""
         bld, shape = self.b, self.arrs[name].shape
-        off = bld.add(bld.mul(bld.add(bld.mul(self.tile, shape[1]), b_idx), _c64(block_bytes)),
+        off = bld.add(bld.mul(bld.add(bld.mul(self.qtile, shape[1]), b_idx), _c64(block_bytes)),
                       bld.add(bld.mul(group_byte, _c64(NC * 4)), bld.mul(row, _c64(4))))
         return self._load(name, off, n, I8)
 
@@ -211,8 +215,11 @@ class _Block:
 
 
 def _make_dot(TT: int):
-    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a):
-    a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT.
+    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
+    a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT;
+    the tile's quants are tile `qtile` of lo and hi (0 for a tile expanded on its own, see
+    expand_tile), its scales tile `tile` of s, m and sc.  type_id + EXPANDED: the type's quants
+    expanded to bytes (BYTE_LAYOUTS).
 
     lo, hi: (NT, nb, bytes per block) uint8 planes (hi (0, 0, 0) when a type has none); s, m:
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
@@ -220,8 +227,8 @@ def _make_dot(TT: int):
     activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
     activation scales and quant sums per 16; a: (>= TT, NC) f32.
     """
-    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a):
-        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a)))
+    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
+        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)))
         for name, (dt, nd) in _ARRAYS.items():
             arr = args[name]
             if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
@@ -230,13 +237,13 @@ def _make_dot(TT: int):
                 and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
             return None
         kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
-        sig = types.void(type_id, lo, hi, s, m, sc, tile, r0, xq, t0, dxb, bsum, a)
+        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)
 
         def codegen(context, builder, signature, argv):
             st = signature.args
             arrs = {n: _Arr(context, builder, st[i], argv[i]) for i, n in enumerate(_ARGS) if n in _ARRAYS or n == "xq"}
-            tid, tile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 9))
-            _Kernel(builder, arrs, tile_, t0_, TT, kind).run(tid, r0_)
+            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 8, 10))
+            _Kernel(builder, arrs, tile_, qtile_, t0_, TT, kind).run(tid, r0_)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -247,10 +254,10 @@ def _make_dot(TT: int):
 class _Kernel:
     """Code generation of one call: ROWS rows from r0, TT tokens from t0, for every layout."""
 
-    def __init__(self, builder, arrs, tile, t0, TT, kind):
+    def __init__(self, builder, arrs, tile, qtile, t0, TT, kind):
         self.b, self.arrs, self.t0, self.TT, self.kind = builder, arrs, t0, TT, kind
         self.int = kind != "float"
-        self.blk = _Block(builder, arrs, tile)
+        self.blk = _Block(builder, arrs, tile, qtile)
         self.K = arrs["xq"].shape[1]
         self.K16 = arrs["dxb"].shape[1]
         mod = builder.module
@@ -293,7 +300,7 @@ class _Kernel:
                     bld.store(ir.Constant(vf, [0.0] * self.rw), p)
             sw = bld.switch(tid, bld.function.append_basic_block("unknown_type"))
             done = bld.function.append_basic_block("layout_done")
-            for type_id, L in LAYOUTS.items():
+            for type_id, L in (*LAYOUTS.items(), *BYTE_LAYOUTS.items()):
                 case = bld.function.append_basic_block(f"layout_{type_id}")
                 sw.add_case(ir.Constant(I64, type_id), case)
                 bld.position_at_end(case)
@@ -319,7 +326,7 @@ class _Kernel:
             dxs, bss = [], []
             for tt in range(TT):
                 di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), bld.mul(b_idx, _c64(L.group // 16)))
-                dxs.append(_splat(bld, bld.load(bld.gep(da.data, [di])), self.rw))
+                dxs.append(splat(bld, bld.load(bld.gep(da.data, [di])), self.rw))
                 bs = bld.load(bld.gep(ba.data, [di]))
                 if L.group == 32:
                     bs = bld.fadd(bs, bld.load(bld.gep(ba.data, [bld.add(di, _c64(1))])))
@@ -328,9 +335,9 @@ class _Kernel:
                     if self.int:
                         # u carries +offset: start from -offset * (sum of the block's activation
                         # quants); the madd kernel takes Q8_0's quants signed (see accumulate)
-                        off = 0 if self.kind == "madd" and L.lo_bits == 8 else L.offset
+                        off = 0 if self.kind == "madd" and L.offset == 128 else L.offset
                         init = bld.mul(bld.fptosi(bs, I32), ir.Constant(I32, -off))
-                        bld.store(_splat(bld, init, self.rw), p)
+                        bld.store(splat(bld, init, self.rw), p)
                     else:
                         bld.store(ir.Constant(ir.VectorType(F32, n), [0.0] * n), p)
             per = 8 // L.lo_bits
@@ -350,7 +357,7 @@ class _Kernel:
                     # as llama.cpp: one FMA of the exact block dot with the product of the two scales
                     a = self.fma(c, bld.fmul(s, dxs[tt]), bld.load(self.acc[tt][i]))
                     if m is not None:  # - min * (sum of the block's activation quants)
-                        a = self.fma(bld.fmul(m, dxs[tt]), _splat(bld, bld.fneg(bss[tt]), self.rw), a)
+                        a = self.fma(bld.fmul(m, dxs[tt]), splat(bld, bld.fneg(bss[tt]), self.rw), a)
                     bld.store(a, self.acc[tt][i])
 
     def madd(self, u, xs, L: Layout):
@@ -359,7 +366,7 @@ class _Kernel:
         saturate (2 * 63 * 127 < 2**15); Q8_0's u = q + 128 could, so it runs on |q| times xs
         with q's sign, as llama.cpp does (2 * 128 * 127 < 2**15), and its accumulator starts at 0."""
         bld, n = self.b, u.type.count
-        if L.lo_bits == 8:
+        if L.offset == 128:
             zero = _const(I8, n, 0)
             q = bld.xor(u, _const(I8, n, 0x80))
             neg = bld.icmp_signed("<", q, zero)
@@ -373,7 +380,7 @@ class _Kernel:
         bld = self.b
         if self.int:
             x4 = bld.load(bld.bitcast(bld.gep(xa.data, [xi]), I32.as_pointer()), align=1)
-            xs = bld.bitcast(_splat(bld, x4, self.rw), self.vb)
+            xs = bld.bitcast(splat(bld, x4, self.rw), self.vb)
             for i, u in enumerate(us):
                 acc = bld.load(self.iacc[tt][i])
                 if self.kind == "vnni":
@@ -400,7 +407,7 @@ class _Kernel:
         lane = lambda k: bld.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, rw), [4 * r + k for r in range(rw)]))
         c = bld.fadd(bld.fadd(lane(0), lane(1)), bld.fadd(lane(2), lane(3)))
         if L.offset:
-            c = bld.fadd(c, _splat(bld, bld.fmul(bs, ir.Constant(F32, -float(L.offset))), rw))
+            c = bld.fadd(c, splat(bld, bld.fmul(bs, ir.Constant(F32, -float(L.offset))), rw))
         return c
 
 
@@ -408,39 +415,80 @@ dot_rows_1 = _make_dot(1)  # decode: one token (memory-bound either way)
 dot_rows_4 = _make_dot(4)  # batches: four tokens share each loaded weight vector
 
 
+@njit(cache=True, inline="always")
+def _expand_plane(src, bits, low, group, out):
+    # src: (nb, bytes per block) one tile of a plane; out: (nb * group * NC,) uint8 in the 8-bit
+    # layout; ORs bits `low`.. of each u into out (low 0 overwrites)
+    per = 8 // bits
+    mask = np.uint8((1 << bits) - 1)
+    for b in range(src.shape[0]):
+        for j4 in range(group // 4):
+            i0 = (j4 // per) * NC * 4
+            sh = np.uint8(bits * (j4 % per))
+            o = (b * group + 4 * j4) * NC
+            # slices indexed from 0 by the loop: no negative-index checks, so the loop vectorizes
+            sv, ov = src[b, i0:i0 + NC * 4], out[o:o + NC * 4]
+            for ri in range(NC * 4):
+                v = ((sv[ri] >> sh) & mask) << np.uint8(low)
+                ov[ri] = v if low == 0 else ov[ri] | v
+
+
+@njit(cache=True)
+def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
+    # lo_t, hi_t: (nb, bytes per block) one tile's planes (hi_t unused without a high plane);
+    # out: (>= nb * group * NC,) uint8, the tile's u as BYTE_LAYOUTS has them
+    if lo_bits == 4:  # constant widths, so each inlined copy is specialized
+        _expand_plane(lo_t, 4, 0, group, out)
+    else:
+        _expand_plane(lo_t, 2, 0, group, out)
+    if hi_bits == 1:
+        _expand_plane(hi_t, 1, lo_bits, group, out)
+    elif hi_bits == 2:
+        _expand_plane(hi_t, 2, lo_bits, group, out)
+
+
 @njit(cache=True, parallel=True)
-def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc):
+def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
+                  hi_bits, group, expanded):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
-    #   (shapes in _make_dot's doc)
-    # xq_buf: (>= T*K,) int8 for the VNNI kernel, f32 for the portable one; dxb_buf, bsum_buf:
+    #   (shapes in _make_dot's doc), its layout's lo_bits, hi_bits and group
+    # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf, bsum_buf:
     #   (>= T*K/16,) f32 scratch for the quantized activations
-    # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk
+    # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk;
+    # expanded: (n_chunks, 1, 1, >= K*NC) uint8 scratch, one expanded tile per parallel chunk
     NT = lo.shape[0]
     T, K = x.shape
     xq = xq_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
     bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
     quantize_rows(mode, x, xq, dxb, bsum)
+    expand = T >= EXPAND_MIN_TOKENS and lo_bits < 8
+    tid = type_id + EXPANDED if expand else type_id
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
         a = acc[c]
+        qlo = expanded[c] if expand else lo
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
+            qtile = tile
+            if expand:
+                expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
+                qtile = 0
             r0 = tile * NC
             nr = min(NC, N - r0)
             t = 0
             while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
                 for v in range(0, NC, ROWS):
-                    dot_rows_4(type_id, lo, hi, s, m, sc, tile, v, xq, t, dxb, bsum, a)
+                    dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
                 for i in range(4):
                     for r in range(nr):
                         out[t + i, col0 + r0 + r] = a[i, r]
                 t += 4
             while t < T:
                 for v in range(0, NC, ROWS):
-                    dot_rows_1(type_id, lo, hi, s, m, sc, tile, v, xq, t, dxb, bsum, a)
+                    dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
                 for r in range(nr):
                     out[t, col0 + r0 + r] = a[0, r]
                 t += 1

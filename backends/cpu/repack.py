@@ -16,11 +16,12 @@ reductions), in the planes qdot.LAYOUTS describes:
   sub-block for Q2_K, Q3_K and Q6_K -- Q3_K's 6-bit ones unpacked; llama.cpp's 12 packed bytes
   per super-block for Q4_K and Q5_K).
 
-The packed weight costs the file's bits per weight (Q4_K: 4.5, Q6_K: 6.5625, Q8_0: 8.5), and
-its scale products are formed as `infer.quant.dequant` forms them, so the kernels' result equals
-dequantize-then-dot.  Weights that take the same input and have the same type can be stacked
+The packed weight costs the file's bits per weight (Q4_K: 4.5, Q6_K: 6.5625, Q8_0: 8.5; only
+Q3_K's 1-bit plane is half used: 4.56 against 3.44), and its scale products are formed as
+`infer.quant.dequant` forms them, so the kernels' result equals dequantize-then-dot.  Weights that take the same input and have the same type can be stacked
 into one matrix (Q, K and V; gate and up), so one call computes them side by side.  Repacking is
-a parallel pass over the tensor, done once by whoever runs the weights.
+a parallel pass over the tensor, done once by whoever runs the weights, CHUNK_TILES tiles at a
+time so that the file's pages of each chunk can be released as soon as it is packed.
 """
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ from numba import njit, prange
 
 from infer.quant import types as qt
 from infer.quant.kquants import q3_scale
+from infer.quant.tensor import release_mapped
 
 from .activations import ACT_ROUNDING
 from .qdot import LAYOUTS, NC, SC_F16, SC_K4, Layout
 from .target import INT_KERNEL
 
-GROUP = {t: L.group for t, L in LAYOUTS.items()}  # elements per block scale of each repackable type
+GROUP = {t: L.group for t, L in LAYOUTS.items()}
+CHUNK_TILES = 64  # tiles packed per call (4096 rows): the most of a tensor's file pages resident at once  # elements per block scale of each repackable type
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,7 +65,7 @@ class PackedWeight:
         return self.lo.nbytes + self.hi.nbytes + self.s.nbytes + self.m.nbytes + self.sc.nbytes
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def unpack_row(type_id, src, q):
     # src: (row_bytes,) uint8, one raw row; q: (K,) int8, its signed quants (weight = scale * q - min)
     K = q.shape[0]
@@ -124,6 +127,31 @@ def unpack_row(type_id, src, q):
                                 q[t + l] = (lo | (hi << 4)) - 32
 
 
+@njit(cache=True)
+def unpack_typed(type_id, src, q):
+    # unpack_row with the type a constant in each inlined copy (its inner loops then specialize)
+    if type_id == qt.Q4_K:
+        unpack_row(qt.Q4_K, src, q)
+    elif type_id == qt.Q6_K:
+        unpack_row(qt.Q6_K, src, q)
+    elif type_id == qt.Q5_K:
+        unpack_row(qt.Q5_K, src, q)
+    elif type_id == qt.Q8_0:
+        unpack_row(qt.Q8_0, src, q)
+    elif type_id == qt.Q4_0:
+        unpack_row(qt.Q4_0, src, q)
+    elif type_id == qt.Q5_0:
+        unpack_row(qt.Q5_0, src, q)
+    elif type_id == qt.Q4_1:
+        unpack_row(qt.Q4_1, src, q)
+    elif type_id == qt.Q5_1:
+        unpack_row(qt.Q5_1, src, q)
+    elif type_id == qt.Q3_K:
+        unpack_row(qt.Q3_K, src, q)
+    else:
+        unpack_row(qt.Q2_K, src, q)
+
+
 @njit(cache=True, inline="always")
 def _u16(src, o):
     return np.uint16(np.int32(src[o]) | (np.int32(src[o + 1]) << 8))
@@ -165,6 +193,24 @@ def row_scales(type_id, src, s, m, sc):
                 sc[16 * b + i] = src[o + 192 + i]
 
 
+@njit(cache=True, inline="always")
+def write_plane(tq, b, group, offset, bits, low, out):
+    # tq: (NC, K) int8 quants of a tile's rows; out: (bytes per block,) uint8, block b of the tile in
+    # a plane of `bits` bits holding bits low.. of u = q + offset (module doc), each byte written once
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    n_groups = group // 4
+    for pg in range(out.shape[0] // (NC * 4)):
+        for r in range(NC):
+            for i in range(4):
+                v = 0
+                for k in range(per):
+                    j4 = pg * per + k
+                    if j4 < n_groups:
+                        v |= (((np.int32(tq[r, b * group + 4 * j4 + i]) + offset) >> low) & mask) << (bits * k)
+                out[(pg * NC + r) * 4 + i] = v
+
+
 @njit(cache=True, parallel=True)
 def pack_rows(type_id, group, lo_bits, hi_bits, offset, has_m, has_sc, raw, lo, hi, s, m, sc, rq, rs, rm, rsc):
     # raw: (N, row_bytes) uint8; lo, hi, s, m, sc: the planes of ceil(N / NC) tiles (module doc;
@@ -174,36 +220,30 @@ def pack_rows(type_id, group, lo_bits, hi_bits, offset, has_m, has_sc, raw, lo, 
     N = raw.shape[0]
     NT, nb = lo.shape[0], lo.shape[1]
     n_chunks = rq.shape[0]
-    per_lo = 8 // lo_bits
-    per_hi = 8 // hi_bits if hi_bits else 1
-    lo_mask = (1 << lo_bits) - 1
     for c in prange(n_chunks):
         tq, ts, tm, tsc = rq[c], rs[c], rm[c], rsc[c]
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
             for r in range(NC):
                 row = tile * NC + r
                 if row < N:
-                    unpack_row(type_id, raw[row], tq[r])
+                    unpack_typed(type_id, raw[row], tq[r])
                     row_scales(type_id, raw[row], ts[r], tm[r], tsc[r])
                 else:  # padding rows: zero weights, zero scales
                     tq[r, :] = -offset  # u = 0 (keeps u in range; the zero scale makes it 0 anyway)
                     ts[r, :] = 0
                     tm[r, :] = 0
                     tsc[r, :] = 0
-            lt, ht = lo[tile], hi[tile]
-            lt[:, :] = 0
-            if hi_bits:
-                ht[:, :] = 0
-            for b in range(nb):
-                for j4 in range(group // 4):
-                    pl, sl = j4 // per_lo, lo_bits * (j4 % per_lo)
-                    ph, sh = j4 // per_hi, hi_bits * (j4 % per_hi)
-                    for r in range(NC):
-                        for i in range(4):
-                            u = np.int32(tq[r, b * group + 4 * j4 + i]) + offset
-                            lt[b, (pl * NC + r) * 4 + i] |= np.uint8((u & lo_mask) << sl)
-                            if hi_bits:
-                                ht[b, (ph * NC + r) * 4 + i] |= np.uint8((u >> lo_bits) << sh)
+            for b in range(nb):  # constant bit widths in each call, so each inlined copy is specialized
+                if lo_bits == 4:
+                    write_plane(tq, b, group, offset, 4, 0, lo[tile, b])
+                elif lo_bits == 2:
+                    write_plane(tq, b, group, offset, 2, 0, lo[tile, b])
+                else:
+                    write_plane(tq, b, group, offset, 8, 0, lo[tile, b])
+                if hi_bits == 1:
+                    write_plane(tq, b, group, offset, 1, lo_bits, hi[tile, b])
+                elif hi_bits == 2:
+                    write_plane(tq, b, group, offset, 2, lo_bits, hi[tile, b])
             for x in range(s.shape[1]):
                 for r in range(NC):
                     s[tile, x, r] = ts[r, x]
@@ -233,17 +273,19 @@ def use_int_kernel() -> bool:
     return INT_KERNEL and os.environ.get("INFER_PORTABLE_KERNEL", "") in ("", "0")
 
 
-def pack_stacked(ws, int_kernel: bool | None = None) -> PackedWeight | None:
+def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> PackedWeight | None:
     """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be.
-    int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs target.INT_KERNEL."""
+    int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs target.INT_KERNEL.
+    release: drop each chunk's pages of a mapped file once packed (quant.tensor.release_mapped),
+    so a tensor and its packed copy are never resident together."""
     ws = tuple(ws)
     if not stackable(ws):
         return None
     int_kernel = use_int_kernel() if int_kernel is None else bool(int_kernel)
     if int_kernel and not INT_KERNEL:
         raise ValueError("the integer kernel needs a CPU with AVX-512 VNNI, AVX-512BW or AVX2")
-    t0 = ws[0].type_id
-    L, K = LAYOUTS[t0], ws[0].shape[-1]
+    t0_type = ws[0].type_id
+    L, K = LAYOUTS[t0_type], ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
     nt, nb, nsb = sum(nts), K // L.group, K // 256
     legacy = L.scales == SC_F16
@@ -261,8 +303,14 @@ def pack_stacked(ws, int_kernel: bool | None = None) -> PackedWeight | None:
     rsc = np.zeros((n_chunks, NC, ys), np.uint8)
     a = 0
     for w, n in zip(ws, nts):
-        part = lambda arr, present: arr[a:a + n] if present else arr
-        pack_rows(t0, L.group, L.lo_bits, L.hi_bits, L.offset, L.has_min, not legacy, w.raw, lo[a:a + n],
-                  part(hi, L.hi_bits > 0), s[a:a + n], part(m, L.has_min), part(sc, not legacy), rq, rs, rm, rsc)
+        for t0 in range(0, n, CHUNK_TILES):  # a chunk at a time, its pages of the file released after
+            t1 = min(n, t0 + CHUNK_TILES)
+            part = lambda arr, present: arr[a + t0:a + t1] if present else arr
+            rows = w.raw[t0 * NC:t1 * NC]
+            pack_rows(t0_type, L.group, L.lo_bits, L.hi_bits, L.offset, L.has_min, not legacy, rows,
+                      lo[a + t0:a + t1], part(hi, L.hi_bits > 0), s[a + t0:a + t1], part(m, L.has_min),
+                      part(sc, not legacy), rq, rs, rm, rsc)
+            if release:
+                release_mapped(rows)
         a += n
-    return PackedWeight(t0, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[t0], int_kernel)
+    return PackedWeight(t0_type, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[t0_type], int_kernel)

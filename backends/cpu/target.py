@@ -62,9 +62,8 @@ def half_to_float(builder, bits):
     return builder.bitcast(builder.or_(builder.bitcast(val, i32), sign), f32)
 
 
-def splat(builder, x):
-    """A float32 scalar broadcast to <VECTOR_WIDTH x float>."""
-    vf = ir.VectorType(ir.FloatType(), VECTOR_WIDTH)
-    v = builder.insert_element(ir.Constant(vf, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    lanes = ir.Constant(ir.VectorType(ir.IntType(32), VECTOR_WIDTH), [0] * VECTOR_WIDTH)
-    return builder.shuffle_vector(v, ir.Constant(vf, ir.Undefined), lanes)
+def splat(builder, x, n: int = VECTOR_WIDTH):
+    """A scalar (float32 or integer) broadcast to an n-lane vector (default: VECTOR_WIDTH)."""
+    vt = ir.VectorType(x.type, n)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))

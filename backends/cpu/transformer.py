@@ -12,18 +12,21 @@ Python dispatch is a noticeable part of the time, so fewer, larger calls pay.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
 from infer.backends.batch import Batch
+from infer.quant.tensor import QTensor
 
 from .attention import attention
 from .kv_pool import KVPool, SequenceKV
 from .matmul import MatmulWorkspace, qmatmul
 from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
-from .repack import GROUP, pack_stacked
+from .memlock import mlock_arrays
+from .repack import GROUP, PackedWeight, pack_stacked
 from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
@@ -31,21 +34,25 @@ _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
 
 
 def _packed(ws):
-    """pack_stacked(ws), the sources' pages of the mapped file released once packed (one copy
-    of the weights in memory), or None."""
-    p = pack_stacked(ws)
-    if p is not None:
-        for w in ws:
-            w.release()
-    return p
+    """pack_stacked(ws), the sources' pages of the mapped file released as they are packed (one
+    copy of the weights in memory), or None."""
+    return pack_stacked(ws, release=True)
 
 
-def _pack(w):
-    """The repacked form of a QTensor, or the QTensor itself for types kept as they are."""
-    return _packed((w,)) or w
+def _in_memory(w: QTensor) -> QTensor:
+    """A QTensor read on every step, copied out of the file mapping (--no-mmap)."""
+    copy = QTensor(w.type_id, w.shape, np.array(w.raw))
+    w.release()
+    return copy
 
 
-def _products(*ws) -> list[tuple[object, int]]:
+def _pack(w, mmap: bool):
+    """The repacked form of a QTensor, or for types kept as they are the QTensor itself (a copy
+    in memory unless mmap)."""
+    return _packed((w,)) or (w if mmap else _in_memory(w))
+
+
+def _products(ws, mmap: bool) -> list[tuple[object, int]]:
     """(weight, first output column) pairs computing the weights' products side by side: one
     stacked packed matrix if possible, else each weight (packed, or kept as it is) on its own."""
     stacked = _packed(ws)
@@ -53,13 +60,19 @@ def _products(*ws) -> list[tuple[object, int]]:
         return [(stacked, 0)]
     out, col = [], 0
     for w in ws:
-        out.append((_pack(w), col))
+        out.append((_pack(w, mmap), col))
         col += w.raw.shape[0]
     return out
 
 
+def _arrays(w) -> list[np.ndarray]:
+    """The arrays a prepared weight (packed or a QTensor) keeps."""
+    return [w.lo, w.hi, w.s, w.m, w.sc] if isinstance(w, PackedWeight) else [w.raw]
+
+
 def _vec(a) -> np.ndarray:
-    return _NONE if a is None else np.ascontiguousarray(a, np.float32)
+    """A norm weight or bias as float32, copied out of the file mapping (a few KB)."""
+    return _NONE if a is None else np.array(a, np.float32)
 
 
 @dataclass
@@ -81,10 +94,10 @@ class _Layer:
     k_norm: np.ndarray
 
     @classmethod
-    def prepare(cls, lw) -> "_Layer":
+    def prepare(cls, lw, mmap: bool) -> "_Layer":
         return cls(
-            qkv=_products(lw.wq, lw.wk, lw.wv), wo=_pack(lw.wo),
-            gate_up=_products(lw.w_gate, lw.w_up), down=_pack(lw.w_down),
+            qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=_pack(lw.wo, mmap),
+            gate_up=_products((lw.w_gate, lw.w_up), mmap), down=_pack(lw.w_down, mmap),
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
@@ -121,7 +134,8 @@ class CpuTransformer:
 
     backend = "cpu"
 
-    def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK):
+    def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
+                 mmap: bool = True, mlock: bool = False):
         self.cfg = config
         self.w = weights
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
@@ -132,9 +146,17 @@ class CpuTransformer:
             np.ascontiguousarray(weights.rope_freqs, np.float32) if weights.rope_freqs is not None
             else np.ones(half, np.float32)
         )
-        # Weights repacked once for the matrix kernels; this runner owns the copies.
-        self.layers = [_Layer.prepare(lw) for lw in weights.layers]
-        self.output = _pack(weights.output)
+        # Weights repacked once for the matrix kernels; this runner owns the copies.  Unless mmap,
+        # what it would read from the file mapping on every step is copied into memory as well.
+        self.layers = [_Layer.prepare(lw, mmap) for lw in weights.layers]
+        self.output = _pack(weights.output, mmap)
+        self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
+        if mlock:  # as llama.cpp: a refusal is a warning, the model runs unpinned
+            try:
+                mlock_arrays([a for lay in self.layers for w in (*(p for p, _ in lay.qkv + lay.gate_up), lay.wo, lay.down)
+                              for a in _arrays(w)] + _arrays(self.output) + _arrays(self.token_embd))
+            except OSError as e:
+                warnings.warn(str(e.strerror or e), RuntimeWarning, stacklevel=2)
         self.output_norm = _vec(weights.output_norm)
         # Largest float (unpacked) body weight: the dense buffer of their prefill path.
         body = [t for lw in weights.layers for t in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]
@@ -208,7 +230,7 @@ class CpuTransformer:
         x, xn = ws.x[:T], ws.xn[:T]
         pos = batch.positions
 
-        emb = self.w.token_embd
+        emb = self.token_embd
         embed(emb.type_id, emb.raw, batch.tokens, np.float32(cfg.embed_scale), x)
         tr = self.trace
         if tr:

@@ -118,6 +118,8 @@ class LlamaCppRunner:
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = options.gpu_layers  # negative: every layer
+        params.use_mmap = options.mmap
+        params.use_mlock = options.mlock
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             raise BackendError(f"{self.path}: llama.cpp could not load this model (is llama-cpp-python too old "

@@ -1,0 +1,348 @@
+"""infer against llama.cpp's native llama-bench and llama-server on random-weight GGUFs of real model shapes.
+
+Random weights run at real speed: what decode and prefill cost depends on the shapes and the
+storage types, not on the values.  For each shape the script writes an F16 GGUF with gguf's
+writer (weights ~ N(0, 0.02), a SentencePiece-style vocabulary of the real size), quantizes it
+with llama.cpp's own llama_model_quantize (llama-cpp-python) to each type, and measures on the
+same file, with the same threads, one program after the other:
+
+- pp512 / tg128: `llama-bench -p 512 -n 128` against `infer bench -p 512 -n 128` (tok/s, mean of
+  the repetitions), and each program's peak RSS;
+- load: start-to-first-token of `llama-server` against `infer serve` (both -c 4096, one slot, one
+  1-token completion of a short prompt, timed from process start), and each server's peak RSS.
+
+Files are cached in $INFER_BENCH_CACHE (default ~/.cache/infer-bench): llama.cpp's programs are
+built there once by scripts/build_llama_bench.sh (about 7 minutes), models once per shape and type.
+Results are appended to a JSON-lines file as they come and printed as one table at the end.
+
+    python scripts/bench_shapes.py [--shapes deepseek-r1-qwen-1.5b,...] [--types Q4_K_M,Q8_0]
+        [--threads 2] [--repetitions 2] [--no-load] [--embedded] [--out results.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("INFER_BENCH_CACHE", Path.home() / ".cache" / "infer-bench"))
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_vocab: int
+    tied: bool  # output projection shares the token embedding
+    rope_base: float
+
+
+# The real models' hyperparameters (their config.json), with random weights.
+SHAPES = {
+    "qwen2.5-0.5b": Shape("qwen2", 896, 4864, 24, 14, 2, 151936, True, 1e6),
+    "llama-3.2-1b": Shape("llama", 2048, 8192, 16, 32, 8, 128256, True, 5e5),
+    "deepseek-r1-qwen-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, False, 1e4),
+    "llama-3.2-3b": Shape("llama", 3072, 8192, 28, 24, 8, 128256, True, 5e5),
+    "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 1e6),
+}
+# llama.cpp's llama_ftype of each target type
+FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7}
+
+
+def write_f16(shape: Shape, path: Path) -> None:
+    """The shape as an F16 GGUF, streamed tensor by tensor (a 7B never sits in memory whole)."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    pool = (rng.standard_normal(1 << 24) * 0.02).astype(np.float16)
+    D, F, H, Hkv = shape.n_embd, shape.n_ff, shape.n_head, shape.n_head_kv
+    hd = D // H
+    tensors: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (shape.n_vocab, D), True),
+                                                       ("output_norm.weight", (D,), False)]
+    if not shape.tied:
+        tensors.append(("output.weight", (shape.n_vocab, D), True))
+    for i in range(shape.n_layer):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
+                    (p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
+                    (p + "attn_output.weight", (D, H * hd), True), (p + "ffn_norm.weight", (D,), False),
+                    (p + "ffn_gate.weight", (F, D), True), (p + "ffn_up.weight", (F, D), True),
+                    (p + "ffn_down.weight", (D, F), True)]
+        if shape.arch == "qwen2":
+            tensors += [(p + "attn_q.bias", (H * hd,), False), (p + "attn_k.bias", (Hkv * hd,), False),
+                        (p + "attn_v.bias", (Hkv * hd,), False)]
+    tmp = path.with_suffix(".partial")
+    w = gguf.GGUFWriter(str(tmp), shape.arch)
+    w.add_name(path.stem)
+    w.add_context_length(4096)
+    w.add_embedding_length(D)
+    w.add_block_count(shape.n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_freq_base(shape.rope_base)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(1)  # MOSTLY_F16
+    add_vocab(w, shape.n_vocab)
+    for name, shp, matrix in tensors:
+        dt = np.float16 if matrix else np.float32
+        w.add_tensor_info(name, shp, np.dtype(dt), int(np.prod(shp)) * np.dtype(dt).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shp, matrix in tensors:
+        n = int(np.prod(shp))
+        if not matrix:
+            a = np.ones(n, np.float32) if name.endswith("norm.weight") else np.zeros(n, np.float32)
+        else:
+            a = np.empty(n, np.float16)
+            for s in range(0, n, 1 << 22):
+                m = min(1 << 22, n - s)
+                o = int(rng.integers(0, pool.size - m))
+                a[s:s + m] = pool[o:o + m]
+        w.write_tensor_data(a.reshape(shp))
+    w.close()
+    tmp.rename(path)
+
+
+def add_vocab(w, n_vocab: int) -> None:
+    """A SentencePiece-style vocabulary of n_vocab distinct pieces (byte fallback, BOS 1, EOS 2)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+
+    def word(i: int) -> str:
+        s = ""
+        while True:
+            s += letters[i % 26]
+            i //= 26
+            if i == 0:
+                return s
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    n_special = len(tokens)
+    tokens += ["\u2581" + word(i) for i in range(n_vocab - n_special)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_special + [-float(j) for j in range(n_vocab - n_special)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - n_special))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+def model_file(name: str, qtype: str, threads: int) -> Path:
+    """The shape quantized to qtype by llama.cpp, written (and cached) if missing."""
+    d = CACHE / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / f"{name}-{qtype}.gguf"
+    if out.exists():
+        return out
+    src = d / f"{name}-F16.gguf"
+    if not src.exists():
+        print(f"writing {src} ...", file=sys.stderr, flush=True)
+        write_f16(SHAPES[name], src)
+    import llama_cpp
+
+    print(f"quantizing {out.name} with llama_model_quantize ...", file=sys.stderr, flush=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[qtype]
+    params.nthread = threads
+    tmp = out.with_suffix(".partial")
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+        raise SystemExit(f"llama_model_quantize failed for {out.name}")
+    tmp.rename(out)
+    return out
+
+
+def measured(cmd: list[str], env=None) -> tuple[str, float]:
+    """Run cmd in a wrapper that reports the peak RSS of cmd alone; (stdout, peak RSS MB)."""
+    wrapper = ("import os,resource,subprocess,sys; p=subprocess.run(sys.argv[1:]); "
+               "r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+               "sys.stderr.write(f'\\nPEAK_RSS_KB {r}\\n'); sys.exit(p.returncode)")
+    p = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
+    kb = [int(line.split()[1]) for line in p.stderr.splitlines() if line.startswith("PEAK_RSS_KB")][-1]
+    return p.stdout, kb / 1024
+
+
+def llama_bench(binary: Path, model: Path, threads: int, reps: int) -> dict:
+    out, rss = measured([str(binary), "-m", str(model), "-p", "512", "-n", "128", "-t", str(threads),
+                         "-r", str(reps), "-o", "json"])
+    rows = json.loads(out)
+    pp = next(r for r in rows if r["n_prompt"] == 512 and r["n_gen"] == 0)
+    tg = next(r for r in rows if r["n_gen"] == 128 and r["n_prompt"] == 0)
+    return {"pp512": pp["avg_ts"], "tg128": tg["avg_ts"], "rss_mb": rss}
+
+
+def infer_bench(model: Path, threads: int, reps: int) -> dict:
+    out, rss = measured([sys.executable, "-m", "infer.cli", "bench", str(model), "-p", "512", "-n", "128",
+                         "-t", str(threads), "-r", str(reps), "--backend", "cpu", "--json"])
+    row = json.loads(out.strip().splitlines()[-1])
+    return {"pp512": row["prefill_tok_s"], "tg128": row["decode_tok_s"], "rss_mb": rss,
+            "kv_mb": row["kv_pool_bytes"] / 2**20}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def first_token(cmd: list[str], port: int, path: str, body: dict) -> dict:
+    """Start a server, wait for it to answer, time one 1-token completion from the start; stop it."""
+    wrapper = ("import resource,signal,subprocess,sys; p=subprocess.Popen(sys.argv[1:]); "
+               "signal.signal(signal.SIGTERM, lambda *a: p.terminate()); p.wait(); "
+               "sys.stderr.write(f'\\nPEAK_RSS_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')")
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", wrapper, *cmd], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        while True:
+            if p.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited: {p.stderr.read()[-2000:]}")
+            try:
+                _post(f"http://127.0.0.1:{port}{path}", body)
+                break
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        ttft = time.perf_counter() - t0
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+    kb = [int(line.split()[1]) for line in err.splitlines() if line.startswith("PEAK_RSS_KB")]
+    return {"first_token_s": ttft, "rss_mb": kb[-1] / 1024 if kb else float("nan")}
+
+
+def load_times(server: Path, model: Path, threads: int) -> tuple[dict, dict]:
+    body = {"prompt": "The capital of France is", "max_tokens": 1, "n_predict": 1, "temperature": 0}
+    port = _free_port()
+    ref = first_token([str(server), "-m", str(model), "-t", str(threads), "-c", "4096", "-np", "1",
+                       "--port", str(port), "--no-webui"], port, "/completion", body)
+    port = _free_port()
+    ours = first_token([sys.executable, "-m", "infer.cli", "serve", str(model), "--port", str(port),
+                        "--threads", str(threads), "--ctx", "4096", "--parallel", "1", "--backend", "cpu"],
+                       port, "/v1/completions", body)
+    return ref, ours
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weight bytes one decode step reads: every tensor but the token embedding (one row of it),
+    unless the output projection is the embedding itself."""
+    from infer.models.gguf_file import read_gguf
+
+    t = read_gguf(path).tensors
+    return sum(x.raw.nbytes for x in t.values()) - (t["token_embd.weight"].raw.nbytes if "output.weight" in t else 0)
+
+
+def read_bandwidth(threads: int) -> float:
+    """GB/s this machine streams from memory with `threads` threads (a sum over 1 GiB): the
+    ceiling for decode, which reads every weight once per token."""
+    import numba
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True)
+    def rsum(a, out):
+        for c in prange(a.shape[0]):
+            s = np.float32(0)
+            for i in range(a.shape[1]):
+                s += a[c, i]
+            out[c] = s
+
+    numba.set_num_threads(threads)
+    a = np.ones((64, 2**28 // 64), np.float32)
+    out = np.zeros(64, np.float32)
+    rsum(a, out)
+    best = min(_timed(rsum, a, out) for _ in range(5))
+    return a.nbytes / best / 1e9
+
+
+def _timed(f, *args) -> float:
+    t = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--types", default=",".join(FTYPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repetitions", type=int, default=2)
+    ap.add_argument("--no-load", action="store_true", help="skip the servers' start-to-first-token runs")
+    ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
+    ap.add_argument("--out", default="bench_shapes.jsonl")
+    a = ap.parse_args(argv)
+    bins = Path(subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_bench.sh")], check=True,
+                               capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    jobs = []
+    if a.embedded:
+        from infer.models.default import default_model_path
+
+        jobs.append(("gemma3-270m (embedded)", "Q4_K_M", default_model_path()))
+    for name in a.shapes.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+        for qtype in a.types.split(","):
+            if qtype not in FTYPES:
+                raise SystemExit(f"unknown type {qtype!r}; known: {', '.join(FTYPES)}")
+            jobs.append((name, qtype, None))
+    results = []
+    bandwidth = read_bandwidth(a.threads)
+    print(f"memory read bandwidth, {a.threads} threads: {bandwidth:.1f} GB/s", file=sys.stderr, flush=True)
+    for name, qtype, path in jobs:
+        path = path or model_file(name, qtype, a.threads)
+        row = {"shape": name, "type": qtype, "file_mb": path.stat().st_size / 2**20, "threads": a.threads,
+               "gb_per_token": bytes_per_token(path) / 1e9, "read_gb_s": bandwidth}
+        print(f"{name} {qtype}: llama-bench ...", file=sys.stderr, flush=True)
+        row["llama"] = llama_bench(bins / "llama-bench", path, a.threads, a.repetitions)
+        print(f"{name} {qtype}: infer bench ...", file=sys.stderr, flush=True)
+        row["infer"] = infer_bench(path, a.threads, a.repetitions)
+        if not a.no_load:
+            print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
+            row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads)
+        results.append(row)
+        with open(a.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(table([row]), file=sys.stderr, flush=True)
+    print(f"memory read bandwidth, {a.threads} threads: {bandwidth:.1f} GB/s")
+    print(table(results))
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| model | file MiB | pp512 llama.cpp | pp512 infer | ratio | tg128 llama.cpp | tg128 infer | ratio "
+            "| decode GB/s llama.cpp / infer | bench RSS MiB llama.cpp / infer (KV) | serve RSS MiB llama.cpp / infer "
+            "| first token s llama.cpp / infer |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lb, ib = r["llama"], r["infer"]
+        srv = (f"{r['llama_server']['rss_mb']:.0f} / {r['infer_serve']['rss_mb']:.0f}",
+               f"{r['llama_server']['first_token_s']:.2f} / {r['infer_serve']['first_token_s']:.2f}") \
+            if "infer_serve" in r else ("", "")
+        lines.append(f"| {r['shape']} {r['type']} | {r['file_mb']:.0f} | {lb['pp512']:.1f} | {ib['pp512']:.1f} | "
+                     f"{ib['pp512'] / lb['pp512']:.2f}x | {lb['tg128']:.1f} | {ib['tg128']:.1f} | "
+                     f"{ib['tg128'] / lb['tg128']:.2f}x | {lb['tg128'] * r['gb_per_token']:.1f} / "
+                     f"{ib['tg128'] * r['gb_per_token']:.1f} | {lb['rss_mb']:.0f} / {ib['rss_mb']:.0f} ({ib['kv_mb']:.0f}) | "
+                     f"{srv[0]} | {srv[1]} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

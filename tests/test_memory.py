@@ -1,0 +1,97 @@
+"""One copy of the weights in memory: the CPU runner's packed tensors leave the file mapping,
+--no-mmap reads nothing from the file after loading, --mlock pins the weights."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infer.backends.cpu.repack import PackedWeight
+from infer.backends.cpu.transformer import CpuTransformer
+from infer.models.loader import load_model
+
+linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
+
+
+def _mapping_rss(a: np.ndarray) -> int:
+    """Resident bytes of the file mapping that holds array `a` (this model's map of the file,
+    whatever other tests mapped)."""
+    addr = a.__array_interface__["data"][0]
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("Rss:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError("no mapping holds the array")
+
+
+def _is_mapped(a: np.ndarray) -> bool:
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = a.base
+    return False
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _logits(runner, ids) -> np.ndarray:
+    return runner.forward(np.asarray(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
+
+
+IDS = [2, 818, 5279, 529, 7001, 563, 236761]
+
+
+@linux
+def test_packed_tensors_leave_the_mapping(gemma_path):
+    """After loading, the file's pages of every repacked tensor are released: what stays resident
+    of the mapping is a small part of the file (norms; embedding rows looked up), not a copy."""
+    model = load_model(gemma_path)
+    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    size = gemma_path.stat().st_size
+    _logits(runner, IDS)
+    assert _mapping_rss(model.weights.output.raw) < 0.05 * size
+    assert isinstance(runner.output, PackedWeight)
+
+
+@linux
+def test_no_mmap_same_logits_and_no_file_pages(gemma_path):
+    model = load_model(gemma_path)
+    ref = _logits(CpuTransformer(model.config, model.weights, n_threads=2), IDS)
+    model = load_model(gemma_path)
+    runner = CpuTransformer(model.config, model.weights, n_threads=2, mmap=False)
+    before = _mapping_rss(model.weights.output.raw)
+    assert np.array_equal(_logits(runner, IDS), ref)
+    # the forward pass touched no page of the file: every array the runner reads is its own
+    assert _mapping_rss(model.weights.output.raw) <= before
+    kept = [runner.token_embd.raw, runner.output_norm, *(a for lay in runner.layers for a in vars(lay).values()
+                                                          if isinstance(a, np.ndarray))]
+    assert not any(_is_mapped(a) for a in kept)
+
+
+@linux
+def test_mlock_pins_the_weights(gemma_path):
+    model = load_model(gemma_path)
+    before = _status_kb("VmLck")
+    runner = CpuTransformer(model.config, model.weights, n_threads=2, mlock=True)
+    packed = runner.output.nbytes + sum(p.nbytes for lay in runner.layers for p, _ in lay.qkv)
+    assert (_status_kb("VmLck") - before) * 1024 >= packed
+    _logits(runner, IDS)
+
+
+def test_cli_no_mmap_mlock(gemma_path):
+    p = subprocess.run([sys.executable, "-m", "infer.cli", "run", str(gemma_path), "--no-mmap", "--mlock",
+                        "--temperature", "0", "-n", "4", "Hello"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip()

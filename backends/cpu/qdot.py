@@ -44,6 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from infer.quant import types as qt
+from infer.quant.kquants import F16_TO_F32
 
 from .activations import quantize_rows
 from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
@@ -56,6 +57,7 @@ SC_F16 = 0  # s: f16 scale per block; m: f16 of -min per block
 SC_K6 = 1  # s: f16 d per super-block; sc: signed 8-bit scale per sub-block (Q3_K, Q6_K): d * sc
 SC_K2 = 2  # s, m: f16 d, dmin per super-block; sc: per sub-block byte, d * (lo 4 bits), dmin * (hi 4 bits)
 SC_K4 = 3  # s, m: f16 d, dmin per super-block; sc: 12 bytes per super-block, unpacked as ggml's get_scale_min_k4
+SC_F32 = 4  # sf, mf: float32 scale and min per block, formed by tile_scales (an expanded tile)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ LAYOUTS = {
 # Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
 # the same u, the same scales, read as an 8-bit plane (Q8_0 is one already).
 EXPANDED = 256  # type_id + EXPANDED: that type's quants expanded to bytes
-BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, L.scales, L.has_min)
+BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, SC_F32, L.has_min)
                 for t, L in LAYOUTS.items() if L.lo_bits < 8}
 EXPAND_MIN_TOKENS = 16  # from this many tokens on, expanding pays for itself
 
@@ -129,9 +131,10 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
+_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "sf", "mf", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
 _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
-           "sc": (types.uint8, 3), "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
+           "sc": (types.uint8, 3), "sf": (types.float32, 3), "mf": (types.float32, 3),
+           "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
 
 
 class _Block:
@@ -145,10 +148,10 @@ class _Block:
         p = self.b.bitcast(self.b.gep(arr.data, [elem_off]), ir.VectorType(ty, n).as_pointer())
         return self.b.load(p, align=1)
 
-    def _tile_off(self, name, x, row):
-        """Element offset of [tile, x, row] in a (NT, X, NC) scale array."""
+    def _tile_off(self, name, x, row, tile=None):
+        """Element offset of [tile, x, row] in a (NT, X, NC) scale array (tile: the scale tile)."""
         b, shape = self.b, self.arrs[name].shape
-        return b.add(b.mul(b.add(b.mul(self.tile, shape[1]), x), _c64(NC)), row)
+        return b.add(b.mul(b.add(b.mul(self.tile if tile is None else tile, shape[1]), x), _c64(NC)), row)
 
     def plane(self, name, block_bytes, b_idx, group_byte, row, n):
         """n bytes (n/4 rows x 4 columns) of one byte-group of a plane of block b_idx."""
@@ -187,6 +190,9 @@ class _Block:
         bld = self.b
         vf = ir.VectorType(F32, n)
         h2f = lambda name, x: half_to_float(bld, self._load(name, self._tile_off(name, x, row), n, I16))
+        if L.scales == SC_F32:  # an expanded tile's: tile qtile (0) of sf, mf
+            f32 = lambda name: self._load(name, self._tile_off(name, b_idx, row, self.qtile), n, F32)
+            return f32("sf"), (f32("mf") if L.has_min else None)
         if L.scales == SC_F16:
             return h2f("s", b_idx), (h2f("m", b_idx) if L.has_min else None)
         sb = bld.udiv(b_idx, _c64(256 // L.group))
@@ -215,11 +221,12 @@ class _Block:
 
 
 def _make_dot(TT: int):
-    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
+    """The intrinsic dot(type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a):
     a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT;
     the tile's quants are tile `qtile` of lo and hi (0 for a tile expanded on its own, see
     expand_tile), its scales tile `tile` of s, m and sc.  type_id + EXPANDED: the type's quants
-    expanded to bytes (BYTE_LAYOUTS).
+    expanded to bytes (BYTE_LAYOUTS), its scales and mins in sf, mf: (1, blocks, NC) float32
+    (placeholders otherwise).
 
     lo, hi: (NT, nb, bytes per block) uint8 planes (hi (0, 0, 0) when a type has none); s, m:
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
@@ -227,8 +234,8 @@ def _make_dot(TT: int):
     activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
     activation scales and quant sums per 16; a: (>= TT, NC) f32.
     """
-    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
-        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)))
+    def dot(typingctx, type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a):
+        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a)))
         for name, (dt, nd) in _ARRAYS.items():
             arr = args[name]
             if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
@@ -237,12 +244,12 @@ def _make_dot(TT: int):
                 and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
             return None
         kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
-        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)
+        sig = types.void(type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a)
 
         def codegen(context, builder, signature, argv):
             st = signature.args
             arrs = {n: _Arr(context, builder, st[i], argv[i]) for i, n in enumerate(_ARGS) if n in _ARRAYS or n == "xq"}
-            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 8, 10))
+            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 8, 9, 10, 12))
             _Kernel(builder, arrs, tile_, qtile_, t0_, TT, kind).run(tid, r0_)
             return context.get_dummy_value()
 
@@ -447,9 +454,41 @@ def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
         _expand_plane(hi_t, 2, lo_bits, group, out)
 
 
+@njit(cache=True)
+def tile_scales(scales, group, has_min, s_t, m_t, sc_t, sf, mf):
+    # One tile's block scales and mins as float32, formed exactly as the kernel forms them from the
+    # planes' scales (Block.scales): s_t, m_t: (X, NC) uint16 f16 bits; sc_t: (Y, NC) uint8
+    # (placeholders where the mode has none); sf, mf: (nb, NC) float32
+    for b in range(sf.shape[0]):
+        for r in range(NC):
+            mn = np.float32(0.0)
+            if scales == SC_F16:
+                sv = F16_TO_F32[s_t[b, r]]
+                if has_min:
+                    mn = F16_TO_F32[m_t[b, r]]
+            elif scales == SC_K6:
+                sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(np.int8(sc_t[b, r]))
+            elif scales == SC_K2:
+                byte = np.int32(sc_t[b, r])
+                sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(byte & 15)
+                mn = F16_TO_F32[m_t[b // 16, r]] * np.float32(byte >> 4)
+            else:  # SC_K4: ggml's get_scale_min_k4 on the super-block's 12 bytes
+                sb, j = b // 8, b % 8
+                q = lambda i: np.int32(sc_t[sb * 12 + i, r])
+                if j < 4:
+                    sc, mq = q(j) & 63, q(j + 4) & 63
+                else:
+                    sc = (q(j + 4) & 15) | ((q(j - 4) >> 6) << 4)
+                    mq = (q(j + 4) >> 4) | ((q(j) >> 6) << 4)
+                sv = F16_TO_F32[s_t[sb, r]] * np.float32(sc)
+                mn = F16_TO_F32[m_t[sb, r]] * np.float32(mq)
+            sf[b, r] = sv
+            mf[b, r] = mn
+
+
 @njit(cache=True, parallel=True)
 def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
-                  hi_bits, group, expanded):
+                  hi_bits, group, scales, has_min, expanded, expanded_s, expanded_m):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
@@ -457,7 +496,8 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf, bsum_buf:
     #   (>= T*K/16,) f32 scratch for the quantized activations
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk;
-    # expanded: (n_chunks, 1, 1, >= K*NC) uint8 scratch, one expanded tile per parallel chunk
+    # expanded: (n_chunks, 1, 1, >= K*NC) uint8, expanded_s, expanded_m: (n_chunks, >= K//16*NC) f32
+    #   scratch, one expanded tile (quants, scales, mins) per parallel chunk
     NT = lo.shape[0]
     T, K = x.shape
     xq = xq_buf[:T * K].reshape(T, K)
@@ -470,25 +510,29 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     for c in prange(n_chunks):
         a = acc[c]
         qlo = expanded[c] if expand else lo
+        nb = K // group
+        sf, mf = expanded_s[c, :nb * NC].reshape(1, nb, NC), expanded_m[c, :nb * NC].reshape(1, nb, NC)
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
             qtile = tile
             if expand:
                 expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
+                tile_scales(scales, group, has_min, s[tile], m[tile] if has_min else s[tile],
+                            sc[tile] if scales != SC_F16 else lo[tile], sf[0], mf[0])
                 qtile = 0
             r0 = tile * NC
             nr = min(NC, N - r0)
             t = 0
             while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
                 for v in range(0, NC, ROWS):
-                    dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+                    dot_rows_4(tid, qlo, hi, s, m, sc, sf, mf, tile, qtile, v, xq, t, dxb, bsum, a)
                 for i in range(4):
                     for r in range(nr):
                         out[t + i, col0 + r0 + r] = a[i, r]
                 t += 4
             while t < T:
                 for v in range(0, NC, ROWS):
-                    dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+                    dot_rows_1(tid, qlo, hi, s, m, sc, sf, mf, tile, qtile, v, xq, t, dxb, bsum, a)
                 for r in range(nr):
                     out[t, col0 + r0 + r] = a[0, r]
                 t += 1

@@ -151,10 +151,17 @@ class CpuTransformer:
         self.layers = [_Layer.prepare(lw, mmap) for lw in weights.layers]
         self.output = _pack(weights.output, mmap)
         self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
+        kept = [w for lay in self.layers for w in (*(p for p, _ in lay.qkv + lay.gate_up), lay.wo, lay.down)]
+        kept.append(self.output)
+        # The packed tensors' file pages released once more, whole: packing a tensor can map a
+        # little of its neighbours in the file (the kernel maps pages around a fault), which were
+        # released already if packed before it.
+        for p in kept:
+            for w in (p.src if isinstance(p, PackedWeight) else ()):
+                w.release()
         if mlock:  # as llama.cpp: a refusal is a warning, the model runs unpinned
             try:
-                mlock_arrays([a for lay in self.layers for w in (*(p for p, _ in lay.qkv + lay.gate_up), lay.wo, lay.down)
-                              for a in _arrays(w)] + _arrays(self.output) + _arrays(self.token_embd))
+                mlock_arrays([a for w in (*kept, self.token_embd) for a in _arrays(w)])
             except OSError as e:
                 warnings.warn(str(e.strerror or e), RuntimeWarning, stacklevel=2)
         self.output_norm = _vec(weights.output_norm)

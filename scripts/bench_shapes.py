@@ -7,7 +7,8 @@ with llama.cpp's own llama_model_quantize (llama-cpp-python) to each type, and m
 same file, with the same threads, one program after the other:
 
 - pp512 / tg128: `llama-bench -p 512 -n 128` against `infer bench -p 512 -n 128` (tok/s, mean of
-  the repetitions), and each program's peak RSS;
+  the repetitions; the programs alternate for --rounds turns and each keeps its best), and each
+  program's peak RSS;
 - load: start-to-first-token of `llama-server` against `infer serve` (both -c 4096, one slot, one
   1-token completion of a short prompt, timed from process start), and each server's peak RSS.
 
@@ -16,7 +17,7 @@ built there once by scripts/build_llama_bench.sh (about 7 minutes), models once 
 Results are appended to a JSON-lines file as they come and printed as one table at the end.
 
     python scripts/bench_shapes.py [--shapes deepseek-r1-qwen-1.5b,...] [--types Q4_K_M,Q8_0]
-        [--threads 2] [--repetitions 2] [--no-load] [--embedded] [--out results.jsonl]
+        [--threads 2] [--repetitions 2] [--rounds 2] [--no-load] [--embedded] [--out results.jsonl]
 """
 from __future__ import annotations
 
@@ -285,7 +286,8 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--types", default=",".join(FTYPES))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repetitions", type=int, default=2)
+    ap.add_argument("--repetitions", type=int, default=2, help="repetitions inside each program's run")
+    ap.add_argument("--rounds", type=int, default=2, help="turns each program takes, alternating (best kept)")
     ap.add_argument("--no-load", action="store_true", help="skip the servers' start-to-first-token runs")
     ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
     ap.add_argument("--out", default="bench_shapes.jsonl")
@@ -311,10 +313,16 @@ def main(argv=None) -> None:
         path = path or model_file(name, qtype, a.threads)
         row = {"shape": name, "type": qtype, "file_mb": path.stat().st_size / 2**20, "threads": a.threads,
                "gb_per_token": bytes_per_token(path) / 1e9, "read_gb_s": bandwidth}
-        print(f"{name} {qtype}: llama-bench ...", file=sys.stderr, flush=True)
-        row["llama"] = llama_bench(bins / "llama-bench", path, a.threads, a.repetitions)
-        print(f"{name} {qtype}: infer bench ...", file=sys.stderr, flush=True)
-        row["infer"] = infer_bench(path, a.threads, a.repetitions)
+        # The machine is shared and its speed drifts over minutes: the two programs take turns,
+        # and each keeps its best round (rates: the highest; RSS: the highest too).
+        rounds = {"llama": [], "infer": []}
+        for i in range(a.rounds):
+            print(f"{name} {qtype}: round {i + 1}: llama-bench, infer bench ...", file=sys.stderr, flush=True)
+            rounds["llama"].append(llama_bench(bins / "llama-bench", path, a.threads, a.repetitions))
+            rounds["infer"].append(infer_bench(path, a.threads, a.repetitions))
+        for k, rs in rounds.items():
+            row[k] = {**max(rs, key=lambda r: r["tg128"]), "pp512": max(r["pp512"] for r in rs),
+                      "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs}
         if not a.no_load:
             print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
             row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads)

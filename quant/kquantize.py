@@ -2,7 +2,7 @@
 `quantize.py` shares: `nearest_int`, and the scale searches
 (`make_qx_quants`, `make_qkx2_quants`, `make_qkx3_quants`, `make_qp_quants`).
 
-Written from the algorithm descriptions in /work/shared/docs/ggml-quants.md; the output is
+Written after llama.cpp's quantizers (ggml/src/ggml-quants.c); the output is
 byte-identical to llama.cpp's `ggml_quantize_chunk` (tests/test_quantize.py checks it against
 the library).  Byte equality needs llama.cpp's exact float32 arithmetic:
 - every value and constant stays float32 (`np.float32(...)` around literals and loop indices:

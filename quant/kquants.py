@@ -3,7 +3,7 @@
 Also the helpers shared with `dequant.py` (`_fi`, `_shr`, `_len32`) and, under public names,
 with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`, and the
 one float32 -> f16 / bf16 rounding (`f32_bits`, `f32_to_f16`, `f32_to_bf16`) every part uses.
-Layouts follow ggml's block_q*_K structs; see /work/shared/docs/ggml-quants.md, and
+Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
 for the rules these loops follow to vectorize.
 """

@@ -4,7 +4,7 @@
 same rows: without an importance matrix the `quantize_row_*_ref` reference quantizers, with one
 the importance-weighted row quantizers (Q8_0 ignores the matrix, as llama.cpp does).  The legacy
 32-element types live here, the K-quants and the shared numerics in `kquantize.py`; the formats
-and algorithms are described in /work/shared/docs/ggml-quants.md.
+and algorithms are llama.cpp's (ggml/src/ggml-quants.c).
 
 F32, F16 and BF16 are conversions (round to nearest even; NaN/Inf are converted as ggml does).
 The block types refuse non-finite input, and non-finite f16 scales (values too large for f16):

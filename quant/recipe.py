@@ -1,7 +1,7 @@
 """Which GGML type each tensor gets for a file type such as Q4_K_M: llama.cpp's mixing rules.
 
 Pure functions over tensor names and shapes, so a plan can be shown (or tested) without touching
-weights. The rules follow llama.cpp's `llama-quant.cpp` as of 2025 (see docs/ggml-quants.md §3);
+weights. The rules follow llama.cpp's `llama-quant.cpp` as of 2025 (`llama_tensor_get_type` there);
 the output must pick the same type for every tensor, or the file's bytes differ from llama-quantize's.
 """
 from __future__ import annotations

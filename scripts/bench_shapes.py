@@ -17,7 +17,7 @@ built there once by scripts/build_llama_bench.sh (about 7 minutes), models once 
 Results are appended to a JSON-lines file as they come and printed as one table at the end.
 
     python scripts/bench_shapes.py [--shapes deepseek-r1-qwen-1.5b,...] [--types Q4_K_M,Q8_0]
-        [--threads 2] [--repetitions 2] [--rounds 2] [--no-load] [--embedded] [--out results.jsonl]
+        [--threads 2] [--repetitions 2] [--rounds 2] [--no-load] [--embedded] [--out FILE]
 """
 from __future__ import annotations
 
@@ -290,7 +290,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="turns each program takes, alternating (best kept)")
     ap.add_argument("--no-load", action="store_true", help="skip the servers' start-to-first-token runs")
     ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
-    ap.add_argument("--out", default="bench_shapes.jsonl")
+    ap.add_argument("--out", default=str(CACHE / "results.jsonl"), help="JSON lines, appended")
     a = ap.parse_args(argv)
     bins = Path(subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_bench.sh")], check=True,
                                capture_output=True, text=True).stdout.strip().splitlines()[-1])

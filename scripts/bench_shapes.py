@@ -166,16 +166,25 @@ def model_file(name: str, qtype: str, threads: int) -> Path:
     return out
 
 
+# Runs argv[1:] as its child and reports the child's peak RSS alone on stderr (RUSAGE_CHILDREN of a
+# process with one child); SIGTERM is passed on, so a server can be stopped through it.
+_PEAK_WRAPPER = ("import resource,signal,subprocess,sys; p=subprocess.Popen(sys.argv[1:]); "
+                 "signal.signal(signal.SIGTERM, lambda *a: p.terminate()); rc=p.wait(); "
+                 "sys.stderr.write(f'\\nPEAK_RSS_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n'); "
+                 "sys.exit(rc)")
+
+
+def _peak_mb(stderr: str) -> float:
+    kb = [int(line.split()[1]) for line in stderr.splitlines() if line.startswith("PEAK_RSS_KB")]
+    return kb[-1] / 1024 if kb else float("nan")
+
+
 def measured(cmd: list[str], env=None) -> tuple[str, float]:
-    """Run cmd in a wrapper that reports the peak RSS of cmd alone; (stdout, peak RSS MB)."""
-    wrapper = ("import os,resource,subprocess,sys; p=subprocess.run(sys.argv[1:]); "
-               "r=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
-               "sys.stderr.write(f'\\nPEAK_RSS_KB {r}\\n'); sys.exit(p.returncode)")
-    p = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True, env=env)
+    """Run cmd to completion; (its stdout, its peak RSS in MiB)."""
+    p = subprocess.run([sys.executable, "-c", _PEAK_WRAPPER, *cmd], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
-    kb = [int(line.split()[1]) for line in p.stderr.splitlines() if line.startswith("PEAK_RSS_KB")][-1]
-    return p.stdout, kb / 1024
+    return p.stdout, _peak_mb(p.stderr)
 
 
 def llama_bench(binary: Path, model: Path, threads: int, reps: int) -> dict:
@@ -209,11 +218,8 @@ def _post(url: str, body: dict) -> dict:
 
 def first_token(cmd: list[str], port: int, path: str, body: dict) -> dict:
     """Start a server, wait for it to answer, time one 1-token completion from the start; stop it."""
-    wrapper = ("import resource,signal,subprocess,sys; p=subprocess.Popen(sys.argv[1:]); "
-               "signal.signal(signal.SIGTERM, lambda *a: p.terminate()); p.wait(); "
-               "sys.stderr.write(f'\\nPEAK_RSS_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')")
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", wrapper, *cmd], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([sys.executable, "-c", _PEAK_WRAPPER, *cmd], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
         while True:
@@ -228,8 +234,7 @@ def first_token(cmd: list[str], port: int, path: str, body: dict) -> dict:
     finally:
         p.terminate()
         _, err = p.communicate(timeout=60)
-    kb = [int(line.split()[1]) for line in err.splitlines() if line.startswith("PEAK_RSS_KB")]
-    return {"first_token_s": ttft, "rss_mb": kb[-1] / 1024 if kb else float("nan")}
+    return {"first_token_s": ttft, "rss_mb": _peak_mb(err)}
 
 
 def load_times(server: Path, model: Path, threads: int) -> tuple[dict, dict]:

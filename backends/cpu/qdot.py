@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from infer.quant import types as qt
-from infer.quant.kquants import F16_TO_F32
+from infer.quant.kquants import F16_TO_F32, scale_min_k4
 
 from .activations import quantize_rows
 from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
@@ -271,7 +271,7 @@ class _Kernel:
         self.fma_fn = {}
         # rows per vector and vectors per pass: the integer kernels W x 4 (all ROWS in one pass
         # over K), the portable one W x 1 (its 4-lane float accumulators take 4 registers a vector)
-        self.rw, self.nv = (W, ROWS // W) if self.int else (W, 1)
+        self.rw, self.nv = W, (ROWS // W if self.int else 1)
         vi32 = ir.VectorType(I32, W)
         if kind == "vnni":
             vb = ir.VectorType(I8, 64) if VNNI_BYTES else vi32
@@ -455,7 +455,7 @@ def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
 
 
 @njit(cache=True)
-def tile_scales(scales, group, has_min, s_t, m_t, sc_t, sf, mf):
+def tile_scales(scales, has_min, s_t, m_t, sc_t, sf, mf):
     # One tile's block scales and mins as float32, formed exactly as the kernel forms them from the
     # planes' scales (Block.scales): s_t, m_t: (X, NC) uint16 f16 bits; sc_t: (Y, NC) uint8
     # (placeholders where the mode has none); sf, mf: (nb, NC) float32
@@ -466,20 +466,15 @@ def tile_scales(scales, group, has_min, s_t, m_t, sc_t, sf, mf):
                 sv = F16_TO_F32[s_t[b, r]]
                 if has_min:
                     mn = F16_TO_F32[m_t[b, r]]
-            elif scales == SC_K6:
+            elif scales == SC_K6:  # 16-element sub-blocks: 16 per super-block
                 sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(np.int8(sc_t[b, r]))
             elif scales == SC_K2:
                 byte = np.int32(sc_t[b, r])
                 sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(byte & 15)
                 mn = F16_TO_F32[m_t[b // 16, r]] * np.float32(byte >> 4)
-            else:  # SC_K4: ggml's get_scale_min_k4 on the super-block's 12 bytes
-                sb, j = b // 8, b % 8
-                q = lambda i: np.int32(sc_t[sb * 12 + i, r])
-                if j < 4:
-                    sc, mq = q(j) & 63, q(j + 4) & 63
-                else:
-                    sc = (q(j + 4) & 15) | ((q(j - 4) >> 6) << 4)
-                    mq = (q(j + 4) >> 4) | ((q(j) >> 6) << 4)
+            else:  # SC_K4: 32-element sub-blocks, 8 per super-block, scales in its 12 bytes
+                sb = b // 8
+                sc, mq = scale_min_k4(sc_t[sb * 12:sb * 12 + 12, r], 0, b % 8)
                 sv = F16_TO_F32[s_t[sb, r]] * np.float32(sc)
                 mn = F16_TO_F32[m_t[sb, r]] * np.float32(mq)
             sf[b, r] = sv
@@ -517,7 +512,7 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
             qtile = tile
             if expand:
                 expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
-                tile_scales(scales, group, has_min, s[tile], m[tile] if has_min else s[tile],
+                tile_scales(scales, has_min, s[tile], m[tile] if has_min else s[tile],
                             sc[tile] if scales != SC_F16 else lo[tile], sf[0], mf[0])
                 qtile = 0
             r0 = tile * NC

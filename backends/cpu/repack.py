@@ -284,8 +284,8 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
     int_kernel = use_int_kernel() if int_kernel is None else bool(int_kernel)
     if int_kernel and not INT_KERNEL:
         raise ValueError("the integer kernel needs a CPU with AVX-512 VNNI, AVX-512BW or AVX2")
-    t0_type = ws[0].type_id
-    L, K = LAYOUTS[t0_type], ws[0].shape[-1]
+    type_id = ws[0].type_id
+    L, K = LAYOUTS[type_id], ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
     nt, nb, nsb = sum(nts), K // L.group, K // 256
     legacy = L.scales == SC_F16
@@ -303,14 +303,14 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
     rsc = np.zeros((n_chunks, NC, ys), np.uint8)
     a = 0
     for w, n in zip(ws, nts):
-        for t0 in range(0, n, CHUNK_TILES):  # a chunk at a time, its pages of the file released after
-            t1 = min(n, t0 + CHUNK_TILES)
-            part = lambda arr, present: arr[a + t0:a + t1] if present else arr
-            rows = w.raw[t0 * NC:t1 * NC]
-            pack_rows(t0_type, L.group, L.lo_bits, L.hi_bits, L.offset, L.has_min, not legacy, rows,
-                      lo[a + t0:a + t1], part(hi, L.hi_bits > 0), s[a + t0:a + t1], part(m, L.has_min),
+        for c0 in range(0, n, CHUNK_TILES):  # a chunk at a time, its pages of the file released after
+            c1 = min(n, c0 + CHUNK_TILES)
+            part = lambda arr, present: arr[a + c0:a + c1] if present else arr
+            rows = w.raw[c0 * NC:c1 * NC]
+            pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.offset, L.has_min, not legacy, rows,
+                      lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
                       part(sc, not legacy), rq, rs, rm, rsc)
             if release:
                 release_mapped(rows)
         a += n
-    return PackedWeight(t0_type, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[t0_type], int_kernel)
+    return PackedWeight(type_id, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[type_id], int_kernel)

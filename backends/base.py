@@ -18,6 +18,17 @@ class BackendError(ValueError):
     """A backend that cannot run here or cannot run this model; the message says what to do."""
 
 
+# llama.cpp's --cache-type-k / --cache-type-v values infer runs, and the bytes one cached value takes
+# (q8_0: llama.cpp's block of 32 int8 quants and an f16 scale)
+KV_CACHE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+
+
+def check_cache_type(flag: str, value: str) -> None:
+    """One clear line for a KV cache type infer does not run."""
+    if value not in KV_CACHE_BYTES:
+        raise BackendError(f"{flag}: unknown KV cache type {value!r} (choose from {', '.join(KV_CACHE_BYTES)})")
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     n_threads: int = 0  # 0: every core
@@ -26,6 +37,12 @@ class RunnerOptions:
     max_seqs: int = 0  # sequences the engine runs at once (0: not said); llama.cpp sizes its slots by it
     mmap: bool = True  # False (--no-mmap): weights read into process memory, nothing read from the file later
     mlock: bool = False  # --mlock: the weights pinned in RAM
+    cache_type_k: str = "f16"  # --cache-type-k: how the KV cache keeps keys (KV_CACHE_BYTES)
+    cache_type_v: str = "f16"  # --cache-type-v: and values
+
+    def __post_init__(self) -> None:
+        check_cache_type("--cache-type-k", self.cache_type_k)
+        check_cache_type("--cache-type-v", self.cache_type_v)
 
 
 class KVPoolLike(Protocol):

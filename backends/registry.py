@@ -131,7 +131,8 @@ def create_runner(name: str, model, options: RunnerOptions = RunnerOptions()) ->
         from .cpu.transformer import CpuTransformer
 
         return CpuTransformer(model.config, model.weights, n_threads=options.n_threads or os.cpu_count(),
-                              max_tokens=options.max_tokens, mmap=options.mmap, mlock=options.mlock)
+                              max_tokens=options.max_tokens, mmap=options.mmap, mlock=options.mlock,
+                              cache_type_k=options.cache_type_k, cache_type_v=options.cache_type_v)
     if name == "mlx":
         from .mlx.transformer import MlxTransformer
 

@@ -27,6 +27,8 @@ def bench(
     gpu_layers: int = opt.GPU_LAYERS,
     mmap: bool = opt.MMAP,
     mlock: bool = opt.MLOCK,
+    cache_type_k: str = opt.CACHE_TYPE_K,
+    cache_type_v: str = opt.CACHE_TYPE_V,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     with reported():
@@ -37,6 +39,7 @@ def bench(
 
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
                               backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
+                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
@@ -61,6 +64,8 @@ def bench(
             "aggregate_decode_tok_s_sd": round(ms(res.aggregate_decode_tok_s)[1], 2),
             "ttft_ms": round(ms(res.ttft_ms)[0], 2),
             "kv_pool_bytes": kv.bytes_total,
+            "cache_type_k": cache_type_k,
+            "cache_type_v": cache_type_v,
         }
         if as_json:
             json.dump(row, sys.stdout)
@@ -69,7 +74,7 @@ def bench(
         out = sys.stdout
         out.write(f"model: {name} ({llm.model.path})\n")
         out.write(f"backend {llm.backend} ({', '.join(llm.runner.devices())}), threads {row['threads']}, KV pool {kv.bytes_total / 2**20:.1f} MiB "
-                  f"({' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)\n\n")
+                  f"(K {cache_type_k}, V {cache_type_v}, {' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)\n\n")
         out.write(f"| {'test':<22} | {'t/s':>18} |\n|{'-' * 24}|{'-' * 20}|\n")
 
         def line(test, xs):

@@ -47,6 +47,8 @@ def chat(
     gpu_layers: int = opt.GPU_LAYERS,
     mmap: bool = opt.MMAP,
     mlock: bool = opt.MLOCK,
+    cache_type_k: str = opt.CACHE_TYPE_K,
+    cache_type_v: str = opt.CACHE_TYPE_V,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
@@ -62,8 +64,9 @@ def chat(
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
         interactive = sys.stdin.isatty()
-        llm = _load(model, EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend,
-                                              gpu_layers=gpu_layers, mmap=mmap, mlock=mlock), quiet=not interactive)
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,
+                              mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+        llm = _load(model, config, quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:
             _answer_piped(conv, params, as_json, verbose)

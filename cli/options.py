@@ -19,3 +19,5 @@ GPU_LAYERS = typer.Option(-1, "--gpu-layers", "-ngl", help="llama.cpp backend: l
 MMAP = typer.Option(True, "--mmap/--no-mmap",
                     help="--no-mmap: read the weights into memory; nothing is read from the file after loading.")
 MLOCK = typer.Option(False, "--mlock", help="Pin the weights in RAM so the OS never pages them out.")
+CACHE_TYPE_K = typer.Option("f16", "--cache-type-k", "-ctk", help="KV cache type for K: f16 or q8_0 (half the memory).")
+CACHE_TYPE_V = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type for V: f16 or q8_0 (half the memory).")

@@ -32,6 +32,8 @@ def run(
     gpu_layers: int = opt.GPU_LAYERS,
     mmap: bool = opt.MMAP,
     mlock: bool = opt.MLOCK,
+    cache_type_k: str = opt.CACHE_TYPE_K,
+    cache_type_v: str = opt.CACHE_TYPE_V,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:
@@ -50,7 +52,8 @@ def run(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             seed=seed, max_tokens=max_tokens, stop=tuple(stop),
         )
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock)
+        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
+                              cache_type_k=cache_type_k, cache_type_v=cache_type_v)
         llm = _load(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)

@@ -32,6 +32,8 @@ def serve(
     gpu_layers: int = opt.GPU_LAYERS,
     mmap: bool = opt.MMAP,
     mlock: bool = opt.MLOCK,
+    cache_type_k: str = opt.CACHE_TYPE_K,
+    cache_type_v: str = opt.CACHE_TYPE_V,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
@@ -53,6 +55,7 @@ def serve(
         from .run import _load
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
+                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = _load(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from infer.backends.base import KV_CACHE_BYTES
 from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
@@ -52,12 +53,17 @@ class EngineConfig:
     prefix_cache: bool = True
     mmap: bool = True  # --no-mmap sets False: weights read into memory, the file not read after loading
     mlock: bool = False  # --mlock: weights pinned in RAM
+    cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
+    cache_type_v: str = "f16"
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
             raise EngineConfigError(f"--ctx must be at least 8, got {self.n_ctx}")
         if self.n_threads < 0:
             raise EngineConfigError(f"--threads must be positive, got {self.n_threads}")
+        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
+            if value not in KV_CACHE_BYTES:
+                raise EngineConfigError(f"{flag}: unknown KV cache type {value!r} (choose from {', '.join(KV_CACHE_BYTES)})")
         if self.backend not in BACKEND_CHOICES:
             raise EngineConfigError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if self.max_seqs < 1:

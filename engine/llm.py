@@ -27,7 +27,8 @@ class LLM:
         self.backend = choose_backend(config.backend, model.format)
         options = RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
                                 max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers,
-                                max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock)
+                                max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,
+                                cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v)
         self.runner = create_runner(self.backend, model, options)
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())
         tok = self.tokenizer

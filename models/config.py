@@ -87,9 +87,12 @@ class ModelConfig:
         """layer -> (its KV group, its index within the group): where a pool keeps its K/V."""
         return {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
 
-    def kv_block_bytes(self, block_size: int, elem_bytes: int = 2) -> tuple[int, ...]:
-        """Bytes one block of each KV group takes (K and V of all its layers, elem_bytes per value)."""
-        per_token = elem_bytes * self.n_head_kv * (self.head_dim + self.head_dim_v)
+    def kv_block_bytes(self, block_size: int, k_bytes: float = 2, v_bytes: float | None = None) -> tuple[int, ...]:
+        """Bytes one block of each KV group takes: K and V of all its layers, k_bytes per element of K and
+        v_bytes (by default k_bytes) per element of V; a quantized cache type takes a fraction of a byte
+        more than its bits (q8_0: 34/32, its f16 scale per 32)."""
+        v_bytes = k_bytes if v_bytes is None else v_bytes
+        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_bytes * self.head_dim_v))
         return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
 
     @classmethod

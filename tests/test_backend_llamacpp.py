@@ -136,6 +136,16 @@ def test_backend_probe_devices_and_warmup(tiny_gemma):
     assert list(llm.generate([1, 5, 6], GREEDY))[-1].token_ids == alone(tiny_gemma, [[1, 5, 6]], llm.config)[0]
 
 
+def test_quantized_cache_types(tiny_gemma):
+    # --cache-type-k/-v q8_0 reach llama.cpp (its quantized V runs with flash attention), and the
+    # pool is sized for 34 bytes per 32 values
+    llm = LLM.load(tiny_gemma, EngineConfig(n_ctx=64, cache_type_k="q8_0", cache_type_v="q8_0", **LC))
+    cfg = llm.model.config
+    per_token = cfg.n_layer * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 34 // 32
+    assert llm.runner.bytes_per_block(16) == (16 * per_token * 5 // 4, 0) and llm.runner.flash_attn
+    assert len(list(llm.generate([1, 5, 6], GREEDY))[-1].token_ids) == GREEDY.max_tokens
+
+
 def test_decode_failure_is_a_clear_error(tiny_gemma):
     llm = LLM.load(tiny_gemma, EngineConfig(n_ctx=64, **LC))
     pool = llm.engine.pool

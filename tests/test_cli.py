@@ -124,6 +124,18 @@ def test_bench_json_on_tiny_model(tmp_path: Path):
     assert out["aggregate_decode_tok_s"] > out["decode_tok_s"]
 
 
+def test_cache_types(tmp_path: Path):
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=3)
+    r = infer("bench", str(path), "-p", "16", "-n", "4", "-r", "1", "--threads", "2", "--json",
+              "-ctk", "q8_0", "--cache-type-v", "q8_0")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["cache_type_k"], out["cache_type_v"]) == ("q8_0", "q8_0") and out["decode_tok_s"] > 0
+    r = infer("run", str(path), "abc", "--raw", "--temperature", "0", "-n", "4", "--cache-type-k", "q8_0")
+    assert r.returncode == 0, r.stderr
+    assert_one_line_error(infer("run", str(path), "abc", "--cache-type-k", "q4_0"), "--cache-type-k", "'q4_0'", "f16, q8_0")
+
+
 def test_bench_table_and_bad_kv_memory(tmp_path: Path):
     path = write_tiny_model(tmp_path / "tiny.gguf", "qwen2", seed=4)
     r = infer("bench", str(path), "-p", "16", "-n", "4", "-r", "1")

@@ -68,14 +68,28 @@ def cancel_midway(eng, during=None) -> None:
     assert eng.usage().blocks_used == (0, 0) and not eng.has_work()
 
 
-def test_batched_equals_alone_tiny(tiny_path):
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_batched_equals_alone_tiny(tiny_path, cache_type):
     # a small token budget, so prompts are chunked differently when they run together
-    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, cache_type_k=cache_type,
+                          cache_type_v=cache_type)
     prompts = tiny_prompts()
     together, widest = run_all(LLM.load(tiny_path, config), prompts)
     assert widest == 8
     assert together == alone(tiny_path, prompts, config)
     assert all(len(t) > 0 for t in together)
+
+
+def test_q8_0_cache_halves_the_pool(tiny_path):
+    sizes = {}
+    for t in ("f16", "q8_0"):
+        llm = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=2, cache_type_k=t, cache_type_v=t))
+        usage = llm.engine.usage()
+        sizes[t] = usage.bytes_total, usage.blocks_total
+    assert sizes["q8_0"][1] == sizes["f16"][1]  # room for the same tokens
+    assert sizes["q8_0"][0] * 64 == sizes["f16"][0] * 34  # llama.cpp's q8_0: 34 bytes per 32 values
+    with pytest.raises(ValueError, match="--cache-type-v: unknown KV cache type 'q4_0'"):
+        EngineConfig(cache_type_v="q4_0")
 
 
 def test_preemption_recomputes_exactly(tiny_path):

@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType as GT
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
 from infer.backends.cpu.qdot import EXPAND_MIN_TOKENS
-from infer.backends.cpu.repack import GROUP, pack_stacked
+from infer.backends.cpu.qdot import LAYOUTS
+from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
 from tiny_models import _tensor
@@ -33,7 +34,7 @@ def test_qmatmul_matches_reference(qtype, T, repacked):
     x = np.random.default_rng(T).normal(0, 1, size=(T, n)).astype(np.float32)
     out = np.zeros((T, rows), np.float32)
     # float types are never repacked: both ids run the raw path for them
-    qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, rows * n, 4))
+    qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, 4))
     ref = _reference(qtype, w, x)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
@@ -46,7 +47,7 @@ def _reference(qtype, w, x):
     return xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
 
 
-REPACKED = [t for t in TYPES if int(t) in GROUP]
+REPACKED = [t for t in TYPES if int(t) in LAYOUTS]
 
 
 @pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
@@ -58,7 +59,7 @@ def test_integer_kernel_bit_identical(qtype, T):
     w = _weight(qtype, rows, n, seed=int(qtype) * 11 + T)
     x = np.random.default_rng(100 + T).normal(0, 1, size=(T, n)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero activation block (zero scale, zero quants)
-    ws = MatmulWorkspace(32, n, rows * n, 4)
+    ws = MatmulWorkspace(32, n, 4)
     ref = _reference(qtype, w, x)
     outs = []
     for int_kernel in ([False, True] if INT_KERNEL else [False]):
@@ -71,17 +72,19 @@ def test_integer_kernel_bit_identical(qtype, T):
     assert all(np.array_equal(o, outs[0]) for o in outs)
 
 
-@pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_batching_changes_no_result(qtype):
     """Each token's row of a batch is bit-identical to that token alone (decode and prefill
     agree: the 4-token register tile and the 1-token one sum in the same order, and a batch of
-    EXPAND_MIN_TOKENS or more runs on tiles expanded to bytes, a single token on the planes)."""
+    EXPAND_MIN_TOKENS or more runs on tiles expanded to bytes, a single token on the planes; the
+    float types' reference path sums each output in an order fixed by its row alone)."""
     rows, n, T = 130, 768, EXPAND_MIN_TOKENS + 5  # a partial last tile
     w = _weight(qtype, rows, n, seed=int(qtype) * 13)
     x = np.random.default_rng(7).normal(0, 1, size=(T, n)).astype(np.float32)
-    ws = MatmulWorkspace(32, n, rows * n, 4)
-    for int_kernel in ([False, True] if INT_KERNEL else [False]):
-        p = pack_stacked((w,), int_kernel=int_kernel)
+    ws = MatmulWorkspace(32, n, 4)
+    kernels = [False, True] if INT_KERNEL else [False]
+    for int_kernel in (kernels if qtype in REPACKED else [None]):
+        p = w if int_kernel is None else pack_stacked((w,), int_kernel=int_kernel)
         batch = np.zeros((T, rows), np.float32)
         qmatmul(p, x, batch, ws)
         for t in range(T):
@@ -140,7 +143,7 @@ for qtype in REPACKED:
         outs = []
         for int_kernel in (True, False):
             out = np.zeros((T, 130), np.float32)
-            qmatmul(pack_stacked((w,), int_kernel=int_kernel), x, out, MatmulWorkspace(32, 512, 0, 4))
+            qmatmul(pack_stacked((w,), int_kernel=int_kernel), x, out, MatmulWorkspace(32, 512, 4))
             np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
             outs.append(out)
         assert np.array_equal(outs[0], outs[1]), qtype.name

@@ -19,10 +19,12 @@ def tiny(request, tmp_path_factory):
     return arch, path
 
 
-def llama_cpp_logits(path, tokens, flash_attn: bool = False) -> np.ndarray:
+def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16")) -> np.ndarray:
     llama_cpp = pytest.importorskip("llama_cpp")
+    from infer.backends.llamacpp.runner import GGML_TYPES
+
     llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=2, verbose=False,
-                          flash_attn=flash_attn)
+                          flash_attn=flash_attn, type_k=GGML_TYPES[cache_types[0]], type_v=GGML_TYPES[cache_types[1]])
     llm.eval(tokens.tolist())
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     llm.close()
@@ -52,6 +54,33 @@ def test_logits_match_llama_cpp(tiny):
     assert agree.sum() >= len(PROMPT) - 2, f"{arch}: llama.cpp disagrees with itself too often to be a reference"
 
 
+@pytest.mark.parametrize("types", [("q8_0", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")], ids="-".join)
+def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
+    # --cache-type-k/-v q8_0 against llama.cpp with the same cache types, on the path llama.cpp runs
+    # them (a quantized V only with flash attention): as close as the f16 cache is to llama.cpp's
+    # (test_logits_match_llama_cpp's bound), and the cache itself changes the logits measurably.
+    arch, path = tiny
+    model = load_model(path)
+
+    def ours(cache_types):
+        runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],
+                                cache_type_v=cache_types[1])
+        return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+
+    fa = types[1] != "f16"
+    ref = llama_cpp_logits(path, PROMPT, flash_attn=fa, cache_types=types)
+    f16_ref, f16_other = (llama_cpp_logits(path, PROMPT, flash_attn=a) for a in (fa, not fa))
+    mine, mine_f16 = ours(types), ours(("f16", "f16"))
+    tol = max(0.02 * np.abs(ref).max(), np.abs(f16_ref - f16_other).max())
+    diff = np.abs(mine - ref).max()
+    print(f"{arch} K {types[0]} V {types[1]}: max|ours-llama.cpp| {diff:.4g} (f16 cache: "
+          f"{np.abs(mine_f16 - f16_ref).max():.4g}); the cache type moves our logits by {np.abs(mine - mine_f16).max():.4g}")
+    assert diff <= tol, f"{arch}: max |diff| {diff:.4g} > bound {tol:.4g}"
+    assert not np.array_equal(mine, mine_f16), "the cache type changed nothing"
+    agree = f16_ref.argmax(-1) == f16_other.argmax(-1)
+    assert (mine.argmax(-1) == ref.argmax(-1))[agree].all()
+
+
 def assert_same_logits(a: np.ndarray, b: np.ndarray, arch: str) -> None:
     """Equal up to float summation order. The tiny gemma3 amplifies 1-ulp differences into flipped
     f16/Q8 roundings (llama.cpp's own paths differ by ~5% on it), so there: same argmax and within 2%."""
@@ -62,10 +91,11 @@ def assert_same_logits(a: np.ndarray, b: np.ndarray, arch: str) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
-def test_kv_cache_decode_matches_full_recompute(tiny):
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_kv_cache_decode_matches_full_recompute(tiny, cache_type):
     arch, path = tiny
     model = load_model(path)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
     full = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     cache = runner.new_kv_cache(64)
     steps = [runner.forward(PROMPT[:10], 0, cache).copy()[0]]
@@ -75,7 +105,7 @@ def test_kv_cache_decode_matches_full_recompute(tiny):
 
 
 def test_prefill_in_chunks_matches_one_pass(tiny):
-    # Chunked prefill (the BLAS path for 16 tokens vs the row kernel for 5) must agree.
+    # Chunked prefill (chunks of 5, below the expanded-tile threshold) must agree with one 16-token pass.
     arch, path = tiny
     model = load_model(path)
     runner = CpuTransformer(model.config, model.weights, n_threads=2, max_tokens=5)

@@ -1,10 +1,21 @@
-"""Causal (optionally sliding-window) grouped-query attention over a paged f16 KV cache.
+"""Causal (optionally sliding-window) grouped-query attention over a paged KV cache, and the
+step before it that writes the cache.
 
 The cache is a pool of fixed-size blocks; each sequence's block table says which block holds
 its positions b*bs .. b*bs+bs-1, and the kernel reads keys and values through it in place (no
-gather into a contiguous copy).  Keys and values are f16 bits (uint16), as llama.cpp keeps
-them: half the memory and half the bytes a decode step reads.  The two inner loops are explicit LLVM vector code
-(numba intrinsics), which widen f16 to float32 on the fly (vcvtph2ps on x86, see target.py):
+gather into a contiguous copy).  Keys and values are kept as llama.cpp keeps them for the same
+cache types (kv_pool.py): f16 bits (uint16) or q8_0 blocks (uint8), each read here in the way
+llama.cpp computes with it:
+- f16 K: Q rounded to f16, q·k in float32 (llama.cpp's f16 vec_dot);
+- q8_0 K: Q quantized to q8_0 as llama.cpp quantizes activations, and q·k per block as the
+  integer dot of the quants times both scales (llama.cpp's q8_0 x q8_0 vec_dot);
+- f16 V: the softmax weights rounded to f16 before the weighted sum (llama.cpp multiplies f16 V
+  by f16 weights without flash attention, which a quantized V cannot use);
+- q8_0 V: each row dequantized and summed with float32 weights (its flash-attention path, the
+  one llama.cpp runs a quantized V cache through).
+The readers and writers dispatch on the rows' dtype at compile time (numba overloads).  For f16,
+the two inner loops are explicit LLVM vector code (numba intrinsics), which widen f16 to float32
+on the fly (vcvtph2ps on x86, see target.py):
 - q·k for a run of keys: the query stays in registers, one horizontal sum per key;
 - the weighted sum of a run of value rows: the sums stay in registers across the rows (a loop
   in numba would load and store them for every row).
@@ -18,11 +29,12 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from infer.quant.kquants import F16_TO_F32
+from infer.quant.kquants import F16_TO_F32, f32_to_f16
 
-from .ops import round_f16
+from .activations import ACT_Q8_0, quantize_row
+from .ops import fwht, heads_post, round_f16
 from .target import VECTOR_WIDTH, half_to_float, splat
 
 
@@ -130,23 +142,186 @@ def _weighted_rows(typingctx, v, kh, lo, n, i0, s, out, o0, accumulate):
     return sig, codegen
 
 
+Q8 = 32  # elements per q8_0 block; its bytes: an f16 scale, then 32 int8 quants
+Q8_BYTES = 34
+
+
+def kv_store(x, dxb, bsum, dst):
+    """dst = x in the cache's type. x: (n,) f32 (overwritten with q8_0 quants for a q8_0 cache);
+    dst: (n,) uint16 f16 bits, or (n // 32 * 34,) uint8 q8_0 blocks; dxb, bsum: (n // 16,) f32 scratch."""
+
+
+@overload(kv_store)
+def _kv_store(x, dxb, bsum, dst):
+    if dst.dtype == types.uint16:
+        def f16(x, dxb, bsum, dst):
+            for i in range(x.shape[0]):  # rounded to the nearest half as it converts
+                dst[i] = f32_to_f16(x[i])
+        return f16
+
+    def q8_0(x, dxb, bsum, dst):
+        # llama.cpp writes a q8_0 cache with the quantizer of its q8_0 activations (quantize_row_q8_0)
+        quantize_row(ACT_Q8_0, x, x, dxb, bsum)
+        for b in range(x.shape[0] // Q8):
+            o = b * Q8_BYTES
+            d = f32_to_f16(dxb[2 * b])  # an f16 value already: exact
+            dst[o] = np.uint8(d & np.uint16(0xFF))
+            dst[o + 1] = np.uint8(d >> np.uint16(8))
+            for i in range(Q8):
+                dst[o + 2 + i] = np.uint8(np.int32(x[b * Q8 + i]) & 0xFF)
+    return q8_0
+
+
+def prepare_q(q, qd, bsum, k_rows):
+    """Q as the products with the cache's K take it. q: (n,) f32 in place; for f16 K rounded to f16,
+    for q8_0 K replaced by its q8_0 quants with their scales in qd (n // 16,) f32 (bsum: scratch)."""
+
+
+@overload(prepare_q)
+def _prepare_q(q, qd, bsum, k_rows):
+    if k_rows.dtype == types.uint16:
+        return lambda q, qd, bsum, k_rows: round_f16(q)
+    return lambda q, qd, bsum, k_rows: quantize_row(ACT_Q8_0, q, q, qd, bsum)
+
+
+@njit(cache=True)
+def _f16_at(row, o):
+    # the f16 scale stored little-endian at bytes o, o+1 of a q8_0 row, as float32
+    return F16_TO_F32[np.uint16(row[o]) | (np.uint16(row[o + 1]) << np.uint16(8))]
+
+
+def qk(q, qo, qd, qdo, k, kh, r0, m, s):
+    """s[j] = q[qo:qo+D] · K row r0+j of head kh, for j < m. q: 1-D f32 (prepare_q); qd: 1-D f32, the
+    q8_0 scale of q[qo + 32b:] at qd[qdo + 2b]; k: (S, Hkv, row) f16 bits or q8_0 blocks."""
+
+
+@overload(qk, jit_options={"fastmath": True})
+def _qk(q, qo, qd, qdo, k, kh, r0, m, s):
+    if k.dtype == types.uint16:
+        def f16(q, qo, qd, qdo, k, kh, r0, m, s):
+            D = k.shape[2]
+            if D % W == 0:
+                _qk_rows(q, qo, k, kh, r0, m, s)
+                return
+            for j in range(m):
+                acc = np.float32(0.0)
+                for i in range(D):
+                    acc += q[qo + i] * F16_TO_F32[k[r0 + j, kh, i]]
+                s[j] = acc
+        return f16
+
+    def q8_0(q, qo, qd, qdo, k, kh, r0, m, s):
+        ki = k.view(np.int8)
+        for j in range(m):
+            row = k[r0 + j, kh]
+            qrow = ki[r0 + j, kh]
+            acc = np.float32(0.0)
+            for b in range(k.shape[2] // Q8_BYTES):
+                o = b * Q8_BYTES
+                isum = np.float32(0.0)  # a sum of products of integers below 2**24: exact in any order
+                for i in range(Q8):
+                    isum += q[qo + b * Q8 + i] * np.float32(qrow[o + 2 + i])
+                acc += _f16_at(row, o) * qd[qdo + 2 * b] * isum
+            s[j] = acc
+    return q8_0
+
+
+def weigh_values(v, kh, r0, m, s, so, out):
+    """out (Dv,) f32 += sum over j < m of s[so+j] * V row r0+j of head kh (v: (S, Hkv, row) f16 bits
+    or q8_0 blocks); the sums carry on from one call to the next exactly as in one run."""
+
+
+@overload(weigh_values, jit_options={"fastmath": True})
+def _weigh_values(v, kh, r0, m, s, so, out):
+    if v.dtype == types.uint16:
+        def f16(v, kh, r0, m, s, so, out):
+            Dv = v.shape[2]
+            nv = Dv - Dv % VSPAN
+            sj = s[so:]
+            for i0 in range(0, nv, VSPAN):
+                _weighted_rows(v, kh, r0, m, i0, sj, out, i0, True)
+            for i in range(nv, Dv):
+                acc = out[i]
+                for j in range(m):
+                    acc += sj[j] * F16_TO_F32[v[r0 + j, kh, i]]
+                out[i] = acc
+        return f16
+
+    def q8_0(v, kh, r0, m, s, so, out):
+        vi = v.view(np.int8)
+        for j in range(m):
+            w = s[so + j]
+            row = v[r0 + j, kh]
+            qrow = vi[r0 + j, kh]
+            for b in range(v.shape[2] // Q8_BYTES):
+                o = b * Q8_BYTES
+                d = _f16_at(row, o)
+                for i in range(Q8):  # llama.cpp dequantizes the row, then adds weight * row
+                    out[b * Q8 + i] += w * (d * np.float32(qrow[o + 2 + i]))
+    return q8_0
+
+
+def round_weights(s, v):
+    """The softmax weights s as the product with the cache's V takes them: f16 V, rounded to f16."""
+
+
+@overload(round_weights)
+def _round_weights(s, v):
+    if v.dtype == types.uint16:
+        return lambda s, v: round_f16(s)
+    return lambda s, v: None
+
+
+@njit(cache=True)
+def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, qd, k_pool, v_pool, slots,
+             kf, vf, dxb, bsum, rot_k, rot_v):
+    # What follows the Q/K/V products, in one call: biases, per-head norms, RoPE, the Q prescale,
+    # the rotation of Q and K by rot_k and of V by rot_v (0: none; kv_pool.rotation), Q prepared for
+    # the products with K (prepare_q) and K, V written to the cache (kv_store).
+    # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
+    # q_norm, k_norm: (hd,) or (0,); cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
+    # q: (T, H, hd) f32 out; qd: (T, H*hd // 16) f32 out, Q's q8_0 scales (q8_0 K only)
+    # k_pool: (n_slots, Hkv, K row), v_pool: (n_slots, Hkv, V row): the layer's KV cache (kv_pool.py),
+    #   token t written to row slots[t] (slots: (T,) int32)
+    # kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch; dxb, bsum: (>= max(Nk, Nv) // 16,) f32 scratch
+    T = qkv.shape[0]
+    Nq = q.shape[1] * q.shape[2]
+    Nk = kf.shape[0] * kf.shape[1]
+    Nv = vf.shape[0] * vf.shape[1]
+    kb = kf.reshape(Nk)
+    vb = vf.reshape(Nv)
+    for t in range(T):
+        row = qkv[t]
+        heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
+        heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
+        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
+        if rot_k > 0:
+            fwht(q[t].reshape(Nq), rot_k)
+            fwht(kb, rot_k)
+        if rot_v > 0:
+            fwht(vb, rot_v)
+        prepare_q(q[t].reshape(Nq), qd[t], bsum, k_pool)
+        kv_store(kb, dxb, bsum, k_pool[slots[t]].reshape(-1))
+        kv_store(vb, dxb, bsum, v_pool[slots[t]].reshape(-1))
+
+
 @njit(cache=True, fastmath=True, parallel=True)
-def attention(q, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, out, scores):
-    # q: (T, Hq, D) f32, rounded to f16 values like K and V; scale multiplies q·k
-    # k_pool: (n_blocks*bs, Hkv, D), v_pool: (n_blocks*bs, Hkv, Dv) uint16 f16 bits, this layer's blocks
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, rot_v, out, scores):
+    # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
+    # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)
     # tables: (S, max_blocks) int32: block b of sequence s holds its positions b*bs .. b*bs+bs-1
     # tok_seq: (T,) int32 row of tables for each query; q_pos: (T,) int32 its position;
     #   keys 0..q_pos[t] of that sequence are visible (causal)
     # window: 0 or the sliding window (key p visible iff q_pos - p < window)
+    # rot_v: 0 or the size of the rotation V was stored with (qkv_post), undone on each output head
     # out: (T, Hq, Dv) f32; scores: (n_chunks, >= longest sequence) f32 scratch, a row per parallel chunk
     T, Hq, D = q.shape
     Hkv = k_pool.shape[1]
-    Dv = v_pool.shape[2]
+    Dv = out.shape[2]
     group = Hq // Hkv
     n_work = T * Hq
     n_chunks = min(scores.shape[0], n_work)
     qflat = q.reshape(T * Hq * D)
-    nv = Dv - Dv % VSPAN
     for c in prange(n_chunks):
         s = scores[c]
         # work items dealt round-robin: later queries see more keys, so contiguous runs would not balance
@@ -165,14 +340,7 @@ def attention(q, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, soft
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
-                if D % W == 0:
-                    _qk_rows(qflat, (t * Hq + h) * D, k_pool, kh, r0, m, s[p0 - lo:])
-                else:
-                    for j in range(m):
-                        acc = np.float32(0.0)
-                        for i in range(D):
-                            acc += q[t, h, i] * F16_TO_F32[k_pool[r0 + j, kh, i]]
-                        sw[p0 - lo + j] = acc
+                qk(qflat, (t * Hq + h) * D, qd[t], h * D // 16, k_pool, kh, r0, m, s[p0 - lo:])
             mx = np.float32(-np.inf)
             for j in range(n):
                 a = sw[j] * scale
@@ -188,7 +356,7 @@ def attention(q, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, soft
             inv = np.float32(1.0) / total
             for j in range(n):
                 sw[j] *= inv
-            round_f16(sw)  # llama.cpp multiplies V (f16) by the weights rounded to f16
+            round_weights(sw, v_pool)
             o = out[t, h]
             for i in range(Dv):
                 o[i] = 0.0
@@ -196,10 +364,6 @@ def attention(q, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, soft
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs
-                for i0 in range(0, nv, VSPAN):
-                    _weighted_rows(v_pool, kh, r0, m, i0, s[p0 - lo:], o, i0, True)
-                for i in range(nv, Dv):
-                    acc = o[i]
-                    for j in range(m):
-                        acc += s[p0 - lo + j] * F16_TO_F32[v_pool[r0 + j, kh, i]]
-                    o[i] = acc
+                weigh_values(v_pool, kh, r0, m, s, p0 - lo, o)
+            if rot_v > 0:
+                fwht(o, rot_v)

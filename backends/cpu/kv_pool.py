@@ -2,6 +2,12 @@
 
 Which block belongs to which sequence is the engine's business (its block manager); this
 module only holds the arrays, copies a block (copy-on-write) and reports sizes.
+
+Keys and values are kept as llama.cpp keeps them for the same --cache-type-k / --cache-type-v:
+f16 (uint16 bits per element) or q8_0 (per 32 elements of a head, llama.cpp's 34-byte block: an
+f16 scale, then 32 int8 quants), so a row of a head is (D,) uint16 or (D // 32 * 34,) uint8 and the
+attention kernel tells the two apart by dtype.  A quantized cache also holds its heads rotated, as
+llama.cpp's does (see rotation).
 """
 from __future__ import annotations
 
@@ -9,17 +15,47 @@ import math
 
 import numpy as np
 
-from infer.backends.base import BlockKVPool
+from infer.backends.base import KV_CACHE_BYTES, BackendError, BlockKVPool
+
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34
+
+
+def check_head_size(cache_type: str, flag: str, head_dim: int) -> None:
+    if cache_type == "q8_0" and head_dim % Q8_0_BLOCK:
+        raise BackendError(f"{flag} q8_0 needs a head size that is a multiple of {Q8_0_BLOCK}; "
+                           f"this model's is {head_dim}")
+
+
+def rotation(cache_type: str, head_dim: int, widest: bool) -> int:
+    """The size of the Walsh-Hadamard rotation llama.cpp applies to heads kept in a quantized cache
+    (0: none).  An orthonormal rotation spreads an outlier over many elements, so one large value no
+    longer sets a whole block's scale: llama.cpp rotates Q and K by the widest power of two (from 64)
+    that divides the head size, V in chunks of 64 and the attention output back (the rotation is its
+    own inverse); heads whose size is not a multiple of 64 are not rotated (llama-kv-cache.cpp,
+    build_input_k_rot / build_input_v_rot)."""
+    if cache_type == "f16" or head_dim % 64:
+        return 0
+    n = 64
+    while widest and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _rows(cache_type: str, n_layers: int, n_rows: int, n_head: int, head_dim: int) -> np.ndarray:
+    if cache_type == "q8_0":
+        return np.zeros((n_layers, n_rows, n_head, head_dim // Q8_0_BLOCK * Q8_0_BYTES), np.uint8)
+    return np.zeros((n_layers, n_rows, n_head, head_dim), np.uint16)
 
 
 class KVPool(BlockKVPool):
-    def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
+    def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16"):
         super().__init__(cfg, n_blocks, block_size)
         groups = cfg.kv_groups
-        # k[g]: (layers in group, n_blocks * block_size, n_head_kv, head_dim) uint16 f16 bits
-        self.k = [np.zeros((len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim), np.uint16)
+        # k[g]: (layers in group, n_blocks * block_size, n_head_kv, K row) f16 bits or q8_0 blocks
+        self.k = [_rows(cache_type_k, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim)
                   for g, n in zip(groups, self.n_blocks)]
-        self.v = [np.zeros((len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v), np.uint16)
+        self.v = [_rows(cache_type_v, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v)
                   for g, n in zip(groups, self.n_blocks)]
 
     def layer(self, il: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -40,19 +76,19 @@ class KVPool(BlockKVPool):
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     @staticmethod
-    def bytes_per_block(cfg, block_size: int) -> tuple[int, ...]:
-        """Bytes one block of each KV group takes (K and V of all its layers, f16)."""
-        return cfg.kv_block_bytes(block_size, 2)
+    def bytes_per_block(cfg, block_size: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> tuple[int, ...]:
+        """Bytes one block of each KV group takes (K and V of all its layers)."""
+        return cfg.kv_block_bytes(block_size, KV_CACHE_BYTES[cache_type_k], KV_CACHE_BYTES[cache_type_v])
 
 
 class SequenceKV:
     """A KV cache for one sequence, the simple case: a pool with as many blocks as the context
     needs and the identity block table."""
 
-    def __init__(self, cfg, n_ctx: int, block_size: int = 16):
+    def __init__(self, cfg, n_ctx: int, block_size: int = 16, cache_type_k: str = "f16", cache_type_v: str = "f16"):
         n = math.ceil(n_ctx / block_size)
         self.n_ctx = n_ctx
-        self.pool = KVPool(cfg, [n] * len(cfg.kv_groups), block_size)
+        self.pool = KVPool(cfg, [n] * len(cfg.kv_groups), block_size, cache_type_k, cache_type_v)
         self.tables = [np.arange(n, dtype=np.int32)[None, :] for _ in cfg.kv_groups]
 
     @property

@@ -5,29 +5,47 @@ file's bits per weight (repack.py) and multiplied as llama.cpp does, with 8-bit 
 exact integer block dots (qdot.py; with AVX-512 VNNI or AVX2, integer dot instructions with
 bit-identical results).
 Weights kept as they are (F32, F16, BF16, or any type not repacked) take the reference path: the
-activations are rounded as llama.cpp rounds them for that type, then small batches dequantize
-one weight row at a time into a per-thread buffer and dot it with every activation row; large batches dequantize the whole matrix once and hand the product to BLAS.
+activations are rounded as llama.cpp rounds them for that type, then a tile of weight rows is
+dequantized into a per-thread buffer and dotted with every activation row.  It is not BLAS on
+purpose: a BLAS product's summation order depends on the batch's row count, and a sequence's
+results must not change with what it is batched with (BLAS was ~1.8x faster on 512-token prefills).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from infer.quant.dequant import dequant_row, dequant_rows
+from infer.quant.dequant import dequant_row
 
 from .activations import ACT_NONE, ACT_ROUNDING, round_activations
 from .qdot import NC, TT_MAX, matmul_packed
 from .repack import PackedWeight
 
-# Reference path: above this many activation rows, dequantize-then-BLAS beats the fused row kernel.
-BLAS_MIN_ROWS = 16
-ROW_TILE = 4  # weight rows dequantized together so each activation row is reused from L1
+ROW_TILE = 16  # weight rows dequantized together (64 KB at K = 1024), each activation row reused from L1 across them
+
+
+@njit(cache=True, fastmath=True)
+def _dot4(b, j, x, t, out, n):
+    # out[t, n + i] = b[j + i] · x[t] for i < 4: four weight rows share each activation load
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for k in range(x.shape[1]):
+        xv = x[t, k]
+        a0 += b[j, k] * xv
+        a1 += b[j + 1, k] * xv
+        a2 += b[j + 2, k] * xv
+        a3 += b[j + 3, k] * xv
+    out[t, n] = a0
+    out[t, n + 1] = a1
+    out[t, n + 2] = a2
+    out[t, n + 3] = a3
 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def qmatmul_rows(type_id, w, x, out, scratch):
     # w: (N, row_bytes) uint8 raw weight rows; x: (T, K) f32; out: (T, N) f32 = x @ W.T
     # scratch: (n_chunks, ROW_TILE, K) f32, one tile per parallel chunk
+    # Each output is one dot product whose order depends on its row's place in a tile, never on T,
+    # so batching changes no result.
     N = w.shape[0]
     T, K = x.shape
     n_chunks = scratch.shape[0]
@@ -41,8 +59,11 @@ def qmatmul_rows(type_id, w, x, out, scratch):
             nr = min(tile, N - r0)
             for j in range(nr):
                 dequant_row(type_id, w[r0 + j], buf[j])
+            quads = nr - nr % 4
             for t in range(T):
-                for j in range(nr):
+                for j in range(0, quads, 4):
+                    _dot4(buf, j, x, t, out, r0 + j)
+                for j in range(quads, nr):
                     acc = np.float32(0.0)
                     for k in range(K):
                         acc += buf[j, k] * x[t, k]
@@ -52,13 +73,12 @@ def qmatmul_rows(type_id, w, x, out, scratch):
 class MatmulWorkspace:
     """Scratch buffers for qmatmul, sized once for the largest weight."""
 
-    def __init__(self, max_tokens: int, max_k: int, max_weight_elems: int, n_chunks: int):
+    def __init__(self, max_tokens: int, max_k: int, n_chunks: int):
         self.n_chunks = n_chunks
         self.max_tokens, self.max_k = max_tokens, max_k
         # float weights
         self.xr = np.zeros((max_tokens, max_k), np.float32)
         self.tiles = np.zeros((n_chunks, ROW_TILE, max_k), np.float32)
-        self.dense = np.zeros(max_weight_elems, np.float32)
         # quantized activations for the packed kernels; flat, so that (T, K) views are C-contiguous
         # (numba compiles strided 'A' arrays into slower, unvectorized code)
         self.xq = np.zeros(max_tokens * max_k, np.float32)
@@ -94,9 +114,4 @@ def _reference_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) ->
         xr = ws.xr[:T, :K]
         round_activations(mode, x, xr)
         x = xr
-    if T >= BLAS_MIN_ROWS and N * K <= ws.dense.size:
-        dense = ws.dense[: N * K].reshape(N, K)
-        dequant_rows(w.type_id, w.raw, dense)
-        np.matmul(x, dense.T, out=out)
-        return
     qmatmul_rows(w.type_id, w.raw, x, out, ws.tiles)

@@ -130,7 +130,7 @@ def glu(gu, F, gelu, out):
 
 
 @njit(cache=True, fastmath=True)
-def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
+def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
     # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
     # bias (H*hd,) or (0,); norm (hd,) or (0,) (per-head RMSNorm); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
     H, D = dst.shape
@@ -162,32 +162,23 @@ def _heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
 
 
 @njit(cache=True)
-def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, k_pool, v_pool, slots, kf, vf):
-    # What follows the Q/K/V products, in one call: biases, per-head norms, RoPE, the Q prescale and
-    # the f16 rounding of Q, K and V (llama.cpp keeps K/V in f16 and rounds Q for its products).
-    # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
-    # q_norm, k_norm: (hd,) or (0,); cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
-    # q: (T, H, hd) f32 out; k_pool: (n_slots, Hkv, hd), v_pool: (n_slots, Hkv, hdv) uint16, f16 bits:
-    # the layer's KV cache, token t written to row slots[t] (slots: (T,) int32)
-    # kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch
-    T = qkv.shape[0]
-    Nq = q.shape[1] * q.shape[2]
-    Nk = k_pool.shape[1] * k_pool.shape[2]
-    Nv = v_pool.shape[1] * v_pool.shape[2]
-    kb = kf.reshape(Nk)
-    vb = vf.reshape(Nv)
-    for t in range(T):
-        row = qkv[t]
-        _heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
-        round_f16(q[t])
-        _heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
-        _heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
-        kt = k_pool[slots[t]].reshape(Nk)
-        vt = v_pool[slots[t]].reshape(Nv)
-        for i in range(Nk):  # rounded to the nearest half as it converts
-            kt[i] = f32_to_f16(kb[i])
-        for i in range(Nv):
-            vt[i] = f32_to_f16(vb[i])
+def fwht(x, n):
+    # x: (m * n,) f32 in place: each run of n (a power of two) times the orthonormal Walsh-Hadamard
+    # matrix, as llama.cpp's ggml_compute_forward_fwht does it: scaled by 1/sqrt(n) first, then the
+    # butterflies (u + v, u - v) for strides 1, 2, 4, ... (its SIMD passes do the same operations)
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(n)))
+    for i in range(x.shape[0]):
+        x[i] *= scale
+    for c in range(0, x.shape[0], n):
+        step = 1
+        while step < n:
+            for i in range(c, c + n, 2 * step):
+                for j in range(i, i + step):
+                    u = x[j]
+                    v = x[j + step]
+                    x[j] = u + v
+                    x[j + step] = u - v
+            step *= 2
 
 
 @njit(cache=True, fastmath=True)

@@ -39,8 +39,7 @@ from .activations import ACT_ROUNDING
 from .qdot import LAYOUTS, NC, SC_F16, SC_K4, Layout
 from .target import INT_KERNEL
 
-GROUP = {t: L.group for t, L in LAYOUTS.items()}
-CHUNK_TILES = 64  # tiles packed per call (4096 rows): the most of a tensor's file pages resident at once  # elements per block scale of each repackable type
+CHUNK_TILES = 64  # tiles packed per call (4096 rows): the most of a tensor's file pages resident at once
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,12 +21,12 @@ import numpy as np
 from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor
 
-from .attention import attention
-from .kv_pool import KVPool, SequenceKV
+from .attention import attention, qkv_post
+from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace, qmatmul
-from .ops import embed, glu, qkv_post, residual_norm, rmsnorm, rope_cache, softcap
+from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
 from .memlock import mlock_arrays
-from .repack import GROUP, PackedWeight, pack_stacked
+from .repack import PackedWeight, pack_stacked
 from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
@@ -105,7 +105,7 @@ class _Layer:
 
 
 class Workspace:
-    def __init__(self, cfg, max_tokens: int, n_ctx: int, max_weight_elems: int, n_threads: int):
+    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int):
         T, D, F = max_tokens, cfg.n_embd, cfg.n_ff
         f32 = np.float32
         self.max_tokens, self.n_ctx = T, n_ctx
@@ -114,8 +114,11 @@ class Workspace:
         nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
         self.qkv = np.zeros((T, nq + nk + nv), f32)
         self.q = np.zeros((T, cfg.n_head, cfg.head_dim), f32)
+        self.qd = np.zeros((T, nq // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
         self.kf = np.zeros((cfg.n_head_kv, cfg.head_dim), f32)
         self.vf = np.zeros((cfg.n_head_kv, cfg.head_dim_v), f32)
+        self.dxb = np.zeros(max(nq, nk, nv) // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
+        self.bsum = np.zeros_like(self.dxb)
         self.attn = np.zeros((T, cfg.n_head * cfg.head_dim_v), f32)
         self.o = np.zeros((T, D), f32)
         self.gu = np.zeros((T, 2 * F), f32)
@@ -126,7 +129,7 @@ class Workspace:
         self.sin = np.zeros((2, T, half), f32)
         n_chunks = max(1, 4 * n_threads)
         self.scores = np.zeros((n_chunks, n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), max_weight_elems, n_chunks)
+        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
 
 
 class CpuTransformer:
@@ -135,7 +138,12 @@ class CpuTransformer:
     backend = "cpu"
 
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
-                 mmap: bool = True, mlock: bool = False):
+                 mmap: bool = True, mlock: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
+        check_head_size(cache_type_k, "--cache-type-k", config.head_dim)
+        check_head_size(cache_type_v, "--cache-type-v", config.head_dim_v)
+        self.cache_types = (cache_type_k, cache_type_v)
+        self.rot_k = rotation(cache_type_k, config.head_dim, widest=True)
+        self.rot_v = rotation(cache_type_v, config.head_dim_v, widest=False)
         self.cfg = config
         self.w = weights
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
@@ -165,9 +173,6 @@ class CpuTransformer:
             except OSError as e:
                 warnings.warn(str(e.strerror or e), RuntimeWarning, stacklevel=2)
         self.output_norm = _vec(weights.output_norm)
-        # Largest float (unpacked) body weight: the dense buffer of their prefill path.
-        body = [t for lw in weights.layers for t in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]
-        self.max_weight_elems = max([t.raw.shape[0] * t.shape[-1] for t in body if t.type_id not in GROUP], default=0)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor
@@ -179,14 +184,14 @@ class CpuTransformer:
         return [f"cpu: {self.n_threads} threads, {ISA}"]
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
-        return KVPool.bytes_per_block(self.cfg, block_size)
+        return KVPool.bytes_per_block(self.cfg, block_size, *self.cache_types)
 
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> KVPool:
-        return KVPool(self.cfg, n_blocks, block_size)
+        return KVPool(self.cfg, n_blocks, block_size, *self.cache_types)
 
     def new_kv_cache(self, n_ctx: int) -> SequenceKV:
         """A cache for one sequence of up to n_ctx tokens (for forward)."""
-        return SequenceKV(self.cfg, n_ctx)
+        return SequenceKV(self.cfg, n_ctx, 16, *self.cache_types)
 
     def warmup(self) -> None:
         """One token through every kernel, so compiling (or loading compiled code) happens now."""
@@ -194,7 +199,7 @@ class CpuTransformer:
 
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None:
-            self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.max_weight_elems, self.n_threads)
+            self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads)
         elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
             ws = self._ws
             ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)
@@ -248,7 +253,7 @@ class CpuTransformer:
         if any(cfg.layer_swa):
             rope_cache(pos, cfg.n_rot, cfg.rope_base_swa, 1.0, self.freq_factors, ws_cos[1], ws_sin[1])
 
-        qkv, q3, attn, o, gu, act = ws.qkv[:T], ws.q[:T], ws.attn[:T], ws.o[:T], ws.gu[:T], ws.act[:T]
+        qkv, q3, qd, attn, o, gu, act = ws.qkv[:T], ws.q[:T], ws.qd[:T], ws.attn[:T], ws.o[:T], ws.gu[:T], ws.act[:T]
         attn3 = attn.reshape(T, cfg.n_head, cfg.head_dim_v)
         eps = np.float32(cfg.norm_eps)
         gelu = cfg.flags.activation == "gelu"
@@ -270,9 +275,10 @@ class CpuTransformer:
                 tr(f"qkv-{il}", qkv)  # Q, K, V side by side (llama.cpp: the first Qcur, Kcur, Vcur)
             g, kc, vc = pool.layer(il)
             qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, eps, ws_cos[r], ws_sin[r], neox, q_scale,
-                     q3, kc, vc, batch.slots[g], ws.kf, ws.vf)
-            attention(q3, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
-                      kq_scale, softcap_attn, attn3, ws.scores)
+                     q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
+                     self.rot_k, self.rot_v)
+            attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
+                      kq_scale, softcap_attn, self.rot_v, attn3, ws.scores)
             if tr:
                 tr(f"kqv_out-{il}", attn)
             qmatmul(ly.wo, attn, o, mm)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from infer.backends.base import BackendError, RunnerOptions
+from infer.backends.base import KV_CACHE_BYTES, BackendError, RunnerOptions
 from infer.backends.batch import Batch
 
 from .devices import llamacpp_devices
 from .slots import SlotPool
 
-F16_BYTES = 2
+GGML_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type of each --cache-type (ggml.h)
 HEADROOM = 4  # one cell in 4 more than the engine's blocks hold: donors' cells, and prefix
 # positions llama.cpp must recompute where the engine shares blocks
 DONOR_SLOTS = 8  # slots beyond the running sequences for finished ones whose cells a prefix can reuse
@@ -113,7 +113,9 @@ class LlamaCppRunner:
         self.n_threads = options.n_threads or os.cpu_count() or 1
         self.gpu_layers = options.gpu_layers
         self.max_seqs = options.max_seqs
-        self.flash_attn = flash_attn
+        self.cache_types = (options.cache_type_k, options.cache_type_v)
+        # llama.cpp runs a quantized V cache only through flash attention (it refuses it otherwise)
+        self.flash_attn = flash_attn or options.cache_type_v != "f16"
         llama_cpp.llama_log_set(_error_log_callback(), ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
@@ -138,9 +140,10 @@ class LlamaCppRunner:
     # -- sizes and the pool ---------------------------------------------------------------------
 
     def _bytes_per_token(self) -> int:
-        """llama.cpp's f16 K and V of every layer for one position (with swa_full, sliding-window
-        layers keep every position too)."""
-        return sum(self.cfg.kv_block_bytes(1, F16_BYTES))
+        """llama.cpp's K and V of every layer for one position, in the cache types asked for (with
+        swa_full, sliding-window layers keep every position too)."""
+        k, v = self.cache_types
+        return sum(self.cfg.kv_block_bytes(1, KV_CACHE_BYTES[k], KV_CACHE_BYTES[v]))
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         # llama.cpp's cache grows with positions, which the global group's blocks count (with the
@@ -157,6 +160,7 @@ class LlamaCppRunner:
         p.n_outputs_max_per_seq = 0  # as many logits rows per sequence as the batch asks
         p.n_threads = p.n_threads_batch = self.n_threads
         p.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        p.type_k, p.type_v = (GGML_TYPES[t] for t in self.cache_types)
         p.swa_full = True  # sliding-window layers keep every position, so prefixes can be shared later
         p.kv_unified = True  # one cell buffer for all slots: a shared prefix is shared cells
         p.no_perf = True

@@ -95,6 +95,9 @@ class MlxTransformer:
     backend = "mlx"
 
     def __init__(self, config, weights, options: RunnerOptions = RunnerOptions()):
+        if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
+            raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
+                               "run on --backend cpu or llama.cpp")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu

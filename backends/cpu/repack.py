@@ -65,29 +65,30 @@ class PackedWeight:
 
 
 @njit(cache=True, inline="always")
-def unpack_row(type_id, src, q):
-    # src: (row_bytes,) uint8, one raw row; q: (K,) int8, its signed quants (weight = scale * q - min)
-    K = q.shape[0]
+def unpack_row(type_id, src, u):
+    # src: (row_bytes,) uint8, one raw row; u: (K,) uint8, its quants as the planes keep them,
+    # u = q + LAYOUTS[type].offset (weight = scale * q - min): the unsigned value each type stores
+    # (Q8_0's signed byte with its sign bit flipped)
+    K = u.shape[0]
     if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
         size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
             22 if type_id == qt.Q5_0 else 24)  # bytes per block
-        off = 8 if type_id == qt.Q4_0 else 16 if type_id == qt.Q5_0 else 0  # q - off is the signed quant
         for b in range(K // 32):
             o = b * size
             t = b * 32
             if type_id == qt.Q8_0:
                 for j in range(32):
-                    q[t + j] = np.int8(np.int32(src[o + 2 + j]) - (np.int32(src[o + 2 + j]) >> 7 << 8))
+                    u[t + j] = src[o + 2 + j] ^ np.uint8(0x80)
                 continue
-            qh = np.int64(0)
+            qh = np.uint32(0)
             if type_id == qt.Q5_0 or type_id == qt.Q5_1:
                 p = o + 2 if type_id == qt.Q5_0 else o + 4
-                qh = np.int64(src[p]) | (np.int64(src[p + 1]) << 8) | (np.int64(src[p + 2]) << 16) | (np.int64(src[p + 3]) << 24)
+                qh = np.uint32(src[p]) | (np.uint32(src[p + 1]) << 8) | (np.uint32(src[p + 2]) << 16) | (np.uint32(src[p + 3]) << 24)
             qs = o + size - 16
             for j in range(16):
-                x = np.int32(src[qs + j])
-                q[t + j] = (x & 15) + (((qh >> j) & 1) << 4) - off
-                q[t + 16 + j] = (x >> 4) + (((qh >> (j + 16)) & 1) << 4) - off
+                x = src[qs + j]
+                u[t + j] = (x & np.uint8(15)) | np.uint8(((qh >> j) & 1) << 4)
+                u[t + 16 + j] = (x >> np.uint8(4)) | np.uint8(((qh >> (j + 16)) & 1) << 4)
     elif type_id == qt.Q4_K or type_id == qt.Q5_K:
         size = 144 if type_id == qt.Q4_K else 176
         qs = 16 if type_id == qt.Q4_K else 48
@@ -96,12 +97,12 @@ def unpack_row(type_id, src, q):
             for j in range(8):
                 t = 256 * b + 32 * j
                 base = o + qs + 32 * (j >> 1)
-                sh = 4 * (j & 1)
+                sh = np.uint8(4 * (j & 1))
                 for l in range(32):
-                    v = (np.int32(src[base + l]) >> sh) & 15
+                    v = (src[base + l] >> sh) & np.uint8(15)
                     if type_id == qt.Q5_K:
-                        v |= ((np.int32(src[o + 16 + l]) >> j) & 1) << 4
-                    q[t + l] = v
+                        v |= ((src[o + 16 + l] >> np.uint8(j)) & np.uint8(1)) << np.uint8(4)
+                    u[t + l] = v
     elif type_id == qt.Q2_K or type_id == qt.Q3_K or type_id == qt.Q6_K:
         size = 84 if type_id == qt.Q2_K else 110 if type_id == qt.Q3_K else 210
         for b in range(K // 256):
@@ -112,43 +113,43 @@ def unpack_row(type_id, src, q):
                         t = 16 * (16 * b + 8 * hh + 2 * kk + p)  # the 16-element sub-block
                         if type_id == qt.Q2_K:
                             for l in range(16):
-                                q[t + l] = (np.int32(src[o + 16 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
+                                u[t + l] = (src[o + 16 + 32 * hh + 16 * p + l] >> np.uint8(2 * kk)) & np.uint8(3)
                         elif type_id == qt.Q3_K:
                             for l in range(16):
-                                lo = (np.int32(src[o + 32 + 32 * hh + 16 * p + l]) >> (2 * kk)) & 3
-                                hb = (np.int32(src[o + 16 * p + l]) >> (4 * hh + kk)) & 1
-                                q[t + l] = lo + 4 * hb - 4
+                                lo = (src[o + 32 + 32 * hh + 16 * p + l] >> np.uint8(2 * kk)) & np.uint8(3)
+                                hb = (src[o + 16 * p + l] >> np.uint8(4 * hh + kk)) & np.uint8(1)
+                                u[t + l] = lo | (hb << np.uint8(2))
                         else:
                             for l in range(16):
                                 i = 16 * p + l
-                                lo = (np.int32(src[o + 64 * hh + 32 * (kk & 1) + i]) >> (4 * (kk >> 1))) & 15
-                                hi = (np.int32(src[o + 128 + 32 * hh + i]) >> (2 * kk)) & 3
-                                q[t + l] = (lo | (hi << 4)) - 32
+                                lo = (src[o + 64 * hh + 32 * (kk & 1) + i] >> np.uint8(4 * (kk >> 1))) & np.uint8(15)
+                                hi = (src[o + 128 + 32 * hh + i] >> np.uint8(2 * kk)) & np.uint8(3)
+                                u[t + l] = lo | (hi << np.uint8(4))
 
 
 @njit(cache=True)
-def unpack_typed(type_id, src, q):
+def unpack_typed(type_id, src, u):
     # unpack_row with the type a constant in each inlined copy (its inner loops then specialize)
     if type_id == qt.Q4_K:
-        unpack_row(qt.Q4_K, src, q)
+        unpack_row(qt.Q4_K, src, u)
     elif type_id == qt.Q6_K:
-        unpack_row(qt.Q6_K, src, q)
+        unpack_row(qt.Q6_K, src, u)
     elif type_id == qt.Q5_K:
-        unpack_row(qt.Q5_K, src, q)
+        unpack_row(qt.Q5_K, src, u)
     elif type_id == qt.Q8_0:
-        unpack_row(qt.Q8_0, src, q)
+        unpack_row(qt.Q8_0, src, u)
     elif type_id == qt.Q4_0:
-        unpack_row(qt.Q4_0, src, q)
+        unpack_row(qt.Q4_0, src, u)
     elif type_id == qt.Q5_0:
-        unpack_row(qt.Q5_0, src, q)
+        unpack_row(qt.Q5_0, src, u)
     elif type_id == qt.Q4_1:
-        unpack_row(qt.Q4_1, src, q)
+        unpack_row(qt.Q4_1, src, u)
     elif type_id == qt.Q5_1:
-        unpack_row(qt.Q5_1, src, q)
+        unpack_row(qt.Q5_1, src, u)
     elif type_id == qt.Q3_K:
-        unpack_row(qt.Q3_K, src, q)
+        unpack_row(qt.Q3_K, src, u)
     else:
-        unpack_row(qt.Q2_K, src, q)
+        unpack_row(qt.Q2_K, src, u)
 
 
 @njit(cache=True, inline="always")
@@ -156,7 +157,7 @@ def _u16(src, o):
     return np.uint16(np.int32(src[o]) | (np.int32(src[o + 1]) << 8))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def row_scales(type_id, src, s, m, sc):
     # src: (row_bytes,) uint8, one raw row; writes the row's scales as the planes keep them
     # (module doc): s, m: (X,) uint16 f16 bits; sc: (Y,) uint8
@@ -193,28 +194,31 @@ def row_scales(type_id, src, s, m, sc):
 
 
 @njit(cache=True, inline="always")
-def write_plane(tq, b, group, offset, bits, low, out):
-    # tq: (NC, K) int8 quants of a tile's rows; out: (bytes per block,) uint8, block b of the tile in
-    # a plane of `bits` bits holding bits low.. of u = q + offset (module doc), each byte written once
+def write_plane(tu, b, group, bits, low, out):
+    # tu: (NC, K // 4) uint32, the u = q + offset of a tile's rows, 4 columns a word (little-endian);
+    # out: (bytes per block,) uint8, block b of the tile in a plane of `bits` bits holding bits low..
+    # of each u (module doc).  A group's 4 columns of a row are one word in and one word out, so
+    # the bytes move 4 at a time (low + bits <= 8: no bit crosses into a neighbouring byte).
     per = 8 // bits
-    mask = (1 << bits) - 1
+    mask = np.uint32(((1 << bits) - 1) * 0x01010101)
     n_groups = group // 4
-    for pg in range(out.shape[0] // (NC * 4)):
+    ow = out.view(np.uint32)
+    w0 = b * group // 4
+    for pg in range(ow.shape[0] // NC):
         for r in range(NC):
-            for i in range(4):
-                v = 0
-                for k in range(per):
-                    j4 = pg * per + k
-                    if j4 < n_groups:
-                        v |= (((np.int32(tq[r, b * group + 4 * j4 + i]) + offset) >> low) & mask) << (bits * k)
-                out[(pg * NC + r) * 4 + i] = v
+            v = np.uint32(0)
+            for k in range(per):
+                j4 = pg * per + k
+                if j4 < n_groups:
+                    v |= ((tu[r, w0 + j4] >> np.uint32(low)) & mask) << np.uint32(bits * k)
+            ow[pg * NC + r] = v
 
 
 @njit(cache=True, parallel=True)
-def pack_rows(type_id, group, lo_bits, hi_bits, offset, has_m, has_sc, raw, lo, hi, s, m, sc, rq, rs, rm, rsc):
+def pack_rows(type_id, group, lo_bits, hi_bits, has_m, has_sc, raw, lo, hi, s, m, sc, rq, rs, rm, rsc):
     # raw: (N, row_bytes) uint8; lo, hi, s, m, sc: the planes of ceil(N / NC) tiles (module doc;
     # hi, m, sc are placeholders unless hi_bits, has_m, has_sc); scratch, one tile's rows per
-    # parallel chunk: rq: (n_chunks, NC, K) int8 quants; rs, rm: (n_chunks, NC, X) uint16;
+    # parallel chunk: rq: (n_chunks, NC, K) uint8 quants u; rs, rm: (n_chunks, NC, X) uint16;
     # rsc: (n_chunks, NC, Y) uint8
     N = raw.shape[0]
     NT, nb = lo.shape[0], lo.shape[1]
@@ -228,21 +232,22 @@ def pack_rows(type_id, group, lo_bits, hi_bits, offset, has_m, has_sc, raw, lo, 
                     unpack_typed(type_id, raw[row], tq[r])
                     row_scales(type_id, raw[row], ts[r], tm[r], tsc[r])
                 else:  # padding rows: zero weights, zero scales
-                    tq[r, :] = -offset  # u = 0 (keeps u in range; the zero scale makes it 0 anyway)
+                    tq[r, :] = 0
                     ts[r, :] = 0
                     tm[r, :] = 0
                     tsc[r, :] = 0
+            tu = tq.view(np.uint32)
             for b in range(nb):  # constant bit widths in each call, so each inlined copy is specialized
                 if lo_bits == 4:
-                    write_plane(tq, b, group, offset, 4, 0, lo[tile, b])
+                    write_plane(tu, b, group, 4, 0, lo[tile, b])
                 elif lo_bits == 2:
-                    write_plane(tq, b, group, offset, 2, 0, lo[tile, b])
+                    write_plane(tu, b, group, 2, 0, lo[tile, b])
                 else:
-                    write_plane(tq, b, group, offset, 8, 0, lo[tile, b])
+                    write_plane(tu, b, group, 8, 0, lo[tile, b])
                 if hi_bits == 1:
-                    write_plane(tq, b, group, offset, 1, lo_bits, hi[tile, b])
+                    write_plane(tu, b, group, 1, lo_bits, hi[tile, b])
                 elif hi_bits == 2:
-                    write_plane(tq, b, group, offset, 2, lo_bits, hi[tile, b])
+                    write_plane(tu, b, group, 2, lo_bits, hi[tile, b])
             for x in range(s.shape[1]):
                 for r in range(NC):
                     s[tile, x, r] = ts[r, x]
@@ -296,7 +301,7 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
     m = np.empty((nt, xs, NC) if L.has_min else (0, 0, 0), np.uint16)
     sc = np.empty((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)
     n_chunks = min(16, max(nts))
-    rq = np.empty((n_chunks, NC, K), np.int8)
+    rq = np.empty((n_chunks, NC, K), np.uint8)
     rs = np.zeros((n_chunks, NC, xs), np.uint16)
     rm = np.zeros((n_chunks, NC, xs), np.uint16)
     rsc = np.zeros((n_chunks, NC, ys), np.uint8)
@@ -306,7 +311,7 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
             c1 = min(n, c0 + CHUNK_TILES)
             part = lambda arr, present: arr[a + c0:a + c1] if present else arr
             rows = w.raw[c0 * NC:c1 * NC]
-            pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.offset, L.has_min, not legacy, rows,
+            pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.has_min, not legacy, rows,
                       lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
                       part(sc, not legacy), rq, rs, rm, rsc)
             if release:

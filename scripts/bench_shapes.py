@@ -18,6 +18,10 @@ Results are appended to a JSON-lines file as they come and printed as one table 
 
     python scripts/bench_shapes.py [--shapes deepseek-r1-qwen-1.5b,...] [--types Q4_K_M,Q8_0]
         [--threads 2] [--repetitions 2] [--rounds 2] [--no-load] [--embedded] [--out FILE]
+        [--cache-type q8_0]
+
+--cache-type sets both programs' K and V cache types (-ctk/-ctv; llama.cpp picks flash attention
+itself, which a quantized V needs).
 """
 from __future__ import annotations
 
@@ -187,18 +191,19 @@ def measured(cmd: list[str], env=None) -> tuple[str, float]:
     return p.stdout, _peak_mb(p.stderr)
 
 
-def llama_bench(binary: Path, model: Path, threads: int, reps: int) -> dict:
+def llama_bench(binary: Path, model: Path, threads: int, reps: int, cache_type: str) -> dict:
     out, rss = measured([str(binary), "-m", str(model), "-p", "512", "-n", "128", "-t", str(threads),
-                         "-r", str(reps), "-o", "json"])
+                         "-r", str(reps), "-ctk", cache_type, "-ctv", cache_type, "-o", "json"])
     rows = json.loads(out)
     pp = next(r for r in rows if r["n_prompt"] == 512 and r["n_gen"] == 0)
     tg = next(r for r in rows if r["n_gen"] == 128 and r["n_prompt"] == 0)
     return {"pp512": pp["avg_ts"], "tg128": tg["avg_ts"], "rss_mb": rss}
 
 
-def infer_bench(model: Path, threads: int, reps: int) -> dict:
+def infer_bench(model: Path, threads: int, reps: int, cache_type: str) -> dict:
     out, rss = measured([sys.executable, "-m", "infer.cli", "bench", str(model), "-p", "512", "-n", "128",
-                         "-t", str(threads), "-r", str(reps), "--backend", "cpu", "--json"])
+                         "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
+                         "-ctv", cache_type, "--json"])
     row = json.loads(out.strip().splitlines()[-1])
     return {"pp512": row["prefill_tok_s"], "tg128": row["decode_tok_s"], "rss_mb": rss,
             "kv_mb": row["kv_pool_bytes"] / 2**20}
@@ -237,14 +242,15 @@ def first_token(cmd: list[str], port: int, path: str, body: dict) -> dict:
     return {"first_token_s": ttft, "rss_mb": _peak_mb(err)}
 
 
-def load_times(server: Path, model: Path, threads: int) -> tuple[dict, dict]:
+def load_times(server: Path, model: Path, threads: int, cache_type: str) -> tuple[dict, dict]:
     body = {"prompt": "The capital of France is", "max_tokens": 1, "n_predict": 1, "temperature": 0}
     port = _free_port()
     ref = first_token([str(server), "-m", str(model), "-t", str(threads), "-c", "4096", "-np", "1",
-                       "--port", str(port), "--no-webui"], port, "/completion", body)
+                       "--port", str(port), "--no-webui", "-ctk", cache_type, "-ctv", cache_type], port, "/completion", body)
     port = _free_port()
     ours = first_token([sys.executable, "-m", "infer.cli", "serve", str(model), "--port", str(port),
-                        "--threads", str(threads), "--ctx", "4096", "--parallel", "1", "--backend", "cpu"],
+                        "--threads", str(threads), "--ctx", "4096", "--parallel", "1", "--backend", "cpu",
+                        "-ctk", cache_type, "-ctv", cache_type],
                        port, "/v1/completions", body)
     return ref, ours
 
@@ -296,6 +302,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-load", action="store_true", help="skip the servers' start-to-first-token runs")
     ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
     ap.add_argument("--out", default=str(CACHE / "results.jsonl"), help="JSON lines, appended")
+    ap.add_argument("--cache-type", default="f16", choices=["f16", "q8_0"], help="K and V cache type of both")
     a = ap.parse_args(argv)
     bins = Path(subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_bench.sh")], check=True,
                                capture_output=True, text=True).stdout.strip().splitlines()[-1])
@@ -317,20 +324,20 @@ def main(argv=None) -> None:
     for name, qtype, path in jobs:
         path = path or model_file(name, qtype, a.threads)
         row = {"shape": name, "type": qtype, "file_mb": path.stat().st_size / 2**20, "threads": a.threads,
-               "gb_per_token": bytes_per_token(path) / 1e9, "read_gb_s": bandwidth}
+               "gb_per_token": bytes_per_token(path) / 1e9, "read_gb_s": bandwidth, "cache_type": a.cache_type}
         # The machine is shared and its speed drifts over minutes: the two programs take turns,
         # and each keeps its best round (rates: the highest; RSS: the highest too).
         rounds = {"llama": [], "infer": []}
         for i in range(a.rounds):
             print(f"{name} {qtype}: round {i + 1}: llama-bench, infer bench ...", file=sys.stderr, flush=True)
-            rounds["llama"].append(llama_bench(bins / "llama-bench", path, a.threads, a.repetitions))
-            rounds["infer"].append(infer_bench(path, a.threads, a.repetitions))
+            rounds["llama"].append(llama_bench(bins / "llama-bench", path, a.threads, a.repetitions, a.cache_type))
+            rounds["infer"].append(infer_bench(path, a.threads, a.repetitions, a.cache_type))
         for k, rs in rounds.items():
             row[k] = {**max(rs, key=lambda r: r["tg128"]), "pp512": max(r["pp512"] for r in rs),
                       "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs}
         if not a.no_load:
             print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
-            row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads)
+            row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads, a.cache_type)
         results.append(row)
         with open(a.out, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -349,7 +356,8 @@ def table(rows: list[dict]) -> str:
         srv = (f"{r['llama_server']['rss_mb']:.0f} / {r['infer_serve']['rss_mb']:.0f}",
                f"{r['llama_server']['first_token_s']:.2f} / {r['infer_serve']['first_token_s']:.2f}") \
             if "infer_serve" in r else ("", "")
-        lines.append(f"| {r['shape']} {r['type']} | {r['file_mb']:.0f} | {lb['pp512']:.1f} | {ib['pp512']:.1f} | "
+        kv = "" if r.get("cache_type", "f16") == "f16" else f", KV {r['cache_type']}"
+        lines.append(f"| {r['shape']} {r['type']}{kv} | {r['file_mb']:.0f} | {lb['pp512']:.1f} | {ib['pp512']:.1f} | "
                      f"{ib['pp512'] / lb['pp512']:.2f}x | {lb['tg128']:.1f} | {ib['tg128']:.1f} | "
                      f"{ib['tg128'] / lb['tg128']:.2f}x | {lb['tg128'] * r['gb_per_token']:.1f} / "
                      f"{ib['tg128'] * r['gb_per_token']:.1f} | {lb['rss_mb']:.0f} / {ib['rss_mb']:.0f} ({ib['kv_mb']:.0f}) | "

@@ -31,8 +31,9 @@ def rotation(cache_type: str, head_dim: int, widest: bool) -> int:
     (0: none).  An orthonormal rotation spreads an outlier over many elements, so one large value no
     longer sets a whole block's scale: llama.cpp rotates Q and K by the widest power of two (from 64)
     that divides the head size, V in chunks of 64 and the attention output back (the rotation is its
-    own inverse); heads whose size is not a multiple of 64 are not rotated (llama-kv-cache.cpp,
-    build_input_k_rot / build_input_v_rot)."""
+    own inverse); heads whose size is not a multiple of 64 are not rotated (llama.cpp's
+    src/llama-kv-cache.cpp, build_input_k_rot / build_input_v_rot; LLAMA_ATTN_ROT_DISABLE=1 turns
+    it off there, and then infer's results differ from llama.cpp's)."""
     if cache_type == "f16" or head_dim % 64:
         return 0
     n = 64

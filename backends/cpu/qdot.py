@@ -350,13 +350,16 @@ class _Kernel:
             per = 8 // L.lo_bits
             # the low plane's byte-groups, unrolled: every shift is a constant
             cache = {}
+            self.pending = [[None] * len(rows) for _ in range(TT)]  # madd: int16 pair sums not yet widened
             for pi in range(-(-L.group * L.lo_bits // 32)):
                 for k in range(min(per, L.group // 4)):
                     us = [blk.quants(L, cache, b_idx, pi, k, row, n) for row in rows]
                     col = bld.add(bld.mul(b_idx, _c64(L.group)), _c64(4 * (pi * per + k)))
+                    done = pi * per + k + 1  # groups of this block added so far
+                    widen = done % self.widen_every(L) == 0 or 4 * done >= L.group
                     for tt in range(TT):
                         xi = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K), col)
-                        self.accumulate(tt, us, xa, xi, n, L)
+                        self.accumulate(tt, us, xa, xi, n, L, widen)
             for i, row in enumerate(rows):
                 s, m = blk.scales(L, b_idx, row, self.rw)
                 for tt in range(TT):
@@ -367,11 +370,19 @@ class _Kernel:
                         a = self.fma(bld.fmul(m, dxs[tt]), splat(bld, bld.fneg(bss[tt]), self.rw), a)
                     bld.store(a, self.acc[tt][i])
 
-    def madd(self, u, xs, L: Layout):
-        """<rw x i32>: each row's 4 products of u8 quants u and s8 activations xs, summed: vpmaddubsw
-        (pairs into int16, saturating) then vpmaddwd by ones.  Quants of up to 6 bits cannot
-        saturate (2 * 63 * 127 < 2**15); Q8_0's u = q + 128 could, so it runs on |q| times xs
-        with q's sign, as llama.cpp does (2 * 128 * 127 < 2**15), and its accumulator starts at 0."""
+    @staticmethod
+    def widen_every(L: Layout) -> int:
+        """The madd kernel's vpmaddubsw pair sums (int16) of this many groups can be added before
+        vpmaddwd widens them: |pair| <= 2 * umax * 127, so n pairs stay below 2**15 while
+        n * 2 * umax * 127 < 2**15 (4-bit quants: a whole 32-column block; Q8_0's |q|: 1)."""
+        umax = 128 if L.offset == 128 else (1 << (L.lo_bits + L.hi_bits)) - 1
+        return max(1, 32767 // (2 * umax * 127))
+
+    def pairs(self, u, xs, L: Layout):
+        """<2rw x i16>: vpmaddubsw of u8 quants u and s8 activations xs, adjacent products summed
+        (saturating; quants of up to 6 bits cannot saturate: 2 * 63 * 127 < 2**15).  Q8_0's
+        u = q + 128 could, so it runs on |q| times xs with q's sign, as llama.cpp does
+        (2 * 128 * 127 < 2**15), and its accumulator starts at 0."""
         bld, n = self.b, u.type.count
         if L.offset == 128:
             zero = _const(I8, n, 0)
@@ -379,23 +390,29 @@ class _Kernel:
             neg = bld.icmp_signed("<", q, zero)
             u = bld.select(neg, bld.sub(zero, q), q)  # |q|, read unsigned (-128 -> 128)
             xs = bld.select(neg, bld.sub(zero, xs), xs)
-        pairs = bld.call(self.ub_fn, [u, xs])
-        return bld.call(self.wd_fn, [pairs, _const(I16, n // 2, 1)])
+        return bld.call(self.ub_fn, [u, xs])
 
-    def accumulate(self, tt, us, xa, xi, n, L: Layout):
-        """Add one group's 4 columns of quants times token tt's 4 activation quants."""
+    def accumulate(self, tt, us, xa, xi, n, L: Layout, widen: bool):
+        """Add one group's 4 columns of quants times token tt's 4 activation quants (madd: into
+        int16 pair sums, widened into the int32 sums when widen)."""
         bld = self.b
         if self.int:
             x4 = bld.load(bld.bitcast(bld.gep(xa.data, [xi]), I32.as_pointer()), align=1)
             xs = bld.bitcast(splat(bld, x4, self.rw), self.vb)
             for i, u in enumerate(us):
-                acc = bld.load(self.iacc[tt][i])
                 if self.kind == "vnni":
                     # u8 weights (2nd operand) times s8 activations (3rd), 4 at a time
-                    acc = bld.call(self.dp_fn, [acc, bld.bitcast(u, self.vb), xs])
-                else:
-                    acc = bld.add(acc, self.madd(u, xs, L))
-                bld.store(acc, self.iacc[tt][i])
+                    acc = bld.load(self.iacc[tt][i])
+                    bld.store(bld.call(self.dp_fn, [acc, bld.bitcast(u, self.vb), xs]), self.iacc[tt][i])
+                    continue
+                p = self.pairs(u, xs, L)
+                pend = self.pending[tt][i]
+                pend = p if pend is None else bld.add(pend, p)
+                if widen:
+                    wide = bld.call(self.wd_fn, [pend, _const(I16, n // 2, 1)])
+                    bld.store(bld.add(bld.load(self.iacc[tt][i]), wide), self.iacc[tt][i])
+                    pend = None
+                self.pending[tt][i] = pend
             return
         x4 = bld.load(bld.bitcast(bld.gep(xa.data, [xi]), ir.VectorType(F32, 4).as_pointer()), align=4)
         xp = bld.shuffle_vector(x4, ir.Constant(ir.VectorType(F32, 4), ir.Undefined),

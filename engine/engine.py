@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from infer.backends.base import KV_CACHE_BYTES
+from infer.backends.base import check_cache_type
 from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
@@ -61,9 +61,8 @@ class EngineConfig:
             raise EngineConfigError(f"--ctx must be at least 8, got {self.n_ctx}")
         if self.n_threads < 0:
             raise EngineConfigError(f"--threads must be positive, got {self.n_threads}")
-        for flag, value in (("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v)):
-            if value not in KV_CACHE_BYTES:
-                raise EngineConfigError(f"{flag}: unknown KV cache type {value!r} (choose from {', '.join(KV_CACHE_BYTES)})")
+        check_cache_type("--cache-type-k", self.cache_type_k)
+        check_cache_type("--cache-type-v", self.cache_type_v)
         if self.backend not in BACKEND_CHOICES:
             raise EngineConfigError(f"unknown backend {self.backend!r} (choose from {', '.join(BACKEND_CHOICES)})")
         if self.max_seqs < 1:

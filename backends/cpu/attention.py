@@ -34,6 +34,7 @@ from numba.extending import intrinsic, overload
 from infer.quant.kquants import F16_TO_F32, f32_to_f16
 
 from .activations import ACT_Q8_0, quantize_row
+from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .ops import fwht, heads_post, round_f16
 from .target import VECTOR_WIDTH, half_to_float, splat
 
@@ -140,10 +141,6 @@ def _weighted_rows(typingctx, v, kh, lo, n, i0, s, out, o0, accumulate):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-Q8 = 32  # elements per q8_0 block; its bytes: an f16 scale, then 32 int8 quants
-Q8_BYTES = 34
 
 
 def kv_store(x, dxb, bsum, dst):

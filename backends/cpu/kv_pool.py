@@ -17,7 +17,7 @@ import numpy as np
 
 from infer.backends.base import KV_CACHE_BYTES, BackendError, BlockKVPool
 
-Q8_0_BLOCK, Q8_0_BYTES = 32, 34
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # a q8_0 block: an f16 scale, then 32 int8 quants
 
 
 def check_head_size(cache_type: str, flag: str, head_dim: int) -> None:

@@ -54,17 +54,40 @@ class QTensor:
         return dequantize(self.raw, self.type_id, self.shape)
 
 
-def release_mapped(a: np.ndarray) -> None:
-    """madvise(MADV_DONTNEED) over the whole pages inside `a`, if `a` views a read-only np.memmap
-    (never on writable or anonymous memory, whose contents that would discard)."""
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14 (the constant: Python >= 3.13)
+
+
+def _mapped_pages(a: np.ndarray) -> tuple[int, int] | None:
+    """[start, end) of the whole pages inside `a`, if `a` views a read-only np.memmap on a system
+    with madvise; else None (never writable or anonymous memory, whose contents DONTNEED discards)."""
     base = a
     while base is not None and not isinstance(base, np.memmap):
         base = base.base
     if base is None or getattr(base, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED") or sys.platform == "win32":
-        return
+        return None
     addr = a.__array_interface__["data"][0]
     start = -(-addr // mmap.PAGESIZE) * mmap.PAGESIZE
     end = (addr + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if end > start:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), mmap.MADV_DONTNEED)
+    return (start, end) if end > start else None
+
+
+def _madvise(pages: tuple[int, int], advice: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(pages[0]), ctypes.c_size_t(pages[1] - pages[0]), advice)
+
+
+def release_mapped(a: np.ndarray) -> None:
+    """madvise(MADV_DONTNEED) over the whole pages inside `a`, if `a` views a read-only np.memmap:
+    the OS may drop them; they are read back from the file if touched again."""
+    pages = _mapped_pages(a)
+    if pages:
+        _madvise(pages, mmap.MADV_DONTNEED)
+
+
+def populate_mapped(a: np.ndarray) -> None:
+    """Map in one call the pages of `a` (a view of a read-only np.memmap) that a pass over it is
+    about to read: one madvise(MADV_POPULATE_READ) instead of a page fault per 4 KiB.  Only
+    speed: where the kernel lacks it (Linux < 5.14; other systems) the faults happen as before."""
+    pages = _mapped_pages(a)
+    if pages and sys.platform.startswith("linux"):
+        _madvise(pages, MADV_POPULATE_READ)

@@ -95,3 +95,25 @@ def test_cli_no_mmap_mlock(gemma_path):
                         "--temperature", "0", "-n", "4", "Hello"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()
+
+
+@linux
+def test_populate_then_release_a_mapping(tmp_path):
+    """populate_mapped maps a read-only mapping's pages in one call (packing reads each chunk so,
+    instead of faulting page by page); release_mapped drops them; neither touches other memory."""
+    from infer.quant.tensor import populate_mapped, release_mapped
+
+    path = tmp_path / "w.bin"
+    data = np.arange(4 << 20, dtype=np.uint8)
+    data.tofile(path)
+    a = np.memmap(path, mode="r")
+    assert _mapping_rss(a) < (1 << 20)
+    populate_mapped(a)
+    assert _mapping_rss(a) >= 0.99 * a.nbytes
+    release_mapped(a)
+    assert _mapping_rss(a) < (1 << 20)
+    b = data.copy()  # anonymous memory: left alone
+    populate_mapped(b)
+    release_mapped(b)
+    np.testing.assert_array_equal(b, data)
+    np.testing.assert_array_equal(a, data)

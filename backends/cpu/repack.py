@@ -21,7 +21,8 @@ Q3_K's 1-bit plane is half used: 4.56 against 3.44), and its scale products are 
 `infer.quant.dequant` forms them, so the kernels' result equals dequantize-then-dot.  Weights that take the same input and have the same type can be stacked
 into one matrix (Q, K and V; gate and up), so one call computes them side by side.  Repacking is
 a parallel pass over the tensor, done once by whoever runs the weights, CHUNK_TILES tiles at a
-time so that the file's pages of each chunk can be released as soon as it is packed.
+time: each chunk's pages of the file are mapped in one call before (a page fault per 4 KiB cost
+more than the packing) and released as soon as it is packed.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from numba import njit, prange
 
 from infer.quant import types as qt
 from infer.quant.kquants import q3_scale
-from infer.quant.tensor import release_mapped
+from infer.quant.tensor import populate_mapped, release_mapped
 
 from .activations import ACT_ROUNDING
 from .qdot import LAYOUTS, NC, SC_F16, SC_K4, Layout
@@ -311,6 +312,7 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
             c1 = min(n, c0 + CHUNK_TILES)
             part = lambda arr, present: arr[a + c0:a + c1] if present else arr
             rows = w.raw[c0 * NC:c1 * NC]
+            populate_mapped(rows)
             pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.has_min, not legacy, rows,
                       lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
                       part(sc, not legacy), rq, rs, rm, rsc)

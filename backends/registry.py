@@ -123,7 +123,7 @@ def choose_backend(requested: str, model_format: str = "gguf") -> str:
 
 
 def create_runner(name: str, model, options: RunnerOptions = RunnerOptions()) -> Runner:
-    """Upload a loaded model (infer.models.loader.Model: config, weights, path, format) to a backend."""
+    """Upload a loaded model (infer.models.weights.Model: config, weights, path, format) to a backend."""
     fmt = getattr(model, "format", "gguf")
     if name == "cpu":
         if fmt != "gguf":

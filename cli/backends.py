@@ -7,7 +7,7 @@ import sys
 import typer
 
 from .errors import reported
-from .main import app
+from .app import app
 
 
 @app.command(name="backends", help="List the compute backends, whether each is available here, and its devices.")

@@ -9,7 +9,7 @@ import typer
 
 from . import options as opt
 from .errors import reported
-from .main import app
+from .app import app
 from .sizes import parse_size
 
 
@@ -35,13 +35,13 @@ def bench(
         from infer.engine.benchmark import BenchResult, run_bench
         from infer.engine.engine import EngineConfig
 
-        from .run import _load
+        from .load import load_llm
 
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
                               backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
-        llm = _load(model, config, quiet=True)
+        llm = load_llm(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
         ms = BenchResult.mean_sd
         kv = llm.engine.usage()

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from . import options as opt
 from .errors import reported, user_errors
-from .main import app
+from .app import app
 
 HELP = """Commands:
   /help                 this list
@@ -57,7 +57,7 @@ def chat(
         from infer.engine.engine import EngineConfig
         from infer.engine.sampler import SamplingParams
 
-        from .run import _load
+        from .load import load_llm
 
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -66,7 +66,7 @@ def chat(
         interactive = sys.stdin.isatty()
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,
                               mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-        llm = _load(model, config, quiet=not interactive)
+        llm = load_llm(model, config, quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:
             _answer_piped(conv, params, as_json, verbose)

@@ -18,7 +18,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.models.gguf_file import GGUFError
     from infer.models.hub import PullError
     from infer.models.imatrix import ImatrixError
-    from infer.models.loader import ModelLoadError
+    from infer.models.weights import ModelLoadError
     from infer.models.convert_hf import ConvertError
     from infer.models.quantize import QuantizeError
     from infer.models.resolve import ModelNotFoundError

@@ -1,7 +1,9 @@
 """The fields of an OpenAI request, checked and turned into what the engine takes.
 
-Everything a client sends is validated here, with OpenAI's error shape for what is wrong
-(APIError), so the server's routes only deal with well-formed jobs.
+The request body's fields are validated here, with OpenAI's error shape for what is wrong
+(APIError); what needs the loaded model or the server's state (the model name, the body's size,
+the prompt's length against the context, a full queue) the routes in openai_server.py check,
+raising the same APIError.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from .errors import reported
-from .main import app
+from .app import app
 from .sizes import format_size
 
 

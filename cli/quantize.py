@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .errors import reported
-from .main import app
+from .app import app
 
 
 @app.command(help="Quantize IN (a GGUF file or an HF safetensors folder) into OUT: a GGUF file, or with "

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from typing import List, Optional
 
 import typer
 
 from . import options as opt
 from .errors import reported
-from .main import app
+from .app import app
+from .load import load_llm
 
 
 @app.command(help="Generate a reply to PROMPT (MODEL: a pulled name, a .gguf path, or the embedded default).")
@@ -54,40 +54,13 @@ def run(
         )
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-        llm = _load(model_name, config, quiet=as_json)
+        llm = load_llm(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             ids = llm.encode_chat(messages)
         _generate(llm, ids, params, as_json)
-
-
-def _load(model_name: str | None, config, quiet: bool):
-    from rich.console import Console
-
-    from infer.engine.llm import LLM
-    from infer.models.resolve import resolve_model
-
-    from .kernels import kernels_compiled, mark_kernels_compiled
-
-    path = resolve_model(model_name)
-    console = Console(stderr=True)
-    first = not kernels_compiled()
-    msg = "Compiling kernels (first run only)…" if first else f"Loading {path.name}…"
-    with warnings.catch_warnings(record=True) as caught:  # a backend's warnings (an --mlock refusal)
-        warnings.simplefilter("always", RuntimeWarning)
-        if quiet or not console.is_terminal:
-            llm = LLM.load(path, config)
-        else:
-            with console.status(msg):
-                llm = LLM.load(path, config)
-                llm.runner.warmup()
-    for w in caught:
-        sys.stderr.write(f"warning: {w.message}\n")
-    if first:
-        mark_kernels_compiled()
-    return llm
 
 
 def _generate(llm, ids: list[int], params, as_json: bool) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from . import options as opt
 from .errors import reported
-from .main import app
+from .app import app
 from .sizes import parse_size
 
 
@@ -52,12 +52,12 @@ def serve(
         from infer.engine.engine import EngineConfig
 
         from .openai_server import ServerConfig, create_app
-        from .run import _load
+        from .load import load_llm
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
-        llm = _load(model, config, quiet=not sys.stderr.isatty())
+        llm = load_llm(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path
         aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
         server_config = ServerConfig(model_id=path.stem, model_aliases=aliases, api_key=api_key or None,

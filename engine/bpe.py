@@ -105,12 +105,12 @@ class ByteLevelBPE:
             [pre_tokenizers.Split(Regex(_as_llama_cpp_classes(r)), behavior="isolated") for r in pre.regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
-        self._hf = hf
+        self.pipeline = hf  # the tokenizers pipeline that encodes (tokenizer_json.py reuses it)
 
     def encode(self, fragment: str, after_special: bool = False) -> list[int]:
         if not fragment:
             return []
-        return self._hf.encode(fragment, add_special_tokens=False).ids
+        return self.pipeline.encode(fragment, add_special_tokens=False).ids
 
     def normal_piece(self, text: str) -> bytes:
         """Bytes of a NORMAL vocabulary token: GPT-2 characters mapped back to bytes.

@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from infer.engine.tokenizer import Tokenizer
+
+class Pieces(Protocol):
+    """What the detokenizer needs of a tokenizer (Tokenizer and HFTokenizer have it)."""
+
+    add_space_prefix: bool
+    clean_spaces: bool
+
+    def token_to_piece(self, token_id: int, special: bool = False) -> bytes: ...
 
 _SPACE, _APOS = 0x20, 0x27
 _PUNCT = frozenset(b"?!.,")
@@ -85,7 +91,7 @@ class IncrementalDetokenizer:
     holding back the bytes of a character split over several tokens (byte fallback),
     and what it returns over a whole stream concatenates to `Tokenizer.decode`."""
 
-    def __init__(self, tokenizer: "Tokenizer", special: bool = False):
+    def __init__(self, tokenizer: Pieces, special: bool = False):
         self._tok = tokenizer
         self._special = special
         self._first = True

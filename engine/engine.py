@@ -420,8 +420,8 @@ class Engine:
             self._deliver(events)  # a cancel drained here still owes its request a finish
 
     def generate(self, prompt: list[int], params: SamplingParams) -> Iterator[Event]:
-        """One request's events, as a generator (the CLI's and the server's common path).  A bad
-        prompt raises here; the request is queued at the first next(), so a generator dropped
+        """One request's events, as a generator (the CLI's path and the benchmark's; the server
+        instead passes add_request a sink that its event loop drains).  A bad prompt raises here; the request is queued at the first next(), so a generator dropped
         unstarted costs nothing."""
         self.check_prompt(prompt)
 

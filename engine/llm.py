@@ -8,7 +8,8 @@ from typing import Iterator
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.registry import choose_backend, create_runner, probe_all
 
-from infer.models.loader import Model, load_model
+from infer.models.loader import load_model
+from infer.models.weights import Model
 
 from .chat_template import load_chat_template
 from .engine import Engine, EngineConfig, Event

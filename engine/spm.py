@@ -10,6 +10,8 @@ from heapq import heapify, heappop, heappush
 
 import numpy as np
 
+from infer.engine.tokenizer_error import TokenizerError
+
 ESCAPED_SPACE = "\u2581"  # '▁', SentencePiece's visible space
 
 
@@ -105,9 +107,6 @@ class SentencePieceModel:
         for b in piece.encode("utf-8"):
             tid = self._byte_ids[b]
             if tid is None:
-                # Imported here because tokenizer.py imports this module.
-                from infer.engine.tokenizer import TokenizerError
-
                 raise TokenizerError(
                     f"cannot encode {piece!r}: vocabulary has no byte-fallback token <0x{b:02X}>"
                 )

@@ -13,10 +13,7 @@ import numpy as np
 from infer.engine.bpe import PRE_TOKENIZERS, ByteLevelBPE
 from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
 from infer.engine.spm import SentencePieceModel
-
-
-class TokenizerError(ValueError):
-    """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""
+from infer.engine.tokenizer_error import TokenizerError
 
 
 def check_token_id(token_id: Any, vocab_size: int) -> int:

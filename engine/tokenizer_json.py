@@ -74,7 +74,7 @@ def _bpe_tokenizer(meta: dict[str, Any], tokens: list[str]) -> HFTokenizerCore:
     if pre not in PRE_TOKENIZERS:
         raise TokenizerError(f"unsupported tokenizer.ggml.pre {pre!r} (supported: {', '.join(PRE_TOKENIZERS)})")
     bpe = ByteLevelBPE({t: i for i, t in enumerate(tokens)}, list(meta.get(_K + "merges") or []), PRE_TOKENIZERS[pre])
-    tok = bpe._hf  # the very pipeline infer encodes with; only the decoder is missing
+    tok = bpe.pipeline  # the very pipeline infer encodes with; only the decoder is missing
     tok.decoder = decoders.ByteLevel()
     return tok
 

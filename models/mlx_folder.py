@@ -26,7 +26,7 @@ from infer.quant.tensor import QTensor
 from .config import ModelConfig, ModelConfigError
 from .convert_hf import TensorNamer, hparam_kvs, permute_rope_rows, text_hparams, to_f32
 from .hf_files import ST_DTYPES, ConvertError, StEntry, read_json, read_safetensors_header, st_view
-from .loader import Model, ModelLoadError, collect_weights
+from .weights import Model, ModelLoadError, collect_weights
 
 __all__ = ["load_mlx_folder", "QuantSpec", "quantization_of"]
 

@@ -12,13 +12,13 @@ in a row function would also cost speed: numba then keeps reference-count update
 dst (atomic operations on the meminfo that all rows of a tensor share) around every call.
 
 How the loops are written so that LLVM vectorizes them (checked on the generated assembly):
-- Inner loops run over a trip count LLVM cannot see (`_len32`).  A literal `range(32)` gets fully
+- Inner loops run over a trip count LLVM cannot see (`opaque32`).  A literal `range(32)` gets fully
   unrolled and then left scalar: the SLP vectorizer cannot prove that the uint8 source and the
   float32 destination do not overlap.  A real loop goes to the loop vectorizer instead, which
   checks the overlap at run time and emits 512-bit code (vpmovzxbd, vcvtdq2ps, vmulps).
 - Each loop does as much of a block as it can (K-quants: 8 outputs per iteration), because the
   set-up around each vectorized loop costs about as much as one 16-lane iteration.
-- numba widens integer arithmetic to int64.  `_fi` converts through int32 and `_shr` shifts
+- numba widens integer arithmetic to int64.  `int_to_f32` converts through int32 and `shr` shifts
   right in the value's own width, so that LLVM can keep the vector code in 32-bit lanes.
 - No array views in the row functions (a view takes a reference); F32/BF16 bits are
   reinterpreted with a bitcast intrinsic (`_as_f32`).
@@ -38,9 +38,9 @@ from infer.quant import types as qt
 from infer.quant.kquants import (
     F16_TO_F32,
     f16_at,
-    _fi,
-    _shr,
-    _len32,
+    int_to_f32,
+    shr,
+    opaque32,
     dequant_row_q2_k,
     dequant_row_q3_k,
     dequant_row_q4_k,
@@ -127,15 +127,15 @@ def dequant_row_q4_0(src, dst):
     nb = min(n // 32, src.shape[0] // 18)
     if nb == 0:
         return
-    h = _len32(n, nb, 0) >> 1  # 16
+    h = opaque32(n, nb, 0) >> 1  # 16
     for b in range(nb):
         o = b * 18
         t = b * 32
         d = f16_at(src, o)
         for j in range(h):
             x = src[o + 2 + j]
-            dst[t + j] = d * _fi((x & 15) - 8)
-            dst[t + 16 + j] = d * _fi(_shr(x, 4) - 8)
+            dst[t + j] = d * int_to_f32((x & 15) - 8)
+            dst[t + 16 + j] = d * int_to_f32(shr(x, 4) - 8)
 
 
 @njit(cache=True)
@@ -145,7 +145,7 @@ def dequant_row_q4_1(src, dst):
     nb = min(n // 32, src.shape[0] // 20)
     if nb == 0:
         return
-    h = _len32(n, nb, 0) >> 1  # 16
+    h = opaque32(n, nb, 0) >> 1  # 16
     for b in range(nb):
         o = b * 20
         t = b * 32
@@ -153,8 +153,8 @@ def dequant_row_q4_1(src, dst):
         m = f16_at(src, o + 2)
         for j in range(h):
             x = src[o + 4 + j]
-            dst[t + j] = d * _fi(x & 15) + m
-            dst[t + 16 + j] = d * _fi(_shr(x, 4)) + m
+            dst[t + j] = d * int_to_f32(x & 15) + m
+            dst[t + 16 + j] = d * int_to_f32(shr(x, 4)) + m
 
 
 @njit(cache=True, inline="always")
@@ -175,7 +175,7 @@ def dequant_row_q5_0(src, dst):
     nb = min(n // 32, src.shape[0] // 22)
     if nb == 0:
         return
-    h = _len32(n, nb, 0) >> 1  # 16
+    h = opaque32(n, nb, 0) >> 1  # 16
     for b in range(nb):
         o = b * 22
         t = b * 32
@@ -183,10 +183,10 @@ def dequant_row_q5_0(src, dst):
         qh = _u32(src, o + 2)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 6 + j]
-            lo = (x & 15) | ((_shr(qh, j) & 1) << 4)
-            hi = _shr(x, 4) | ((_shr(qh, j + 16) & 1) << 4)
-            dst[t + j] = d * _fi(lo - 16)
-            dst[t + 16 + j] = d * _fi(hi - 16)
+            lo = (x & 15) | ((shr(qh, j) & 1) << 4)
+            hi = shr(x, 4) | ((shr(qh, j + 16) & 1) << 4)
+            dst[t + j] = d * int_to_f32(lo - 16)
+            dst[t + 16 + j] = d * int_to_f32(hi - 16)
 
 
 @njit(cache=True)
@@ -196,7 +196,7 @@ def dequant_row_q5_1(src, dst):
     nb = min(n // 32, src.shape[0] // 24)
     if nb == 0:
         return
-    h = _len32(n, nb, 0) >> 1  # 16
+    h = opaque32(n, nb, 0) >> 1  # 16
     for b in range(nb):
         o = b * 24
         t = b * 32
@@ -205,10 +205,10 @@ def dequant_row_q5_1(src, dst):
         qh = _u32(src, o + 4)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 8 + j]
-            lo = (x & 15) | ((_shr(qh, j) & 1) << 4)
-            hi = _shr(x, 4) | ((_shr(qh, j + 16) & 1) << 4)
-            dst[t + j] = d * _fi(lo) + m
-            dst[t + 16 + j] = d * _fi(hi) + m
+            lo = (x & 15) | ((shr(qh, j) & 1) << 4)
+            hi = shr(x, 4) | ((shr(qh, j + 16) & 1) << 4)
+            dst[t + j] = d * int_to_f32(lo) + m
+            dst[t + 16 + j] = d * int_to_f32(hi) + m
 
 
 @njit(cache=True)
@@ -218,13 +218,13 @@ def dequant_row_q8_0(src, dst):
     nb = min(n // 32, src.shape[0] // 34)
     if nb == 0:
         return
-    k = _len32(n, nb, 0)  # 32
+    k = opaque32(n, nb, 0)  # 32
     for b in range(nb):
         o = b * 34
         t = b * 32
         d = f16_at(src, o)
         for j in range(k):
-            dst[t + j] = d * _fi(np.int8(src[o + 2 + j]))
+            dst[t + j] = d * int_to_f32(np.int8(src[o + 2 + j]))
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -1,6 +1,6 @@
 """Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
-Also the helpers shared with `dequant.py` (`_fi`, `_shr`, `_len32`) and, under public names,
+Also the helpers shared with `dequant.py` (`int_to_f32`, `shr`, `opaque32`) and
 with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`, and the
 one float32 -> f16 / bf16 rounding (`f32_bits`, `f32_to_f16`, `f32_to_bf16`) every part uses.
 Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
@@ -68,7 +68,7 @@ def f16_at(src, o):
 
 
 @njit(cache=True, inline="always")
-def _fi(x):
+def int_to_f32(x):
     """Small integer -> float32 through int32.
 
     numba widens integer arithmetic to int64; truncating to int32 first lets LLVM narrow the
@@ -78,7 +78,7 @@ def _fi(x):
 
 
 @intrinsic
-def _shr(typingctx, x, k):
+def shr(typingctx, x, k):
     """x >> k in x's own width (uint8 stays 8-bit, uint32 32-bit); k must be below that width.
 
     numba's `>>` widens to int64, and LLVM cannot narrow a right shift back, so vector code would
@@ -96,7 +96,7 @@ def _shr(typingctx, x, k):
 
 
 @njit(cache=True, inline="always")
-def _len32(n, nb, shift):
+def opaque32(n, nb, shift):
     """32 for a row of n == nb * (32 << shift) elements, computed so that LLVM cannot see the constant.
 
     Inner loops use it as their trip count: a literal range(32) is fully unrolled and then left
@@ -148,7 +148,7 @@ def dequant_row_q2_k(src, dst):
     nb = min(n // QK_K, src.shape[0] // 84)
     if nb == 0:
         return
-    h = _len32(n, nb, 3) >> 1  # 16
+    h = opaque32(n, nb, 3) >> 1  # 16
     for b in range(nb):
         o = b * 84
         t = b * QK_K
@@ -169,14 +169,14 @@ def dequant_row_q2_k(src, dst):
             for l in range(h):
                 x = src[q + l]  # p = 0
                 y = src[q + 16 + l]  # p = 1
-                dst[e + l] = d00 * _fi(x & 3) - m00
-                dst[e + 16 + l] = d01 * _fi(y & 3) - m01
-                dst[e + 32 + l] = d10 * _fi(_shr(x, 2) & 3) - m10
-                dst[e + 48 + l] = d11 * _fi(_shr(y, 2) & 3) - m11
-                dst[e + 64 + l] = d20 * _fi(_shr(x, 4) & 3) - m20
-                dst[e + 80 + l] = d21 * _fi(_shr(y, 4) & 3) - m21
-                dst[e + 96 + l] = d30 * _fi(_shr(x, 6)) - m30
-                dst[e + 112 + l] = d31 * _fi(_shr(y, 6)) - m31
+                dst[e + l] = d00 * int_to_f32(x & 3) - m00
+                dst[e + 16 + l] = d01 * int_to_f32(y & 3) - m01
+                dst[e + 32 + l] = d10 * int_to_f32(shr(x, 2) & 3) - m10
+                dst[e + 48 + l] = d11 * int_to_f32(shr(y, 2) & 3) - m11
+                dst[e + 64 + l] = d20 * int_to_f32(shr(x, 4) & 3) - m20
+                dst[e + 80 + l] = d21 * int_to_f32(shr(y, 4) & 3) - m21
+                dst[e + 96 + l] = d30 * int_to_f32(shr(x, 6)) - m30
+                dst[e + 112 + l] = d31 * int_to_f32(shr(y, 6)) - m31
 
 
 @njit(cache=True, inline="always")
@@ -199,7 +199,7 @@ def dequant_row_q3_k(src, dst):
     nb = min(n // QK_K, src.shape[0] // 110)
     if nb == 0:
         return
-    h = _len32(n, nb, 3) >> 1  # 16
+    h = opaque32(n, nb, 3) >> 1  # 16
     for b in range(nb):
         o = b * 110
         t = b * QK_K
@@ -220,16 +220,16 @@ def dequant_row_q3_k(src, dst):
             for l in range(h):
                 x = src[q + l]  # p = 0
                 y = src[q + 16 + l]  # p = 1
-                u = _shr(src[o + l], hs)  # hmask bits 4hh.. of p = 0
-                v = _shr(src[o + 16 + l], hs)  # and of p = 1
-                dst[e + l] = d00 * _fi((x & 3) + 4 * (u & 1) - 4)
-                dst[e + 16 + l] = d01 * _fi((y & 3) + 4 * (v & 1) - 4)
-                dst[e + 32 + l] = d10 * _fi((_shr(x, 2) & 3) + 2 * (u & 2) - 4)
-                dst[e + 48 + l] = d11 * _fi((_shr(y, 2) & 3) + 2 * (v & 2) - 4)
-                dst[e + 64 + l] = d20 * _fi((_shr(x, 4) & 3) + (u & 4) - 4)
-                dst[e + 80 + l] = d21 * _fi((_shr(y, 4) & 3) + (v & 4) - 4)
-                dst[e + 96 + l] = d30 * _fi(_shr(x, 6) + (_shr(u, 1) & 4) - 4)
-                dst[e + 112 + l] = d31 * _fi(_shr(y, 6) + (_shr(v, 1) & 4) - 4)
+                u = shr(src[o + l], hs)  # hmask bits 4hh.. of p = 0
+                v = shr(src[o + 16 + l], hs)  # and of p = 1
+                dst[e + l] = d00 * int_to_f32((x & 3) + 4 * (u & 1) - 4)
+                dst[e + 16 + l] = d01 * int_to_f32((y & 3) + 4 * (v & 1) - 4)
+                dst[e + 32 + l] = d10 * int_to_f32((shr(x, 2) & 3) + 2 * (u & 2) - 4)
+                dst[e + 48 + l] = d11 * int_to_f32((shr(y, 2) & 3) + 2 * (v & 2) - 4)
+                dst[e + 64 + l] = d20 * int_to_f32((shr(x, 4) & 3) + (u & 4) - 4)
+                dst[e + 80 + l] = d21 * int_to_f32((shr(y, 4) & 3) + (v & 4) - 4)
+                dst[e + 96 + l] = d30 * int_to_f32(shr(x, 6) + (shr(u, 1) & 4) - 4)
+                dst[e + 112 + l] = d31 * int_to_f32(shr(y, 6) + (shr(v, 1) & 4) - 4)
 
 
 @njit(cache=True)
@@ -241,7 +241,7 @@ def dequant_row_q4_k(src, dst):
     nb = min(n // QK_K, src.shape[0] // 144)
     if nb == 0:
         return
-    w = _len32(n, nb, 3)  # 32
+    w = opaque32(n, nb, 3)  # 32
     for b in range(nb):
         o = b * 144
         t = b * QK_K
@@ -252,14 +252,14 @@ def dequant_row_q4_k(src, dst):
             x1 = src[q + 32 + l]
             x2 = src[q + 64 + l]
             x3 = src[q + 96 + l]
-            dst[t + l] = d0 * _fi(x0 & 15) - n0
-            dst[t + 32 + l] = d1 * _fi(_shr(x0, 4)) - n1
-            dst[t + 64 + l] = d2 * _fi(x1 & 15) - n2
-            dst[t + 96 + l] = d3 * _fi(_shr(x1, 4)) - n3
-            dst[t + 128 + l] = d4 * _fi(x2 & 15) - n4
-            dst[t + 160 + l] = d5 * _fi(_shr(x2, 4)) - n5
-            dst[t + 192 + l] = d6 * _fi(x3 & 15) - n6
-            dst[t + 224 + l] = d7 * _fi(_shr(x3, 4)) - n7
+            dst[t + l] = d0 * int_to_f32(x0 & 15) - n0
+            dst[t + 32 + l] = d1 * int_to_f32(shr(x0, 4)) - n1
+            dst[t + 64 + l] = d2 * int_to_f32(x1 & 15) - n2
+            dst[t + 96 + l] = d3 * int_to_f32(shr(x1, 4)) - n3
+            dst[t + 128 + l] = d4 * int_to_f32(x2 & 15) - n4
+            dst[t + 160 + l] = d5 * int_to_f32(shr(x2, 4)) - n5
+            dst[t + 192 + l] = d6 * int_to_f32(x3 & 15) - n6
+            dst[t + 224 + l] = d7 * int_to_f32(shr(x3, 4)) - n7
 
 
 @njit(cache=True)
@@ -270,7 +270,7 @@ def dequant_row_q5_k(src, dst):
     nb = min(n // QK_K, src.shape[0] // 176)
     if nb == 0:
         return
-    w = _len32(n, nb, 3)  # 32
+    w = opaque32(n, nb, 3)  # 32
     for b in range(nb):
         o = b * 176
         t = b * QK_K
@@ -283,14 +283,14 @@ def dequant_row_q5_k(src, dst):
             x1 = src[q + 32 + l]
             x2 = src[q + 64 + l]
             x3 = src[q + 96 + l]
-            dst[t + l] = d0 * _fi((x0 & 15) | ((y & 1) << 4)) - n0
-            dst[t + 32 + l] = d1 * _fi(_shr(x0, 4) | ((y & 2) << 3)) - n1
-            dst[t + 64 + l] = d2 * _fi((x1 & 15) | ((y & 4) << 2)) - n2
-            dst[t + 96 + l] = d3 * _fi(_shr(x1, 4) | ((y & 8) << 1)) - n3
-            dst[t + 128 + l] = d4 * _fi((x2 & 15) | (y & 16)) - n4
-            dst[t + 160 + l] = d5 * _fi(_shr(x2, 4) | (_shr(y, 1) & 16)) - n5
-            dst[t + 192 + l] = d6 * _fi((x3 & 15) | (_shr(y, 2) & 16)) - n6
-            dst[t + 224 + l] = d7 * _fi(_shr(x3, 4) | (_shr(y, 3) & 16)) - n7
+            dst[t + l] = d0 * int_to_f32((x0 & 15) | ((y & 1) << 4)) - n0
+            dst[t + 32 + l] = d1 * int_to_f32(shr(x0, 4) | ((y & 2) << 3)) - n1
+            dst[t + 64 + l] = d2 * int_to_f32((x1 & 15) | ((y & 4) << 2)) - n2
+            dst[t + 96 + l] = d3 * int_to_f32(shr(x1, 4) | ((y & 8) << 1)) - n3
+            dst[t + 128 + l] = d4 * int_to_f32((x2 & 15) | (y & 16)) - n4
+            dst[t + 160 + l] = d5 * int_to_f32(shr(x2, 4) | (shr(y, 1) & 16)) - n5
+            dst[t + 192 + l] = d6 * int_to_f32((x3 & 15) | (shr(y, 2) & 16)) - n6
+            dst[t + 224 + l] = d7 * int_to_f32(shr(x3, 4) | (shr(y, 3) & 16)) - n7
 
 
 @njit(cache=True)
@@ -302,7 +302,7 @@ def dequant_row_q6_k(src, dst):
     nb = min(n // QK_K, src.shape[0] // 210)
     if nb == 0:
         return
-    h = _len32(n, nb, 3) >> 1  # 16
+    h = opaque32(n, nb, 3) >> 1  # 16
     for b in range(nb):
         o = b * 210
         t = b * QK_K
@@ -327,11 +327,11 @@ def dequant_row_q6_k(src, dst):
                 c1 = src[ql + 48 + l]
                 y0 = src[qh + l]
                 y1 = src[qh + 16 + l]
-                dst[e + l] = d00 * _fi(((a0 & 15) | ((y0 & 3) << 4)) - 32)
-                dst[e + 16 + l] = d01 * _fi(((a1 & 15) | ((y1 & 3) << 4)) - 32)
-                dst[e + 32 + l] = d10 * _fi(((c0 & 15) | ((y0 & 12) << 2)) - 32)
-                dst[e + 48 + l] = d11 * _fi(((c1 & 15) | ((y1 & 12) << 2)) - 32)
-                dst[e + 64 + l] = d20 * _fi((_shr(a0, 4) | (y0 & 48)) - 32)
-                dst[e + 80 + l] = d21 * _fi((_shr(a1, 4) | (y1 & 48)) - 32)
-                dst[e + 96 + l] = d30 * _fi((_shr(c0, 4) | (_shr(y0, 2) & 48)) - 32)
-                dst[e + 112 + l] = d31 * _fi((_shr(c1, 4) | (_shr(y1, 2) & 48)) - 32)
+                dst[e + l] = d00 * int_to_f32(((a0 & 15) | ((y0 & 3) << 4)) - 32)
+                dst[e + 16 + l] = d01 * int_to_f32(((a1 & 15) | ((y1 & 3) << 4)) - 32)
+                dst[e + 32 + l] = d10 * int_to_f32(((c0 & 15) | ((y0 & 12) << 2)) - 32)
+                dst[e + 48 + l] = d11 * int_to_f32(((c1 & 15) | ((y1 & 12) << 2)) - 32)
+                dst[e + 64 + l] = d20 * int_to_f32((shr(a0, 4) | (y0 & 48)) - 32)
+                dst[e + 80 + l] = d21 * int_to_f32((shr(a1, 4) | (y1 & 48)) - 32)
+                dst[e + 96 + l] = d30 * int_to_f32((shr(c0, 4) | (shr(y0, 2) & 48)) - 32)
+                dst[e + 112 + l] = d31 * int_to_f32((shr(c1, 4) | (shr(y1, 2) & 48)) - 32)

@@ -13,14 +13,14 @@ from infer.backends.cpu.qdot import LAYOUTS
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
-from tiny_models import _tensor
+from tiny_models import random_tensor
 
 TYPES = [GT.F32, GT.F16, GT.BF16, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0,
          GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K]
 
 
-def _weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
-    data, qt = _tensor(np.random.default_rng(seed), (rows, n), qtype)
+def random_weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
+    data, qt = random_tensor(np.random.default_rng(seed), (rows, n), qtype)
     raw = np.ascontiguousarray(data).view(np.uint8)
     return QTensor.from_bytes(int(qt), (rows, n), raw.reshape(-1))
 
@@ -30,16 +30,16 @@ def _weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
 @pytest.mark.parametrize("repacked", [True, False], ids=["packed", "raw"])
 def test_qmatmul_matches_reference(qtype, T, repacked):
     rows, n = 192, 512
-    w = _weight(qtype, rows, n, seed=int(qtype) * 7 + T)
+    w = random_weight(qtype, rows, n, seed=int(qtype) * 7 + T)
     x = np.random.default_rng(T).normal(0, 1, size=(T, n)).astype(np.float32)
     out = np.zeros((T, rows), np.float32)
     # float types are never repacked: both ids run the raw path for them
     qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, 4))
-    ref = _reference(qtype, w, x)
+    ref = reference_product(qtype, w, x)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
-def _reference(qtype, w, x):
+def reference_product(qtype, w, x):
     """x (rounded as llama.cpp rounds it for the type) @ W.T in float64."""
     xr = x.copy()
     if ACT_ROUNDING[int(qtype)] != ACT_NONE:
@@ -56,11 +56,11 @@ def test_integer_kernel_bit_identical(qtype, T):
     """Both kernels on every repackable type: the portable one, and where the CPU has one (AVX-512
     VNNI, AVX-512BW or AVX2), the integer-dot one, which must give the very same floats."""
     rows, n = 192, 512
-    w = _weight(qtype, rows, n, seed=int(qtype) * 11 + T)
+    w = random_weight(qtype, rows, n, seed=int(qtype) * 11 + T)
     x = np.random.default_rng(100 + T).normal(0, 1, size=(T, n)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero activation block (zero scale, zero quants)
     ws = MatmulWorkspace(32, n, 4)
-    ref = _reference(qtype, w, x)
+    ref = reference_product(qtype, w, x)
     outs = []
     for int_kernel in ([False, True] if INT_KERNEL else [False]):
         p = pack_stacked((w,), int_kernel=int_kernel)
@@ -79,7 +79,7 @@ def test_batching_changes_no_result(qtype):
     EXPAND_MIN_TOKENS or more runs on tiles expanded to bytes, a single token on the planes; the
     float types' reference path sums each output in an order fixed by its row alone)."""
     rows, n, T = 130, 768, EXPAND_MIN_TOKENS + 5  # a partial last tile
-    w = _weight(qtype, rows, n, seed=int(qtype) * 13)
+    w = random_weight(qtype, rows, n, seed=int(qtype) * 13)
     x = np.random.default_rng(7).normal(0, 1, size=(T, n)).astype(np.float32)
     ws = MatmulWorkspace(32, n, 4)
     kernels = [False, True] if INT_KERNEL else [False]
@@ -100,13 +100,13 @@ SAME_BYTES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q4_K, GT.
 
 @pytest.mark.parametrize("qtype", SAME_BYTES, ids=lambda t: t.name)
 def test_packed_costs_the_file_bytes(qtype):
-    w = _weight(qtype, 128, 512, seed=3)
+    w = random_weight(qtype, 128, 512, seed=3)
     assert pack_stacked((w,)).nbytes == w.raw.nbytes
 
 
 def test_portable_kernel_env(monkeypatch):
     """INFER_PORTABLE_KERNEL=1 at pack time selects the portable kernel."""
-    w = _weight(GT.Q8_0, 64, 256, seed=1)
+    w = random_weight(GT.Q8_0, 64, 256, seed=1)
     monkeypatch.setenv("INFER_PORTABLE_KERNEL", "1")
     assert not pack_stacked((w,)).int_kernel
     monkeypatch.delenv("INFER_PORTABLE_KERNEL")
@@ -133,13 +133,13 @@ from gguf import GGMLQuantizationType as GT
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import ISA
-from test_matmul import REPACKED, _reference, _weight
+from test_matmul import REPACKED, reference_product, random_weight
 assert ISA == "AVX2", ISA
 for qtype in REPACKED:
-    w = _weight(qtype, 130, 512, seed=int(qtype))
+    w = random_weight(qtype, 130, 512, seed=int(qtype))
     for T in (1, 5, 21):
         x = np.random.default_rng(T).normal(0, 1, size=(T, 512)).astype(np.float32)
-        ref = _reference(qtype, w, x)
+        ref = reference_product(qtype, w, x)
         outs = []
         for int_kernel in (True, False):
             out = np.zeros((T, 130), np.float32)

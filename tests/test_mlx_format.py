@@ -17,7 +17,8 @@ from infer.engine.tokenizer_json import write_tokenizer_files
 from infer.models.convert_hf import permute_rope_rows, write_gguf_unquantized
 from infer.models.gguf_file import read_gguf
 from infer.models.hf_files import read_safetensors_header, st_view
-from infer.models.loader import ModelLoadError, load_model
+from infer.models.loader import load_model
+from infer.models.weights import ModelLoadError
 from infer.models.mlx_export import MlxExportOptions, export_mlx
 from infer.quant.affine import (BITS, GROUP_SIZES, AffineError, AffineTensor, dequantize_affine, pack,
                                 quantize_affine, unpack)

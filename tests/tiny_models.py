@@ -33,7 +33,7 @@ ARCH_TYPES = {
 }
 
 
-def _tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
+def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
     rows, n = shape
     if qtype in _KQUANT_SCALES:
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -107,7 +107,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -
         if len(shape) == 1:  # norms and biases stay F32
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
             return
-        data, qt = _tensor(rng, shape, qtype)
+        data, qt = random_tensor(rng, shape, qtype)
         if qt in (GT.F32, GT.F16):
             w.add_tensor(name, data)
         else:

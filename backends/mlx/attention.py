@@ -17,7 +17,8 @@ import numpy as np
 from infer.backends.batch import Batch
 
 
-def _f(x: mx.array, dtype) -> mx.array:
+def as_dtype(x: mx.array, dtype) -> mx.array:
+    """x in dtype, without a copy when it already is."""
     return x if x.dtype == dtype else x.astype(dtype)
 
 
@@ -86,8 +87,8 @@ class AttentionPlan:
             qs = q if idx is None else q[idx]
             B, n = rows.shape[0], qs.shape[0] // rows.shape[0]
             qb = qs.reshape(B, n, *qs.shape[1:]).transpose(0, 2, 1, 3)  # (B, H, n, D)
-            kb = _f(k_rows[rows], q.dtype).transpose(0, 2, 1, 3)  # (B, Hkv, L, D)
-            vb = _f(v_rows[rows], q.dtype).transpose(0, 2, 1, 3)
+            kb = as_dtype(k_rows[rows], q.dtype).transpose(0, 2, 1, 3)  # (B, Hkv, L, D)
+            vb = as_dtype(v_rows[rows], q.dtype).transpose(0, 2, 1, 3)
             if softcap > 0:
                 o = _softcapped(qb, kb, vb, scale, softcap, mask)
             else:

@@ -22,7 +22,7 @@ from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.cpu.ops import rope_cache
 
-from .attention import AttentionPlan, _f
+from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool
 from .weights import Matrix, stack, upload
 
@@ -199,8 +199,8 @@ class MlxTransformer:
         if cfg.embed_scale != 1.0:
             x = x * cfg.embed_scale
         for il, ly in enumerate(self.layers):
-            h = _f(mx.fast.rms_norm(x, ly.attn_norm, eps), dt)
-            qkv = _f(_matmul(ly.qkv, h), mx.float32)
+            h = as_dtype(mx.fast.rms_norm(x, ly.attn_norm, eps), dt)
+            qkv = as_dtype(_matmul(ly.qkv, h), mx.float32)
             if ly.bqkv is not None:
                 qkv = qkv + ly.bqkv
             q = qkv[:, :nq].reshape(T, H, D)
@@ -219,16 +219,16 @@ class MlxTransformer:
             kc, vc = pool.k[g][j], pool.v[g][j]
             kc[slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
             vc[slots[g]] = v.astype(KV_DTYPE)
-            a = plans[g].attend(_f(q, dt), kc, vc, kq_scale, cfg.attn_logit_softcap)
-            o = _f(ly.wo.matmul(_f(a, dt)), mx.float32)
+            a = plans[g].attend(as_dtype(q, dt), kc, vc, kq_scale, cfg.attn_logit_softcap)
+            o = as_dtype(ly.wo.matmul(as_dtype(a, dt)), mx.float32)
             if ly.post_attn_norm is not None:
                 o = mx.fast.rms_norm(o, ly.post_attn_norm, eps)
             x = x + o
-            h = _f(mx.fast.rms_norm(x, ly.ffn_norm, eps), dt)
-            gu = _f(_matmul(ly.gate_up, h), mx.float32)
+            h = as_dtype(mx.fast.rms_norm(x, ly.ffn_norm, eps), dt)
+            gu = as_dtype(_matmul(ly.gate_up, h), mx.float32)
             gate, up = gu[:, :F], gu[:, F:]
             act = gelu_ggml(gate) if gelu else gate / (1.0 + mx.exp(-gate))
-            o = _f(ly.down.matmul(_f(act * up, dt)), mx.float32)
+            o = as_dtype(ly.down.matmul(as_dtype(act * up, dt)), mx.float32)
             if ly.post_ffn_norm is not None:
                 o = mx.fast.rms_norm(o, ly.post_ffn_norm, eps)
             x = x + o
@@ -238,8 +238,8 @@ class MlxTransformer:
             mx.eval(pool.arrays())
             return np.zeros((0, cfg.n_vocab), np.float32)
         rows = x if R == T else x[mx.array(batch.logit_rows)]
-        h = _f(mx.fast.rms_norm(rows, self.output_norm, eps), dt)
-        logits = _f(self.output.matmul(h), mx.float32)
+        h = as_dtype(mx.fast.rms_norm(rows, self.output_norm, eps), dt)
+        logits = as_dtype(self.output.matmul(h), mx.float32)
         if cfg.final_logit_softcap > 0:
             cap = cfg.final_logit_softcap
             logits = cap * mx.tanh(logits / cap)

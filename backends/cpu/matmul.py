@@ -108,7 +108,7 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
 
 def _reference_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) -> None:
     T = x.shape[0]
-    N, K = w.raw.shape[0], w.shape[-1]
+    K = w.shape[-1]
     mode = ACT_ROUNDING[w.type_id]
     if mode != ACT_NONE:
         xr = ws.xr[:T, :K]

@@ -1,10 +1,15 @@
-"""Reading GGUF files: metadata into Python values, tensors as views of one memory map.
+"""Reading GGUF files: metadata into Python values, tensors as views of the file's memory map.
+
+A model split by llama.cpp's gguf-split (NAME-00001-of-0000N.gguf, ...) reads as one file from its
+first shard: every shard is a GGUF with the keys split.no / split.count / split.tensors.count, the
+first holds the model's metadata, and each holds some of the tensors (llama.cpp's llama-model-loader).
 
 gguf.GGUFReader builds a numpy view per string and takes ~25 s on a 262k-token vocab,
 so the header is parsed here with struct; gguf supplies the type enums.
 """
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +24,16 @@ from infer.quant.types import UnsupportedQuantType, qtype
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+# A shard's file name, as llama.cpp's llama_split_path writes it: PREFIX-%05d-of-%05d.gguf
+SHARD_NAME = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def shard_path(first: Path, i: int, n: int) -> Path:
+    """Shard i (0-based) of n, next to the first shard `first` (whose name follows SHARD_NAME)."""
+    m = SHARD_NAME.match(first.name)
+    return first.with_name(f"{m.group('base')}-{i + 1:05d}-of-{n:05d}.gguf")
+
 
 class GGUFError(ValueError):
     """A file that is not a readable GGUF: the message names the file and the problem."""
@@ -94,6 +109,7 @@ class GGUFFile:
     # Each key's GGUF value type and, for arrays, the element type: rewriting a file (infer quantize)
     # must keep them, since a u32 stored back as an i32 changes the bytes llama.cpp would write.
     kv_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    shards: int = 1  # files the model is split into (path: the first)
 
     @property
     def architecture(self) -> str:
@@ -101,8 +117,43 @@ class GGUFFile:
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
-    """Parse a GGUF file; tensor data stays on disk behind a read-only memory map."""
-    path = Path(path)
+    """Parse a GGUF file; tensor data stays on disk behind a read-only memory map.  The first shard
+    of a split model reads as the whole model: the tensors of every shard, the first's metadata
+    without the split.* keys (they describe the files, not the model)."""
+    first = _read_one(Path(path))
+    n = int(first.metadata.get(SPLIT_COUNT, 0) or 0)
+    if n <= 1:
+        return first
+    no = int(first.metadata.get(SPLIT_NO, 0))
+    m = SHARD_NAME.match(first.path.name)
+    if m is None or int(m.group("i")) != no + 1 or int(m.group("n")) != n:
+        raise GGUFError(f"{path}: shard {no + 1} of a model split in {n}, but its name does not end in "
+                        f"-{no + 1:05d}-of-{n:05d}.gguf as llama.cpp names shards")
+    if no != 0:
+        raise GGUFError(f"{path}: shard {no + 1} of {n} of a split model; give the first, {shard_path(first.path, 0, n).name}")
+    tensors = dict(first.tensors)
+    for i in range(1, n):
+        sp = shard_path(first.path, i, n)
+        if not sp.exists():
+            raise GGUFError(f"{path}: shard {i + 1} of {n} is missing ({sp.name})")
+        shard = _read_one(sp)
+        if int(shard.metadata.get(SPLIT_NO, -1)) != i or int(shard.metadata.get(SPLIT_COUNT, 0)) != n:
+            raise GGUFError(f"{sp}: not shard {i + 1} of {n} (its split.no / split.count say otherwise)")
+        for name, t in shard.tensors.items():
+            if name in tensors:
+                raise GGUFError(f"{sp}: tensor {name!r} is in an earlier shard too")
+            tensors[name] = t
+    expected = first.metadata.get(SPLIT_TENSORS)
+    if expected is not None and int(expected) != len(tensors):
+        raise GGUFError(f"{path}: the shards hold {len(tensors)} tensors, the first says {int(expected)}")
+    drop = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS)
+    meta = {k: v for k, v in first.metadata.items() if k not in drop}
+    kv_types = {k: v for k, v in first.kv_types.items() if k not in drop}
+    return GGUFFile(first.path, first.version, meta, tensors, kv_types, shards=n)
+
+
+def _read_one(path: Path) -> GGUFFile:
+    """One GGUF file (a whole model, or one shard of a split one)."""
     if not path.exists():
         raise GGUFError(f"{path}: no such file")
     if path.is_dir():

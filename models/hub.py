@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .gguf_file import SHARD_NAME
 from .store import DEFAULT_QUANT, ModelStore, StoredModel, canonical_name, parse_name
 
 # (file name, bytes done, total bytes or None): called as a file downloads, and once more when it is in place.
@@ -30,7 +31,6 @@ _WEIGHTS_REPO_FILES = {
     "added_tokens.json",
 }
 _LICENSE = re.compile(r"(?i)^(license|licence|notice|use_policy)(\.(md|txt))?$")
-_SPLIT = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 # Quant tags as they appear in GGUF file names: Q4_K_M, q8_0, IQ4_XS, Q4_0_4_4, TQ1_0, F16, BF16, MXFP4_MOE...
 _QUANT = re.compile(
     r"(?:^|[-._])(?P<tag>(?:I?Q\d+(?:_[A-Z0-9]+)*|TQ\d+_\d+|B?F16|F32|FP16|FP32|MXFP4(?:_MOE)?))(?=$|[-.])",
@@ -66,7 +66,7 @@ class Selection:
 def quant_tag(filename: str) -> str | None:
     """'sub/Model-Q4_K_M-00001-of-00003.gguf' -> 'Q4_K_M'; None when the name carries no tag."""
     stem = Path(filename).name
-    m = _SPLIT.match(stem)
+    m = SHARD_NAME.match(stem)
     stem = m.group("base") if m else stem.removesuffix(".gguf").removesuffix(".GGUF")
     tags = list(_QUANT.finditer(stem))
     return tags[-1].group("tag").upper() if tags else None
@@ -79,12 +79,12 @@ def _gguf_groups(files: list[RemoteFile]) -> dict[str, list[RemoteFile]]:
         base = Path(f.name).name
         if not base.lower().endswith(".gguf") or base.lower().startswith("mmproj"):
             continue  # mmproj files are vision projectors, never a model by themselves
-        m = _SPLIT.match(f.name)
+        m = SHARD_NAME.match(f.name)
         key = quant_tag(f.name) or (m.group("base") if m else f.name[: -len(".gguf")]).split("/")[-1].upper()
         groups.setdefault(key, []).append(f)
     for key, group in groups.items():
         group.sort(key=lambda f: f.name)
-        splits = [_SPLIT.match(f.name) for f in group]
+        splits = [SHARD_NAME.match(f.name) for f in group]
         if any(splits):
             bases = {(s.group("base"), s.group("n")) if s else None for s in splits}
             if len(bases) != 1 or None in bases:

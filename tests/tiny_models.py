@@ -88,12 +88,14 @@ def add_spm_vocab(w, n_vocab: int) -> None:
     w.add_eos_token_id(2)
 
 
-def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -> Path:
+def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0) -> Path:
+    """A tiny random-weight model; split_max_tensors > 0 writes it as llama.cpp's gguf-split does,
+    in shards PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first)."""
     rng = np.random.default_rng(seed)
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = 6 if arch == "gemma3" else 2
     types = ARCH_TYPES[arch]
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
     w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
@@ -142,4 +144,6 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320) -
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path

@@ -77,7 +77,9 @@ class MatmulWorkspace:
         self.n_chunks = n_chunks
         self.max_tokens, self.max_k = max_tokens, max_k
         # float weights
-        self.xr = np.zeros((max_tokens, max_k), np.float32)
+        # flat, so that every (T, K) view is C-contiguous: a strided view of one row would be typed
+        # C and one of several rows A, two compilations whose sums differ (batching would change results)
+        self.xr = np.zeros(max_tokens * max_k, np.float32)
         self.tiles = np.zeros((n_chunks, ROW_TILE, max_k), np.float32)
         # quantized activations for the packed kernels; flat, so that (T, K) views are C-contiguous
         # (numba compiles strided 'A' arrays into slower, unvectorized code)
@@ -111,7 +113,7 @@ def _reference_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) ->
     K = w.shape[-1]
     mode = ACT_ROUNDING[w.type_id]
     if mode != ACT_NONE:
-        xr = ws.xr[:T, :K]
+        xr = ws.xr[:T * K].reshape(T, K)
         round_activations(mode, x, xr)
         x = xr
     qmatmul_rows(w.type_id, w.raw, x, out, ws.tiles)

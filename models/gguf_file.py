@@ -121,10 +121,10 @@ def read_gguf(path: str | Path) -> GGUFFile:
     of a split model reads as the whole model: the tensors of every shard, the first's metadata
     without the split.* keys (they describe the files, not the model)."""
     first = _read_one(Path(path))
-    n = int(first.metadata.get(SPLIT_COUNT, 0) or 0)
+    n = _split_key(first, SPLIT_COUNT, 0)
     if n <= 1:
         return first
-    no = int(first.metadata.get(SPLIT_NO, 0))
+    no = _split_key(first, SPLIT_NO, 0)
     m = SHARD_NAME.match(first.path.name)
     if m is None or int(m.group("i")) != no + 1 or int(m.group("n")) != n:
         raise GGUFError(f"{path}: shard {no + 1} of a model split in {n}, but its name does not end in "
@@ -137,19 +137,26 @@ def read_gguf(path: str | Path) -> GGUFFile:
         if not sp.exists():
             raise GGUFError(f"{path}: shard {i + 1} of {n} is missing ({sp.name})")
         shard = _read_one(sp)
-        if int(shard.metadata.get(SPLIT_NO, -1)) != i or int(shard.metadata.get(SPLIT_COUNT, 0)) != n:
+        if _split_key(shard, SPLIT_NO, -1) != i or _split_key(shard, SPLIT_COUNT, 0) != n:
             raise GGUFError(f"{sp}: not shard {i + 1} of {n} (its split.no / split.count say otherwise)")
         for name, t in shard.tensors.items():
             if name in tensors:
                 raise GGUFError(f"{sp}: tensor {name!r} is in an earlier shard too")
             tensors[name] = t
-    expected = first.metadata.get(SPLIT_TENSORS)
-    if expected is not None and int(expected) != len(tensors):
-        raise GGUFError(f"{path}: the shards hold {len(tensors)} tensors, the first says {int(expected)}")
+    expected = _split_key(first, SPLIT_TENSORS, len(tensors))
+    if expected != len(tensors):
+        raise GGUFError(f"{path}: the shards hold {len(tensors)} tensors, the first says {expected}")
     drop = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS)
     meta = {k: v for k, v in first.metadata.items() if k not in drop}
     kv_types = {k: v for k, v in first.kv_types.items() if k not in drop}
     return GGUFFile(first.path, first.version, meta, tensors, kv_types, shards=n)
+
+
+def _split_key(g: GGUFFile, key: str, default: int) -> int:
+    v = g.metadata.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise GGUFError(f"{g.path}: metadata {key} is {v!r}, not an integer")
+    return int(v)
 
 
 def _read_one(path: Path) -> GGUFFile:

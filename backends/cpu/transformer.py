@@ -33,6 +33,10 @@ DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fe
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
 
 
+def _no_trace(name: str, layer: int, a: np.ndarray) -> None:
+    """CpuTransformer's tracer when nothing traces."""
+
+
 def _packed(ws):
     """pack_stacked(ws), the sources' pages of the mapped file released as they are packed (one
     copy of the weights in memory), or None."""
@@ -180,6 +184,14 @@ class CpuTransformer:
         # line them up with its eval callback.  The array is a live buffer: copy it to keep it.
         self.trace = None
 
+    def _tracer(self):
+        """tr(name, layer, array) for the forward pass: self.trace under llama.cpp's tensor name
+        ("attn_norm-0"; layer -1: no suffix), or a no-op costing one call when no one traces."""
+        trace = self.trace
+        if trace is None:
+            return _no_trace
+        return lambda name, layer, a: trace(name if layer < 0 else f"{name}-{layer}", a)
+
     def devices(self) -> list[str]:
         return [f"cpu: {self.n_threads} threads, {ISA}"]
 
@@ -244,9 +256,8 @@ class CpuTransformer:
 
         emb = self.token_embd
         embed(emb.type_id, emb.raw, batch.tokens, np.float32(cfg.embed_scale), x)
-        tr = self.trace
-        if tr:
-            tr("inp_scaled", x)
+        tr = self._tracer()
+        tr("inp_scaled", -1, x)
 
         ws_cos, ws_sin = ws.cos[:, :T], ws.sin[:, :T]
         rope_cache(pos, cfg.n_rot, cfg.rope_base, cfg.rope_scale, self.freq_factors, ws_cos[0], ws_sin[0])
@@ -267,41 +278,32 @@ class CpuTransformer:
         rmsnorm(x, layers[0].attn_norm, eps, xn)
         for il, ly in enumerate(layers):
             r = 1 if cfg.layer_swa[il] else 0
-            if tr:
-                tr(f"attn_norm-{il}", xn)
+            tr("attn_norm", il, xn)
             for w, col in ly.qkv:
                 qmatmul(w, xn, qkv, mm, col)
-            if tr:
-                tr(f"qkv-{il}", qkv)  # Q, K, V side by side (llama.cpp: the first Qcur, Kcur, Vcur)
+            tr("qkv", il, qkv)  # Q, K, V side by side (llama.cpp: the first Qcur, Kcur, Vcur)
             g, kc, vc = pool.layer(il)
             qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, eps, ws_cos[r], ws_sin[r], neox, q_scale,
                      q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
                      self.rot_k, self.rot_v)
             attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
                       kq_scale, softcap_attn, self.rot_v, attn3, ws.scores)
-            if tr:
-                tr(f"kqv_out-{il}", attn)
+            tr("kqv_out", il, attn)
             qmatmul(ly.wo, attn, o, mm)
-            if tr:
-                tr(f"attn_out-{il}", o)
+            tr("attn_out", il, o)
             residual_norm(x, o, ly.post_attn_norm, eps, ly.ffn_norm, xn)
-            if tr:
-                tr(f"ffn_inp-{il}", x)  # the residual stream after attention (Gemma's name: sa_out)
-                tr(f"ffn_norm-{il}", xn)
+            tr("ffn_inp", il, x)  # the residual stream after attention (Gemma's name: sa_out)
+            tr("ffn_norm", il, xn)
             for w, col in ly.gate_up:
                 qmatmul(w, xn, gu, mm, col)
             glu(gu, n_ff, gelu, act)
-            if tr:
-                tr(f"ffn_act-{il}", act)  # llama.cpp: ffn_geglu / ffn_swiglu
+            tr("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
             qmatmul(ly.down, act, o, mm)
-            if tr:
-                tr(f"ffn_out-{il}", o)
+            tr("ffn_out", il, o)
             nxt = layers[il + 1].attn_norm if il + 1 < len(layers) else self.output_norm
             residual_norm(x, o, ly.post_ffn_norm, eps, nxt, xn)
-            if tr:
-                tr(f"l_out-{il}", x)
-        if tr:
-            tr("result_norm", xn)
+            tr("l_out", il, x)
+        tr("result_norm", -1, xn)
 
         R = len(batch.logit_rows)
         if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point

@@ -90,8 +90,6 @@ class MatmulWorkspace:
         self.acc = np.zeros((n_chunks, TT_MAX, NC), np.float32)
         # one tile expanded to bytes per parallel chunk, for batches (qdot.expand_tile)
         self.expanded = np.zeros((n_chunks, 1, 1, max_k * NC), np.uint8)
-        self.expanded_s = np.zeros((n_chunks, max_k // 16 * NC), np.float32)
-        self.expanded_m = np.zeros((n_chunks, max_k // 16 * NC), np.float32)
 
 
 def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 0) -> None:
@@ -103,7 +101,7 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
         xq = ws.xi if w.int_kernel else ws.xq  # the integer kernel takes the activation quants as int8
         L = w.layout
         matmul_packed(w.type_id, w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc,
-                      L.lo_bits, L.hi_bits, L.group, L.scales, L.has_min, ws.expanded, ws.expanded_s, ws.expanded_m)
+                      L.lo_bits, L.hi_bits, L.group, ws.expanded)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

@@ -1,11 +1,14 @@
 """Products of activations with packed weights, the way llama.cpp forms them.
 
 llama.cpp quantizes the activations to 8 bits (Q8_0: a scale per 32, Q8_K: per 256; see
-activations.py) and takes an integer dot product per weight block, scaled once by both scales.
-We do the same: the block dot is exact (small unsigned weight quants times 8-bit activation
-quants; every product and partial sum is an integer below 2**24, so exact in any order and in
-float32 as well as int32), so the only rounding is in the scaling and in the sum over blocks, and
-every kernel below, every batch size and every way of splitting a prompt give the same floats.
+activations.py) and takes an integer dot product per weight block, scaled once by both scales;
+for the K-quants it first sums each super-block's sub-block dots times their small integer
+scales (and the sub-block mins times the activation sums) in int32, then scales once per
+super-block.  We do the same: the block dot is exact (small unsigned weight quants times 8-bit
+activation quants; every product and partial sum is an integer below 2**24, so exact in any
+order and in float32 as well as int32) and so are the int32 super-block sums, so the only
+rounding is in the scaling and in the sum over blocks, and every kernel below, every batch size
+and every way of splitting a prompt give the same floats.
 
 The weights stay at the file's bits per weight (LAYOUTS, packed by repack.py): each quant is
 stored as u = q + offset >= 0 in a low plane of 2, 4 or 8 bits and, for 5- and 6-bit types, a
@@ -15,7 +18,7 @@ quants side by side, so one 64-byte vector holds 16 rows x 4 columns.  A plane o
 holds 8 // bits consecutive groups in each byte (group k of a byte at bit bits * k).  Scales stay
 as the file has them: f16 per block for the legacy types; for the K-quants the f16 super-block
 scale (and min) per row plus the small integer sub-block scales (Q4_K and Q5_K: llama.cpp's 12
-packed bytes), multiplied out in the kernel exactly as infer.quant.dequant multiplies them.
+packed bytes), unpacked in the kernel once per super-block.
 
 The kernels are explicit LLVM vector code (numba intrinsics: generic LLVM operations but for the
 x86 dot instructions), over a register tile of TT tokens x ROWS rows:
@@ -44,7 +47,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from infer.quant import types as qt
-from infer.quant.kquants import F16_TO_F32, scale_min_k4
 
 from .activations import quantize_rows
 from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
@@ -57,7 +59,6 @@ SC_F16 = 0  # s: f16 scale per block; m: f16 of -min per block
 SC_K6 = 1  # s: f16 d per super-block; sc: signed 8-bit scale per sub-block (Q3_K, Q6_K): d * sc
 SC_K2 = 2  # s, m: f16 d, dmin per super-block; sc: per sub-block byte, d * (lo 4 bits), dmin * (hi 4 bits)
 SC_K4 = 3  # s, m: f16 d, dmin per super-block; sc: 12 bytes per super-block, unpacked as ggml's get_scale_min_k4
-SC_F32 = 4  # sf, mf: float32 scale and min per block, formed by tile_scales (an expanded tile)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ LAYOUTS = {
 # Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
 # the same u, the same scales, read as an 8-bit plane (Q8_0 is one already).
 EXPANDED = 256  # type_id + EXPANDED: that type's quants expanded to bytes
-BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, SC_F32, L.has_min)
+BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, L.scales, L.has_min)
                 for t, L in LAYOUTS.items() if L.lo_bits < 8}
 EXPAND_MIN_TOKENS = 16  # from this many tokens on, expanding pays for itself
 
@@ -131,9 +132,9 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "sf", "mf", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
+_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
 _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
-           "sc": (types.uint8, 3), "sf": (types.float32, 3), "mf": (types.float32, 3),
+           "sc": (types.uint8, 3),
            "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
 
 
@@ -186,47 +187,43 @@ class _Block:
         return u
 
     def scales(self, L: Layout, b_idx, row, n):
-        """(scale, min or None) of block b_idx for n rows from `row`, as <n x float>."""
+        """(scale, min or None) of legacy block b_idx for n rows from `row`, as <n x float>."""
+        h2f = lambda name: half_to_float(self.b, self._load(name, self._tile_off(name, b_idx, row), n, I16))
+        return h2f("s"), (h2f("m") if L.has_min else None)
+
+    def super_scales(self, L: Layout, sb, row, n):
+        """(d, dmin or None) of K-quant super-block sb for n rows from `row`, as <n x float>."""
+        h2f = lambda name: half_to_float(self.b, self._load(name, self._tile_off(name, sb, row), n, I16))
+        return h2f("s"), (h2f("m") if L.has_min else None)
+
+    def sub_scales(self, L: Layout, sb, j: int, row, n):
+        """(scale, min or None) of sub-block j (an int) of K-quant super-block sb for n rows from
+        `row`, as the file's small integers in <n x i32>."""
         bld = self.b
-        vf = ir.VectorType(F32, n)
-        h2f = lambda name, x: half_to_float(bld, self._load(name, self._tile_off(name, x, row), n, I16))
-        if L.scales == SC_F32:  # an expanded tile's: tile qtile (0) of sf, mf
-            f32 = lambda name: self._load(name, self._tile_off(name, b_idx, row, self.qtile), n, F32)
-            return f32("sf"), (f32("mf") if L.has_min else None)
-        if L.scales == SC_F16:
-            return h2f("s", b_idx), (h2f("m", b_idx) if L.has_min else None)
-        sb = bld.udiv(b_idx, _c64(256 // L.group))
-        d = h2f("s", sb)
-        if L.scales == SC_K6:
-            sc = bld.sitofp(self._load("sc", self._tile_off("sc", b_idx, row), n, I8), vf)
-            return bld.fmul(d, sc), None
-        dmin = h2f("m", sb)
-        if L.scales == SC_K2:
-            byte = self._load("sc", self._tile_off("sc", b_idx, row), n, I8)
-            sc = bld.uitofp(bld.and_(byte, _const(I8, n, 15)), vf)
-            mn = bld.uitofp(bld.lshr(byte, _const(I8, n, 4)), vf)
-            return bld.fmul(d, sc), bld.fmul(dmin, mn)
-        # SC_K4: sub-block j of 8 in the super-block; q = its 12 scale bytes (get_scale_min_k4)
-        j = bld.urem(b_idx, _c64(8))
-        q = lambda i: self._load("sc", self._tile_off("sc", bld.add(bld.mul(sb, _c64(12)), i), row), n, I8)
-        lt = bld.icmp_unsigned("<", j, _c64(4))
-        sel = lambda x, y: bld.select(lt, x, y)
+        vi = ir.VectorType(I32, n)
         v = lambda c: _const(I8, n, c)
+        if L.scales != SC_K4:  # a byte per sub-block: Q3_K/Q6_K signed scales, Q2_K two nibbles
+            byte = self._load("sc", self._tile_off("sc", bld.add(bld.mul(sb, _c64(256 // L.group)), _c64(j)), row), n, I8)
+            if L.scales == SC_K6:
+                return bld.sext(byte, vi), None
+            return bld.zext(bld.and_(byte, v(15)), vi), bld.zext(bld.lshr(byte, v(4)), vi)
+        # Q4_K/Q5_K: the super-block's 12 scale bytes, unpacked as ggml's get_scale_min_k4
+        q = lambda i: self._load("sc", self._tile_off("sc", bld.add(bld.mul(sb, _c64(12)), _c64(i)), row), n, I8)
         top2 = lambda x: bld.shl(bld.lshr(x, v(6)), v(4))  # bits 6-7 of a byte as bits 4-5
-        q_j, q_j4 = q(j), q(bld.add(j, _c64(4)))
-        q_jm4 = q(sel(j, bld.sub(j, _c64(4))))
-        sc = sel(bld.and_(q_j, v(63)), bld.or_(bld.and_(q_j4, v(15)), top2(q_jm4)))
-        mn = sel(bld.and_(q_j4, v(63)), bld.or_(bld.lshr(q_j4, v(4)), top2(q_j)))
-        return bld.fmul(d, bld.uitofp(sc, vf)), bld.fmul(dmin, bld.uitofp(mn, vf))
+        if j < 4:
+            sc, mn = bld.and_(q(j), v(63)), bld.and_(q(j + 4), v(63))
+        else:
+            sc = bld.or_(bld.and_(q(j + 4), v(15)), top2(q(j - 4)))
+            mn = bld.or_(bld.lshr(q(j + 4), v(4)), top2(q(j)))
+        return bld.zext(sc, vi), bld.zext(mn, vi)
 
 
 def _make_dot(TT: int):
-    """The intrinsic dot(type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a):
+    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
     a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT;
     the tile's quants are tile `qtile` of lo and hi (0 for a tile expanded on its own, see
     expand_tile), its scales tile `tile` of s, m and sc.  type_id + EXPANDED: the type's quants
-    expanded to bytes (BYTE_LAYOUTS), its scales and mins in sf, mf: (1, blocks, NC) float32
-    (placeholders otherwise).
+    expanded to bytes (BYTE_LAYOUTS).
 
     lo, hi: (NT, nb, bytes per block) uint8 planes (hi (0, 0, 0) when a type has none); s, m:
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
@@ -234,8 +231,8 @@ def _make_dot(TT: int):
     activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
     activation scales and quant sums per 16; a: (>= TT, NC) f32.
     """
-    def dot(typingctx, type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a):
-        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a)))
+    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
+        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)))
         for name, (dt, nd) in _ARRAYS.items():
             arr = args[name]
             if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
@@ -244,12 +241,12 @@ def _make_dot(TT: int):
                 and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
             return None
         kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
-        sig = types.void(type_id, lo, hi, s, m, sc, sf, mf, tile, qtile, r0, xq, t0, dxb, bsum, a)
+        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)
 
         def codegen(context, builder, signature, argv):
             st = signature.args
             arrs = {n: _Arr(context, builder, st[i], argv[i]) for i, n in enumerate(_ARGS) if n in _ARRAYS or n == "xq"}
-            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 8, 9, 10, 12))
+            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 8, 10))
             _Kernel(builder, arrs, tile_, qtile_, t0_, TT, kind).run(tid, r0_)
             return context.get_dummy_value()
 
@@ -264,6 +261,7 @@ class _Kernel:
     def __init__(self, builder, arrs, tile, qtile, t0, TT, kind):
         self.b, self.arrs, self.t0, self.TT, self.kind = builder, arrs, t0, TT, kind
         self.int = kind != "float"
+        self.wscale = None  # madd: per row vector, the int16 factors vpmaddwd widens by (None: 1)
         self.blk = _Block(builder, arrs, tile, qtile)
         self.K = arrs["xq"].shape[1]
         self.K16 = arrs["dxb"].shape[1]
@@ -311,7 +309,7 @@ class _Kernel:
                 case = bld.function.append_basic_block(f"layout_{type_id}")
                 sw.add_case(ir.Constant(I64, type_id), case)
                 bld.position_at_end(case)
-                self.block_loop(L, rows)
+                (self.block_loop if L.scales == SC_F16 else self.superblock_loop)(L, rows)
                 bld.branch(done)
             bld.position_at_end(sw.default)
             bld.branch(done)
@@ -324,51 +322,131 @@ class _Kernel:
                     bld.store(bld.load(self.acc[tt][i]), p, align=4)
 
     def block_loop(self, L: Layout, rows):
-        """The whole K for one layout: per block the exact integer dot, then the scaling."""
-        bld, blk, TT, n = self.b, self.blk, self.TT, 4 * self.rw
-        da, ba, xa = self.arrs["dxb"], self.arrs["bsum"], self.arrs["xq"]
-        nb = bld.udiv(self.K, _c64(L.group))
-        with cgutils.for_range(bld, nb) as loop:
+        """The whole K for a legacy layout: per block the exact integer dot, then one FMA with the
+        product of the block's and the activations' scales (as llama.cpp), and one for the min."""
+        bld, blk, TT = self.b, self.blk, self.TT
+        with cgutils.for_range(bld, bld.udiv(self.K, _c64(L.group))) as loop:
             b_idx = loop.index
-            dxs, bss = [], []
-            for tt in range(TT):
-                di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), bld.mul(b_idx, _c64(L.group // 16)))
-                dxs.append(splat(bld, bld.load(bld.gep(da.data, [di])), self.rw))
-                bs = bld.load(bld.gep(ba.data, [di]))
-                if L.group == 32:
-                    bs = bld.fadd(bs, bld.load(bld.gep(ba.data, [bld.add(di, _c64(1))])))
-                bss.append(bs)
-                for p in self.iacc[tt]:
-                    if self.int:
-                        # u carries +offset: start from -offset * (sum of the block's activation
-                        # quants); the madd kernel takes Q8_0's quants signed (see accumulate)
-                        off = 0 if self.kind == "madd" and L.offset == 128 else L.offset
-                        init = bld.mul(bld.fptosi(bs, I32), ir.Constant(I32, -off))
-                        bld.store(splat(bld, init, self.rw), p)
-                    else:
-                        bld.store(ir.Constant(ir.VectorType(F32, n), [0.0] * n), p)
-            per = 8 // L.lo_bits
-            # the low plane's byte-groups, unrolled: every shift is a constant
-            cache = {}
-            self.pending = [[None] * len(rows) for _ in range(TT)]  # madd: int16 pair sums not yet widened
-            for pi in range(-(-L.group * L.lo_bits // 32)):
-                for k in range(min(per, L.group // 4)):
-                    us = [blk.quants(L, cache, b_idx, pi, k, row, n) for row in rows]
-                    col = bld.add(bld.mul(b_idx, _c64(L.group)), _c64(4 * (pi * per + k)))
-                    done = pi * per + k + 1  # groups of this block added so far
-                    widen = done % self.widen_every(L) == 0 or 4 * done >= L.group
-                    for tt in range(TT):
-                        xi = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K), col)
-                        self.accumulate(tt, us, xa, xi, n, L, widen)
+            dxs = [self.act_scale(tt, bld.mul(b_idx, _c64(L.group // 16))) for tt in range(TT)]
+            bss = [self.act_sum(tt, b_idx, L) for tt in range(TT)]
+            self.block_ints(L, b_idx, rows, bss)
             for i, row in enumerate(rows):
                 s, m = blk.scales(L, b_idx, row, self.rw)
                 for tt in range(TT):
-                    c = self.block_dot(tt, i, L, bss[tt])
-                    # as llama.cpp: one FMA of the exact block dot with the product of the two scales
+                    c = bld.sitofp(self.block_dot(tt, i, L, bss[tt]), ir.VectorType(F32, self.rw))
                     a = self.fma(c, bld.fmul(s, dxs[tt]), bld.load(self.acc[tt][i]))
                     if m is not None:  # - min * (sum of the block's activation quants)
                         a = self.fma(bld.fmul(m, dxs[tt]), splat(bld, bld.fneg(bss[tt]), self.rw), a)
                     bld.store(a, self.acc[tt][i])
+
+    def superblock_loop(self, L: Layout, rows):
+        """The whole K for a K-quant layout, as llama.cpp's ggml_vec_dot_q*_K_q8_K: per super-block
+        the sub-blocks' exact integer dots times their integer scales, and their mins times their
+        activation sums, each summed in int32 (below 2**31: |dot| <= 31*128*32 with scales <= 63
+        for Q4_K/Q5_K, |dot| <= 32*128*16 with |scale| <= 128 for Q6_K), then one FMA each with
+        the super-block's d and dmin times the activations' scale (Q8_K: one per super-block).
+        The madd kernel scales each sub-block's int16 pair sums as vpmaddwd widens them (as
+        llama.cpp does), so its offset term -offset * sum_j scale_j * (activation sum j) is formed
+        up front with the min term; the others scale each sub-block's int32 dot."""
+        bld, blk, TT, rw = self.b, self.blk, self.TT, self.rw
+        nsub, nv = 256 // L.group, len(rows)
+        vi, vf = ir.VectorType(I32, rw), ir.VectorType(F32, rw)
+        madd = self.kind == "madd"
+        sumi = self.iacc if madd else [[cgutils.alloca_once(bld, vi) for _ in rows] for _ in range(TT)]
+        # the super-block's sub-block scales, unpacked once (the sub-block loop is not unrolled:
+        # unrolled, the 4-token kernel's code outgrows the instruction cache); madd: as int16 pairs
+        scbuf = cgutils.alloca_once(bld, ir.ArrayType(ir.VectorType(I16, 2 * rw) if madd else vi, nsub * nv))
+        with cgutils.for_range(bld, bld.udiv(self.K, _c64(256))) as loop:
+            sb = loop.index
+            dxs = [self.act_scale(tt, bld.mul(sb, _c64(16))) for tt in range(TT)]
+            bsi = [[splat(bld, bld.fptosi(self.act_sum(tt, bld.add(bld.mul(sb, _c64(nsub)), _c64(j)), L), I32), rw)
+                    for j in range(nsub)] for tt in range(TT)]
+            for i, row in enumerate(rows):
+                _, dmin = blk.super_scales(L, sb, row, rw)
+                mins = [ir.Constant(vi, [0] * rw)] * TT
+                offs = list(mins)
+                for j in range(nsub):
+                    sc, mn = blk.sub_scales(L, sb, j, row, rw)
+                    p = bld.gep(scbuf, [_c64(0), _c64(j * nv + i)])
+                    if madd:  # (sc, sc) in each int32 lane
+                        sc16 = bld.and_(sc, ir.Constant(vi, [0xFFFF] * rw))
+                        bld.store(bld.bitcast(bld.or_(sc16, bld.shl(sc16, ir.Constant(vi, [16] * rw))), p.type.pointee), p)
+                    else:
+                        bld.store(sc, p)
+                    for tt in range(TT):
+                        if mn is not None:
+                            mins[tt] = bld.add(mins[tt], bld.mul(mn, bsi[tt][j]))
+                        if madd and L.offset:
+                            offs[tt] = bld.add(offs[tt], bld.mul(sc, bsi[tt][j]))
+                for tt in range(TT):
+                    bld.store(bld.mul(offs[tt], ir.Constant(vi, [-L.offset] * rw)), sumi[tt][i])
+                    if dmin is not None:  # - dmin * sum_j min_j * (activation sum j)
+                        a = self.fma(bld.sitofp(mins[tt], vf), bld.fneg(bld.fmul(dmin, dxs[tt])), bld.load(self.acc[tt][i]))
+                        bld.store(a, self.acc[tt][i])
+            with cgutils.for_range(bld, _c64(nsub)) as sub:
+                j = sub.index
+                b_idx = bld.add(bld.mul(sb, _c64(nsub)), j)
+                scs = [bld.load(bld.gep(scbuf, [_c64(0), bld.add(bld.mul(j, _c64(nv)), _c64(i))])) for i in range(nv)]
+                if madd:  # each int32 lane's two int16 pair sums times the row's scale
+                    self.wscale = scs
+                    self.block_ints(L, b_idx, rows, None)
+                    self.wscale = None
+                else:
+                    bss = [self.act_sum(tt, b_idx, L) for tt in range(TT)]
+                    self.block_ints(L, b_idx, rows, bss)
+                    for i, sc in enumerate(scs):
+                        for tt in range(TT):
+                            c = self.block_dot(tt, i, L, bss[tt])
+                            bld.store(bld.add(bld.load(sumi[tt][i]), bld.mul(c, sc)), sumi[tt][i])
+            for i, row in enumerate(rows):
+                d, _ = blk.super_scales(L, sb, row, rw)
+                for tt in range(TT):
+                    c = bld.sitofp(bld.load(sumi[tt][i]), vf)
+                    bld.store(self.fma(c, bld.fmul(d, dxs[tt]), bld.load(self.acc[tt][i])), self.acc[tt][i])
+
+    def act_scale(self, tt, k16):
+        """Token tt's activation scale of its 16-element sub-block k16, splat over rw lanes."""
+        bld, da = self.b, self.arrs["dxb"]
+        di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), k16)
+        return splat(bld, bld.load(bld.gep(da.data, [di])), self.rw)
+
+    def act_sum(self, tt, b_idx, L: Layout):
+        """Token tt's sum of activation quants over block b_idx (a float holding an integer)."""
+        bld, ba = self.b, self.arrs["bsum"]
+        di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), bld.mul(b_idx, _c64(L.group // 16)))
+        bs = bld.load(bld.gep(ba.data, [di]))
+        if L.group == 32:
+            bs = bld.fadd(bs, bld.load(bld.gep(ba.data, [bld.add(di, _c64(1))])))
+        return bs
+
+    def block_ints(self, L: Layout, b_idx, rows, bss):
+        """Every token's and row's integer dot of block b_idx into iacc (bss: the tokens' act_sum;
+        None: add to iacc as it is, scaled by wscale, see superblock_loop)."""
+        bld, blk, TT, n = self.b, self.blk, self.TT, 4 * self.rw
+        xa = self.arrs["xq"]
+        for tt in range(TT if bss is not None else 0):
+            for p in self.iacc[tt]:
+                if self.int:
+                    # u carries +offset: start from -offset * (sum of the block's activation
+                    # quants); the madd kernel takes Q8_0's quants signed (see accumulate)
+                    off = 0 if self.kind == "madd" and L.offset == 128 else L.offset
+                    init = bld.mul(bld.fptosi(bss[tt], I32), ir.Constant(I32, -off))
+                    bld.store(splat(bld, init, self.rw), p)
+                else:
+                    bld.store(ir.Constant(ir.VectorType(F32, n), [0.0] * n), p)
+        per = 8 // L.lo_bits
+        # the low plane's byte-groups, unrolled: every shift is a constant
+        cache = {}
+        self.pending = [[None] * len(rows) for _ in range(TT)]  # madd: int16 pair sums not yet widened
+        for pi in range(-(-L.group * L.lo_bits // 32)):
+            for k in range(min(per, L.group // 4)):
+                us = [blk.quants(L, cache, b_idx, pi, k, row, n) for row in rows]
+                col = bld.add(bld.mul(b_idx, _c64(L.group)), _c64(4 * (pi * per + k)))
+                done = pi * per + k + 1  # groups of this block added so far
+                widen = done % self.widen_every(L) == 0 or 4 * done >= L.group
+                for tt in range(TT):
+                    xi = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K), col)
+                    self.accumulate(tt, us, xa, xi, n, L, widen)
 
     @staticmethod
     def widen_every(L: Layout) -> int:
@@ -409,7 +487,8 @@ class _Kernel:
                 pend = self.pending[tt][i]
                 pend = p if pend is None else bld.add(pend, p)
                 if widen:
-                    wide = bld.call(self.wd_fn, [pend, _const(I16, n // 2, 1)])
+                    scale = _const(I16, n // 2, 1) if self.wscale is None else self.wscale[i]
+                    wide = bld.call(self.wd_fn, [pend, scale])
                     bld.store(bld.add(bld.load(self.iacc[tt][i]), wide), self.iacc[tt][i])
                     pend = None
                 self.pending[tt][i] = pend
@@ -422,17 +501,17 @@ class _Kernel:
             bld.store(self.fma(uf, xp, bld.load(self.iacc[tt][i])), self.iacc[tt][i])
 
     def block_dot(self, tt, i, L: Layout, bs):
-        """The block's exact signed integer dot for token tt, rows of vector i, as <rw x float>."""
+        """The block's exact signed integer dot for token tt, rows of vector i, as <rw x i32>."""
         bld, rw = self.b, self.rw
         acc = bld.load(self.iacc[tt][i])
         if self.int:
-            return bld.sitofp(acc, ir.VectorType(F32, rw))  # exact: |c| < 2**24
+            return acc
         undef = ir.Constant(acc.type, ir.Undefined)
         lane = lambda k: bld.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, rw), [4 * r + k for r in range(rw)]))
         c = bld.fadd(bld.fadd(lane(0), lane(1)), bld.fadd(lane(2), lane(3)))
         if L.offset:
             c = bld.fadd(c, splat(bld, bld.fmul(bs, ir.Constant(F32, -float(L.offset))), rw))
-        return c
+        return bld.fptosi(c, ir.VectorType(I32, rw))  # exact: |c| < 2**24
 
 
 dot_rows_1 = _make_dot(1)  # decode: one token (memory-bound either way)
@@ -471,36 +550,9 @@ def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
         _expand_plane(hi_t, 2, lo_bits, group, out)
 
 
-@njit(cache=True)
-def tile_scales(scales, has_min, s_t, m_t, sc_t, sf, mf):
-    # One tile's block scales and mins as float32, formed exactly as the kernel forms them from the
-    # planes' scales (Block.scales): s_t, m_t: (X, NC) uint16 f16 bits; sc_t: (Y, NC) uint8
-    # (placeholders where the mode has none); sf, mf: (nb, NC) float32
-    for b in range(sf.shape[0]):
-        for r in range(NC):
-            mn = np.float32(0.0)
-            if scales == SC_F16:
-                sv = F16_TO_F32[s_t[b, r]]
-                if has_min:
-                    mn = F16_TO_F32[m_t[b, r]]
-            elif scales == SC_K6:  # 16-element sub-blocks: 16 per super-block
-                sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(np.int8(sc_t[b, r]))
-            elif scales == SC_K2:
-                byte = np.int32(sc_t[b, r])
-                sv = F16_TO_F32[s_t[b // 16, r]] * np.float32(byte & 15)
-                mn = F16_TO_F32[m_t[b // 16, r]] * np.float32(byte >> 4)
-            else:  # SC_K4: 32-element sub-blocks, 8 per super-block, scales in its 12 bytes
-                sb = b // 8
-                sc, mq = scale_min_k4(sc_t[sb * 12:sb * 12 + 12, r], 0, b % 8)
-                sv = F16_TO_F32[s_t[sb, r]] * np.float32(sc)
-                mn = F16_TO_F32[m_t[sb, r]] * np.float32(mq)
-            sf[b, r] = sv
-            mf[b, r] = mn
-
-
 @njit(cache=True, parallel=True)
 def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
-                  hi_bits, group, scales, has_min, expanded, expanded_s, expanded_m):
+                  hi_bits, group, expanded):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
     # type's activation rounding)
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
@@ -508,8 +560,8 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf, bsum_buf:
     #   (>= T*K/16,) f32 scratch for the quantized activations
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk;
-    # expanded: (n_chunks, 1, 1, >= K*NC) uint8, expanded_s, expanded_m: (n_chunks, >= K//16*NC) f32
-    #   scratch, one expanded tile (quants, scales, mins) per parallel chunk
+    # expanded: (n_chunks, 1, 1, >= K*NC) uint8 scratch, one tile's quants expanded to bytes per
+    #   parallel chunk (its scales stay in s, m, sc)
     NT = lo.shape[0]
     T, K = x.shape
     xq = xq_buf[:T * K].reshape(T, K)
@@ -522,29 +574,25 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     for c in prange(n_chunks):
         a = acc[c]
         qlo = expanded[c] if expand else lo
-        nb = K // group
-        sf, mf = expanded_s[c, :nb * NC].reshape(1, nb, NC), expanded_m[c, :nb * NC].reshape(1, nb, NC)
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
             qtile = tile
             if expand:
                 expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
-                tile_scales(scales, has_min, s[tile], m[tile] if has_min else s[tile],
-                            sc[tile] if scales != SC_F16 else lo[tile], sf[0], mf[0])
                 qtile = 0
             r0 = tile * NC
             nr = min(NC, N - r0)
             t = 0
             while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
                 for v in range(0, NC, ROWS):
-                    dot_rows_4(tid, qlo, hi, s, m, sc, sf, mf, tile, qtile, v, xq, t, dxb, bsum, a)
+                    dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
                 for i in range(4):
                     for r in range(nr):
                         out[t + i, col0 + r0 + r] = a[i, r]
                 t += 4
             while t < T:
                 for v in range(0, NC, ROWS):
-                    dot_rows_1(tid, qlo, hi, s, m, sc, sf, mf, tile, qtile, v, xq, t, dxb, bsum, a)
+                    dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
                 for r in range(nr):
                     out[t, col0 + r0 + r] = a[0, r]
                 t += 1

@@ -16,9 +16,8 @@ from infer.models.loader import load_model
 linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
 
 
-def _mapping_rss(a: np.ndarray) -> int:
-    """Resident bytes of the file mapping that holds array `a` (this model's map of the file,
-    whatever other tests mapped)."""
+def _smaps_field(a: np.ndarray, field: str) -> int:
+    """The /proc/self/smaps value `field` (e.g. "Rss") of the mapping that holds array `a`."""
     addr = a.__array_interface__["data"][0]
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
@@ -26,9 +25,15 @@ def _mapping_rss(a: np.ndarray) -> int:
         if head and "-" in head[0] and len(head) >= 5 and all(c in "0123456789abcdef-" for c in head[0]):
             lo, hi = (int(x, 16) for x in head[0].split("-"))
             inside = lo <= addr < hi
-        elif inside and line.startswith("Rss:"):
-            return int(line.split()[1]) * 1024
-    raise LookupError("no mapping holds the array")
+        elif inside and line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(f"no mapping holds the array, or it has no {field}")
+
+
+def _mapping_rss(a: np.ndarray) -> int:
+    """Resident bytes of the file mapping that holds array `a` (this model's map of the file,
+    whatever other tests mapped)."""
+    return _smaps_field(a, "Rss") * 1024
 
 
 def _is_mapped(a: np.ndarray) -> bool:
@@ -117,3 +122,34 @@ def test_populate_then_release_a_mapping(tmp_path):
     release_mapped(b)
     np.testing.assert_array_equal(b, data)
     np.testing.assert_array_equal(a, data)
+
+
+def _thp_mode() -> str | None:
+    p = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not p.exists():
+        return None
+    return p.read_text().split("[")[1].split("]")[0]
+
+
+@linux
+@pytest.mark.skipif(_thp_mode() in (None, "never"), reason="transparent huge pages are off")
+def test_large_packed_arrays_ask_for_huge_pages():
+    """Packed planes of several MiB are allocated in a mapping advised MADV_HUGEPAGE (fewer TLB
+    misses when a decode step streams them), hold what is written, and small ones stay np.empty."""
+    from infer.backends.cpu.hugepages import HUGE, huge_empty
+
+    a = huge_empty((3, 1000, 2048), np.uint16)
+    assert a.shape == (3, 1000, 2048) and a.dtype == np.uint16 and a.flags.c_contiguous and a.flags.writeable
+    assert a.__array_interface__["data"][0] % HUGE == 0
+    a[...] = np.arange(2048, dtype=np.uint16)
+    assert int(a[2, 999, 2047]) == 2047 and int(a[0, 0, 1]) == 1
+    assert _smaps_field(a, "THPeligible") == 1
+    assert _in_anonymous_mapping(a) and not _in_anonymous_mapping(huge_empty((16, 16), np.float32))
+
+
+def _in_anonymous_mapping(a) -> bool:
+    import mmap
+
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
+    return a is not None

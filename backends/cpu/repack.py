@@ -37,6 +37,7 @@ from infer.quant.kquants import q3_scale
 from infer.quant.tensor import populate_mapped, release_mapped
 
 from .activations import ACT_ROUNDING
+from .hugepages import huge_empty
 from .qdot import LAYOUTS, NC, SC_F16, SC_K4, Layout
 from .target import INT_KERNEL
 
@@ -296,11 +297,12 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
     legacy = L.scales == SC_F16
     xs = nb if legacy else nsb  # s, m entries per row
     ys = 1 if legacy else 12 * nsb if L.scales == SC_K4 else nb  # sc entries per row
-    lo = np.empty((nt, nb, L.lo_bytes), np.uint8)
-    hi = np.empty((nt, nb, L.hi_bytes) if L.hi_bits else (0, 0, 0), np.uint8)
-    s = np.empty((nt, xs, NC), np.uint16)
-    m = np.empty((nt, xs, NC) if L.has_min else (0, 0, 0), np.uint16)
-    sc = np.empty((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)
+    # what every decode step streams: in huge pages where the OS has them (hugepages.py)
+    lo = huge_empty((nt, nb, L.lo_bytes), np.uint8)
+    hi = huge_empty((nt, nb, L.hi_bytes) if L.hi_bits else (0, 0, 0), np.uint8)
+    s = huge_empty((nt, xs, NC), np.uint16)
+    m = huge_empty((nt, xs, NC) if L.has_min else (0, 0, 0), np.uint16)
+    sc = huge_empty((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)
     n_chunks = min(16, max(nts))
     rq = np.empty((n_chunks, NC, K), np.uint8)
     rs = np.zeros((n_chunks, NC, xs), np.uint16)

@@ -1,0 +1,38 @@
+"""Arrays backed by transparent huge pages, for the packed weights that every decode step streams.
+
+A decode step reads every weight once: with 4 KiB pages that is a TLB miss every 4 KiB, and on a
+CPU with a small TLB the page walks cost a fair part of the memory bandwidth.  Linux backs an
+anonymous mapping with 2 MiB pages when asked (madvise(MADV_HUGEPAGE); THP in "madvise" or
+"always" mode), so large packed arrays are allocated that way.  Nothing is padded: only the
+2 MiB-aligned stretches inside an array get huge pages, the ends stay 4 KiB pages, so resident
+memory is what the array holds.  Elsewhere (no MADV_HUGEPAGE, THP off) these are plain np.empty.
+"""
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+HUGE = 2 << 20  # bytes of an x86-64 / aarch64 (4 KiB granule) transparent huge page
+HUGE_MIN = 2 * HUGE  # smaller arrays gain little and keep np.empty's allocator
+
+
+def huge_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.empty(shape, dtype), in an anonymous mapping advised to use huge pages if it is large
+    and the OS has them.  The array keeps its mapping alive (through its base)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if n < HUGE_MIN or advice is None:
+        return np.empty(shape, dtype)
+    # HUGE more address space than needed so the array can start 2 MiB-aligned; the unused
+    # stretch is never touched, so it takes no memory
+    # private: a shared anonymous mapping is shmem, whose huge pages follow another setting
+    m = mmap.mmap(-1, n + HUGE, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+    try:
+        m.madvise(advice)
+    except OSError:  # THP compiled out or disabled: ordinary pages
+        pass
+    buf = np.frombuffer(m, np.uint8)
+    off = -buf.ctypes.data % HUGE
+    return buf[off:off + n].view(dtype).reshape(shape)

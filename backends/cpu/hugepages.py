@@ -4,7 +4,7 @@ A decode step reads every weight once: with 4 KiB pages that is a TLB miss every
 CPU with a small TLB the page walks cost a fair part of the memory bandwidth.  Linux backs an
 anonymous mapping with 2 MiB pages when asked (madvise(MADV_HUGEPAGE); THP in "madvise" or
 "always" mode), so large packed arrays are allocated that way.  Nothing is padded: only the
-2 MiB-aligned stretches inside an array get huge pages, the ends stay 4 KiB pages, so resident
+2 MiB-aligned stretches inside an array are advised, its tail stays in 4 KiB pages, so resident
 memory is what the array holds.  Elsewhere (no MADV_HUGEPAGE, THP off) these are plain np.empty.
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ def huge_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     # stretch is never touched, so it takes no memory
     # private: a shared anonymous mapping is shmem, whose huge pages follow another setting
     m = mmap.mmap(-1, n + HUGE, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
-    try:
-        m.madvise(advice)
-    except OSError:  # THP compiled out or disabled: ordinary pages
-        pass
     buf = np.frombuffer(m, np.uint8)
     off = -buf.ctypes.data % HUGE
+    try:  # only the whole huge pages inside the array, so none ever covers bytes it does not use
+        m.madvise(advice, off, n // HUGE * HUGE)
+    except OSError:  # THP compiled out or disabled: ordinary pages
+        pass
     return buf[off:off + n].view(dtype).reshape(shape)

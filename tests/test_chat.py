@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -19,9 +20,15 @@ def env(tmp_path):
     return dict(os.environ, INFER_HOME=str(tmp_path), HF_HUB_OFFLINE="1", TERM="dumb", COLUMNS="200")
 
 
+def _as_at_a_terminal():
+    # a suite started as a background job (`cmd &` in a script) has SIGINT ignored, and children
+    # inherit that: Ctrl-C would never reach the chat
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(env, gemma_path, *args, timeout=300):
     child = pexpect.spawn(sys.executable, ["-m", "infer.cli", "chat", str(gemma_path), *args], env=env,
-                          encoding="utf-8", timeout=timeout, dimensions=(50, 200))
+                          encoding="utf-8", timeout=timeout, dimensions=(50, 200), preexec_fn=_as_at_a_terminal)
     child.expect_exact(PROMPT)
     return child
 

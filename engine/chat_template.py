@@ -11,6 +11,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from infer.models.arch import UnknownArchitecture, architecture
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -94,17 +96,22 @@ LLAMA2_TEMPLATE = r"""{%- if messages and messages[0]['role'] == 'system' -%}
 {%- endfor -%}
 """
 
-_GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
-_QWEN_ARCHS = frozenset({"qwen2", "qwen2moe", "qwen3", "qwen3moe"})
+# Families of architectures only the llama.cpp backend runs (infer's own name theirs in models/arch).
+_OTHER_FAMILIES = {"gemma": "gemma", "gemma3n": "gemma", "qwen2moe": "chatml", "qwen3moe": "chatml"}
 
 
 def builtin_template(arch: str, tokenizer_model: str, pre: str | None) -> str:
-    """Jinja source of the built-in template for a model without tokenizer.chat_template."""
-    if arch in _GEMMA_ARCHS:
+    """Jinja source of the built-in template for a model without tokenizer.chat_template: the family
+    its architecture names (models/arch)."""
+    try:
+        family = architecture(arch).chat_template
+    except UnknownArchitecture:
+        family = _OTHER_FAMILIES.get(arch, "")
+    if family == "gemma":
         return GEMMA_TEMPLATE
-    if arch in _QWEN_ARCHS:
+    if family == "chatml":
         return CHATML_TEMPLATE
-    if arch == "llama":
+    if family == "llama":
         if tokenizer_model == "gpt2" and pre == "llama-bpe":
             return LLAMA3_TEMPLATE
         return LLAMA2_TEMPLATE

@@ -1,37 +1,27 @@
-"""Model hyperparameters from GGUF metadata, with the per-architecture flags of one generic decoder."""
+"""Model hyperparameters from GGUF metadata; what is particular to an architecture comes from its module (models/arch)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+from .arch import Architecture, UnknownArchitecture, architecture
 
 
 class ModelConfigError(ValueError):
     """Metadata that does not describe a model infer can run."""
 
 
-@dataclass(frozen=True)
-class ArchFlags:
-    """What distinguishes one architecture from the generic decoder."""
-
-    rope_neox: bool  # rotate (x[i], x[i+d/2]) pairs instead of adjacent (x[2i], x[2i+1])
-    qk_norm: bool = False  # RMSNorm over each head of Q and K before RoPE (qwen3, gemma3)
-    post_norms: bool = False  # RMSNorm after attention and after the FFN, before the residual add (gemma)
-    scale_embeddings: bool = False  # embeddings multiplied by sqrt(n_embd) (gemma)
-    activation: str = "silu"  # gate activation of the FFN
-    swa_pattern: int = 0  # every swa_pattern-th layer is global, the others sliding-window (gemma3: 6)
-    prescale_q: bool = False  # Q is multiplied by the attention scale before Q·K (gemma), not the product after
-
-
-ARCH_FLAGS: dict[str, ArchFlags] = {
-    "llama": ArchFlags(rope_neox=False),
-    "qwen2": ArchFlags(rope_neox=True),
-    "qwen3": ArchFlags(rope_neox=True, qk_norm=True),
-    "gemma3": ArchFlags(rope_neox=True, qk_norm=True, post_norms=True, scale_embeddings=True,
-                        activation="gelu", swa_pattern=6, prescale_q=True),
-}
+def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
+    """Which layers are sliding-window, as llama.cpp reads attention.sliding_window_pattern: a flag per
+    layer, or every n-th layer global (the last of each group of n; 0: none global); absent, the
+    architecture's n."""
+    if hasattr(pattern, "__len__") and not isinstance(pattern, str):
+        if len(pattern) != n_layer:
+            raise ModelConfigError(f"sliding_window_pattern has {len(pattern)} flags for {n_layer} layers")
+        return tuple(bool(v) for v in pattern)
+    n = int(pattern) if pattern is not None else default
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
 
 
 @dataclass(frozen=True)
@@ -45,7 +35,7 @@ class KVGroup:
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
-    flags: ArchFlags
+    architecture: Architecture
     n_vocab: int
     n_ctx_train: int
     n_embd: int
@@ -59,17 +49,17 @@ class ModelConfig:
     n_rot: int  # leading dims of each head that RoPE rotates
     rope_base: float
     rope_scale: float  # position multiplier (1/linear scaling factor)
-    rope_base_swa: float
+    rope_base_swa: float  # of the sliding-window layers
+    rope_scale_swa: float
     sliding_window: int  # 0: none
     layer_swa: tuple[bool, ...]  # per layer: sliding-window attention
-    attn_scale: float
+    attn_scale: float  # multiplies Q·K (or Q before it: architecture.prescale_q)
     final_logit_softcap: float  # 0: none
     attn_logit_softcap: float  # 0: none
     name: str = ""
-
-    @property
-    def embed_scale(self) -> float:
-        return math.sqrt(self.n_embd) if self.flags.scale_embeddings else 1.0
+    embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
+    residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
+    logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
 
     @property
     def kv_groups(self) -> tuple[KVGroup, ...]:
@@ -98,11 +88,10 @@ class ModelConfig:
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int | None = None) -> "ModelConfig":
         arch = str(meta.get("general.architecture", ""))
-        if arch not in ARCH_FLAGS:
-            raise ModelConfigError(
-                f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
-        flags = ARCH_FLAGS[arch]
+        try:
+            spec = architecture(arch)
+        except UnknownArchitecture as e:
+            raise ModelConfigError(str(e)) from None
 
         def get(key: str, default: Any = None, required: bool = False) -> Any:
             full = f"{arch}.{key}"
@@ -129,21 +118,23 @@ class ModelConfig:
         if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
             raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
         rope_scale = 1.0 / factor if factor > 0 else 1.0
+        rope_base = float(get("rope.freq_base", 10000.0))
 
         sliding_window = 0
         layer_swa = (False,) * n_layer
-        if flags.swa_pattern:
-            sliding_window = int(get("attention.sliding_window", 0))
+        if spec.swa_pattern:
+            sliding_window = int(get("attention.sliding_window", spec.default_sliding_window))
             if sliding_window > 0:
-                # llama.cpp's pattern: the last layer of each group of swa_pattern is global.
-                layer_swa = tuple((il + 1) % flags.swa_pattern != 0 for il in range(n_layer))
+                layer_swa = _swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
 
         if n_vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
+        final_cap, attn_cap = spec.default_softcaps
+        own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
             arch=arch,
-            flags=flags,
+            architecture=spec,
             n_vocab=int(n_vocab),
             n_ctx_train=int(get("context_length", 2048)),
             n_embd=n_embd,
@@ -155,13 +146,15 @@ class ModelConfig:
             n_ff=int(get("feed_forward_length", required=True)),
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
-            rope_base=float(get("rope.freq_base", 10000.0)),
+            rope_base=rope_base,
             rope_scale=rope_scale,
-            rope_base_swa=float(get("rope.freq_base_swa", 10000.0)),
+            rope_base_swa=float(get("rope.freq_base_swa", rope_base if spec.swa_rope_base is None else spec.swa_rope_base)),
+            rope_scale_swa=rope_scale if spec.swa_rope_scaled else 1.0,
             sliding_window=sliding_window,
             layer_swa=layer_swa,
-            attn_scale=1.0 / math.sqrt(head_dim),
-            final_logit_softcap=float(get("final_logit_softcapping", 0.0) or 0.0),
-            attn_logit_softcap=float(get("attn_logit_softcapping", 0.0) or 0.0),
+            attn_scale=float(own.pop("attn_scale", 1.0 / math.sqrt(head_dim))),
+            final_logit_softcap=float(get("final_logit_softcapping", final_cap) or 0.0),
+            attn_logit_softcap=float(get("attn_logit_softcapping", attn_cap) or 0.0),
             name=str(meta.get("general.name", "")),
+            **{k: float(v) for k, v in own.items()},
         )

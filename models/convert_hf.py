@@ -9,7 +9,6 @@ safetensors file only when the writer asks for them.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -22,152 +21,29 @@ from gguf import GGUFValueType as VT
 from .hf_files import (ST_DTYPES, ConvertError, ConvertWarning, Kvs, StEntry, read_json, read_safetensors_header,
                        st_array)
 from .hf_vocab import UNUSED, bpe_vocab, detect_pre_tokenizer, special_kvs, spm_vocab
+from .arch import architecture, for_hf_model_type
+from .arch.hf_keys import generic_kvs
 from .source import SourceModel, SourceTensor
 
-__all__ = ["ConvertError", "ConvertWarning", "SUPPORTED_HF_MODELS", "TensorNamer", "detect_pre_tokenizer",
+__all__ = ["ConvertError", "ConvertWarning", "TensorNamer", "detect_pre_tokenizer",
            "source_from_hf", "write_gguf_unquantized"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_HF_MODELS = ("llama", "qwen2", "qwen3", "gemma3")
-# config.json model_type -> GGUF architecture
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3_text": "gemma3"}
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-             "qwen3": gguf.MODEL_ARCH.QWEN3, "gemma3": gguf.MODEL_ARCH.GEMMA3}
 
 
 def text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any]]:
-    model_type = config.get("model_type")
-    if model_type == "gemma3" and isinstance(config.get("text_config"), dict):
-        # Multimodal Gemma 3: the language model's hyperparameters are in text_config; the vision
-        # tower is not converted (llama.cpp puts it in a separate mmproj file).
-        hp = dict(config["text_config"])
-        for key in ("tie_word_embeddings",):
-            hp.setdefault(key, config.get(key, True))
-        return "gemma3", hp
-    if model_type not in MODEL_TYPES:
-        raise ConvertError(
-            f"{path}: unsupported model_type {model_type!r} "
-            f"(supported: {', '.join(SUPPORTED_HF_MODELS)}; architectures "
-            "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)"
-        )
-    return MODEL_TYPES[model_type], dict(config)
-
-
-def _need(hp: dict[str, Any], key: str, path: Path) -> Any:
-    if hp.get(key) is None:
-        raise ConvertError(f"{path}: missing hyperparameter {key!r}")
-    return hp[key]
-
-
-def _rope_scaling(hp: dict[str, Any]) -> dict[str, Any] | None:
-    # transformers >= 4.56 renamed rope_scaling to rope_parameters (which also carries rope_theta)
-    rs = hp.get("rope_scaling") or hp.get("rope_parameters")
-    if not isinstance(rs, dict):
-        return None
-    kind = rs.get("rope_type", rs.get("type"))
-    return None if kind in (None, "default") else {**rs, "rope_type": kind}
-
-
-def _rope_theta(hp: dict[str, Any], default: float | None) -> float | None:
-    if hp.get("rope_theta") is not None:
-        return float(hp["rope_theta"])
-    rp = hp.get("rope_parameters")
-    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
-        return float(rp["rope_theta"])
-    return default
-
-
-def llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndarray:
-    """Per-frequency divisors of Llama 3.1's RoPE scaling (Meta's published rule): low frequencies
-    are stretched by `factor`, high ones kept, the band between interpolated. llama.cpp takes them
-    as the rope_freqs tensor."""
-    factor = float(rs.get("factor", 8.0))
-    low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
-    old_ctx = float(rs.get("original_max_position_embeddings", 8192))
-    freqs = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-    wavelen = 2 * math.pi / freqs
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    out = 1.0 / ((1 - smooth) / factor + smooth)
-    out = np.where(wavelen < old_ctx / high, 1.0, out)
-    out = np.where(wavelen > old_ctx / low, factor, out)
-    return out.astype(np.float32)
+    """The GGUF architecture a config.json converts to, and its text model's hyperparameters."""
+    arch = for_hf_model_type(config.get("model_type"), path)
+    return arch.name, (arch.hf_text_hparams or dict)(config)
 
 
 def hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, np.ndarray | None]:
-    """The keys llama.cpp's converter writes for `arch`, and Llama 3.1's rope_freqs if any."""
+    """The keys llama.cpp's converter writes for `arch`, and its rope_freqs tensor if any."""
     kv = Kvs(arch)
     kv.add("general.architecture", VT.STRING, arch)
     kv.add("general.name", VT.STRING, name)
-    n_embd = int(_need(hp, "hidden_size", path))
-    n_head = int(_need(hp, "num_attention_heads", path))
-    n_head_kv = int(hp.get("num_key_value_heads") or n_head)
-    head_dim = hp.get("head_dim")
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise ConvertError(f"{path}: head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
-    rope_factors = None
-    if arch == "gemma3":
-        # Gemma 3 configs leave some fields at their transformers defaults, which llama.cpp also assumes.
-        head_dim = int(hp.get("head_dim", 256))
-        kv.u32("{arch}.context_length", hp.get("max_position_embeddings", 131072))
-        kv.u32("{arch}.embedding_length", n_embd)
-        kv.u32("{arch}.block_count", _need(hp, "num_hidden_layers", path))
-        kv.u32("{arch}.feed_forward_length", _need(hp, "intermediate_size", path))
-        kv.u32("{arch}.attention.head_count", n_head)
-        kv.f32("{arch}.attention.layer_norm_rms_epsilon", hp.get("rms_norm_eps", 1e-6))
-        kv.u32("{arch}.attention.key_length", head_dim)
-        kv.u32("{arch}.attention.value_length", head_dim)
-        kv.f32("{arch}.rope.freq_base", _rope_theta(hp, 1_000_000.0))
-        if hp.get("rope_local_base_freq") is not None:
-            kv.f32("{arch}.rope.freq_base_swa", hp["rope_local_base_freq"])
-        kv.u32("{arch}.attention.sliding_window", _need(hp, "sliding_window", path))
-        kv.u32("{arch}.attention.head_count_kv", n_head_kv)
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if hp.get(key) is not None:
-                kv.f32("{arch}." + key, hp[key])
-        rs = _rope_scaling(hp)
-        if rs is not None:
-            if rs["rope_type"] != "linear":
-                raise ConvertError(f"{path}: gemma3 RoPE scaling {rs['rope_type']!r} is not supported (linear only)")
-            kv.add("{arch}.rope.scaling.type", VT.STRING, "linear")
-            kv.f32("{arch}.rope.scaling.factor", rs["factor"])
-        return kv, None
-
-    n_ctx = next((hp[k] for k in ("max_position_embeddings", "n_ctx", "n_positions", "max_length")
-                  if hp.get(k) is not None), None)
-    if n_ctx is not None:
-        kv.u32("{arch}.context_length", n_ctx)
-    kv.u32("{arch}.embedding_length", n_embd)
-    kv.u32("{arch}.block_count", _need(hp, "num_hidden_layers", path))
-    kv.u32("{arch}.feed_forward_length", _need(hp, "intermediate_size", path))
-    kv.u32("{arch}.attention.head_count", n_head)
-    kv.u32("{arch}.attention.head_count_kv", n_head_kv)
-    theta = _rope_theta(hp, None)
-    if theta is not None:
-        kv.f32("{arch}.rope.freq_base", theta)
-    kv.f32("{arch}.attention.layer_norm_rms_epsilon", _need(hp, "rms_norm_eps", path))
-    if head_dim is not None:
-        kv.u32("{arch}.attention.key_length", head_dim)
-        kv.u32("{arch}.attention.value_length", head_dim)
-    if arch == "llama":
-        kv.u32("{arch}.vocab_size", _need(hp, "vocab_size", path))
-        n_rot = int(head_dim) if head_dim is not None else n_embd // n_head
-        kv.u32("{arch}.rope.dimension_count", n_rot)
-    else:
-        n_rot = int(head_dim) if head_dim is not None else n_embd // n_head
-    rs = _rope_scaling(hp)
-    if rs is not None:
-        kind = rs["rope_type"]
-        if kind == "llama3" and arch == "llama":
-            rope_factors = llama3_rope_factors(rs, theta if theta is not None else 10000.0, n_rot)
-        elif kind in ("linear", "yarn"):
-            kv.add("{arch}.rope.scaling.type", VT.STRING, kind)
-            kv.f32("{arch}.rope.scaling.factor", rs["factor"])
-            if kind == "yarn" and rs.get("original_max_position_embeddings") is not None:
-                kv.u32("{arch}.rope.scaling.original_context_length", rs["original_max_position_embeddings"])
-        else:
-            raise ConvertError(f"{path}: {arch} RoPE scaling {kind!r} is not supported (linear, yarn, llama3)")
-    return kv, rope_factors
+    return kv, (architecture(arch).hf_kvs or generic_kvs)(kv, hp, path)
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -205,20 +81,6 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
-def _hf_name(name: str, arch: str) -> str | None:
-    """Normalise a checkpoint tensor name to the text model's; None for tensors not converted."""
-    if arch == "gemma3":
-        if name.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                            "model.multi_modal_projector.")):
-            return None  # the vision part goes to llama.cpp's separate mmproj file
-        # Gemma3ForConditionalGeneration names: language_model.model.* (older) or model.language_model.*
-        name = name.replace("language_model.model.", "model.").replace("model.language_model.", "model.")
-        name = name.replace("language_model.lm_head.", "lm_head.")
-    if _IGNORED.search(name):
-        return None
-    return name
-
-
 class TensorNamer:
     """HF checkpoint tensor names -> GGUF names for one architecture (gguf's TensorNameMap, the table
     llama.cpp's converter uses). `gguf_name` gives None for tensors that are not converted (vision
@@ -226,14 +88,17 @@ class TensorNamer:
 
     def __init__(self, arch: str, n_layer: int):
         self.arch = arch
-        self._map = gguf.get_tensor_name_map(GGUF_ARCH[arch], n_layer)
+        self._text_name = architecture(arch).hf_text_name
+        self._map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n_layer)
 
     def text_name(self, name: str) -> str | None:
         """The text model's HF name of a checkpoint tensor (multimodal prefixes removed), or None."""
-        return _hf_name(name, self.arch)
+        if self._text_name is not None:
+            name = self._text_name(name)
+        return None if name is None or _IGNORED.search(name) else name
 
     def gguf_name(self, name: str, where: Path) -> str | None:
-        text = _hf_name(name, self.arch)
+        text = self.text_name(name)
         if text is None:
             return None
         out = self._map.get_name(text, try_suffixes=(".weight", ".bias"))
@@ -256,7 +121,8 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     namer = TensorNamer(arch, n_layer)
     n_head = int(hp["num_attention_heads"])
     n_head_kv = int(hp.get("num_key_value_heads") or n_head)
-    tied = bool(hp.get("tie_word_embeddings", arch == "gemma3"))
+    spec = architecture(arch)
+    tied = bool(hp.get("tie_word_embeddings", spec.hf_tied_default))
 
     out: list[SourceTensor] = []
     n_embd_rows = None
@@ -272,13 +138,12 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
         type_id = int(ST_DTYPES[e.dtype][1])
         shape = e.shape
         steps: list[Callable[[np.ndarray], np.ndarray]] = []
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            steps.append(lambda w: permute_rope_rows(w, n_head))
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            steps.append(lambda w: permute_rope_rows(w, n_head_kv))
+        heads = permuted_heads(spec, name, n_head, n_head_kv)
+        if heads:
+            steps.append(lambda w, h=heads: permute_rope_rows(w, h))
         if gguf_name == "token_embd.weight":
             n_embd_rows = shape[0]
-            if arch == "gemma3" and shape[0] > n_vocab_tokens:
+            if spec.hf_trim_embeddings and shape[0] > n_vocab_tokens:
                 # Gemma 3 embeddings have rows past the tokenizer's vocabulary (the image tokens'
                 # padding); llama.cpp keeps only the rows that have a token.
                 n = n_vocab_tokens
@@ -290,7 +155,7 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             # llama.cpp writes every 1-D tensor (norms, biases) as F32. Gemma stores its RMSNorm
             # weights as (w - 1): adding 1 here lets the runtime use the plain x * w norm; the sum is
             # rounded to the checkpoint's dtype first, as the converter's torch arithmetic does.
-            shift = arch == "gemma3" and name.endswith("norm.weight")
+            shift = spec.hf_norm_shift and name.endswith("norm.weight")
             out_type = int(GT.F32)
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
         out.append(SourceTensor(gguf_name, tuple(shape), out_type, _loader(e, hf_name, steps)))
@@ -300,6 +165,17 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
         rf = rope_factors
         out.append(SourceTensor("rope_freqs.weight", rf.shape, int(GT.F32), lambda rf=rf: rf))
     return out, n_embd_rows
+
+
+def permuted_heads(spec, hf_name: str, n_head: int, n_head_kv: int) -> int:
+    """The head count to interleave a HF Q/K tensor's rows by (permute_rope_rows), or 0 if it keeps them."""
+    if not spec.hf_permute_qk:
+        return 0
+    if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        return n_head
+    if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        return n_head_kv
+    return 0
 
 
 def norm_f32(w: np.ndarray, type_id: int, shift: bool) -> np.ndarray:
@@ -325,7 +201,7 @@ def _loader(e: StEntry, name: str, steps: list[Callable[[np.ndarray], np.ndarray
 # ----------------------------------------------------------------------------- entry point
 
 def source_from_hf(folder: str | Path) -> SourceModel:
-    """A Hugging Face llama / qwen2 / qwen3 / gemma3 checkpoint folder as GGUF metadata + lazy tensors."""
+    """A Hugging Face checkpoint folder of a registered architecture (models/arch) as GGUF metadata + lazy tensors."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConvertError(f"{folder}: not a directory")
@@ -337,9 +213,10 @@ def source_from_hf(folder: str | Path) -> SourceModel:
 
     # Tokenizer first (it fixes the vocabulary size), but the tensors decide the row count.
     has_spm, has_json = (folder / "tokenizer.model").is_file(), (folder / "tokenizer.json").is_file()
-    use_spm = has_spm and arch in ("llama", "gemma3")  # llama.cpp prefers SentencePiece for these
+    spec = architecture(arch)
+    use_spm = has_spm and spec.hf_spm  # llama.cpp prefers SentencePiece for these
     if not use_spm and not has_json:
-        wanted = "tokenizer.model or tokenizer.json" if arch in ("llama", "gemma3") else "tokenizer.json"
+        wanted = "tokenizer.model or tokenizer.json" if spec.hf_spm else "tokenizer.json"
         raise ConvertError(f"{folder}: no tokenizer ({wanted} is missing)")
     tok_kv = Kvs(arch)
     if use_spm:
@@ -357,7 +234,7 @@ def source_from_hf(folder: str | Path) -> SourceModel:
         tok_kv.add("tokenizer.ggml.scores", VT.ARRAY, np.asarray(scores, dtype=np.float32))
         tok_kv.add("tokenizer.ggml.token_type", VT.ARRAY, np.asarray(types, dtype=np.int32))
         # Gemma's SentencePiece model has add_dummy_prefix off; llama.cpp also forces it off for gemma.
-        tok_kv.add("tokenizer.ggml.add_space_prefix", VT.BOOL, add_prefix and arch != "gemma3")
+        tok_kv.add("tokenizer.ggml.add_space_prefix", VT.BOOL, add_prefix and spec.hf_space_prefix)
     else:
         tensors, n_rows = _collect_tensors(folder, arch, hp, 1 << 62, rope_factors)
         n_tokens = bpe_vocab(folder, tok_kv, n_rows)

@@ -30,8 +30,10 @@ from infer.quant.affine import BITS, GROUP_SIZES, quantize_affine
 from infer.quant.gguf_write import TensorInfo
 from infer.quant.types import BF16, F16, F32, qtype
 
-from .config import ARCH_FLAGS, ModelConfig, ModelConfigError
-from .convert_hf import bf16_round, llama3_rope_factors, unpermute_rope_rows
+from .arch import Architecture
+from .arch.hf_keys import llama3_rope_factors
+from .config import ModelConfig, ModelConfigError
+from .convert_hf import bf16_round, permuted_heads, unpermute_rope_rows
 from .quantize import CHUNK_ELEMENTS, QuantizeError, open_source, rows_to_f32, rows_view
 from .source import SourceModel, SourceTensor
 
@@ -39,8 +41,6 @@ from .source import SourceModel, SourceTensor
 # vocabulary (engine.tokenizer_json.write_tokenizer_files; passed in: models does not import engine).
 TokenizerWriter = Callable[[dict[str, Any], Path], None]
 
-_HF_ARCH = {"llama": ("llama", "LlamaForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-            "qwen3": ("qwen3", "Qwen3ForCausalLM"), "gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
 # Tokenizer files of an HF input folder, copied as they are (they are the model's own).
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                     "chat_template.jinja", "chat_template.json", "tokenizer.model")
@@ -68,7 +68,7 @@ class MlxExportSummary:
     seconds: float
 
 
-def _hf_tensor_name(gguf_name: str, arch: str) -> str | None:
+def _hf_tensor_name(gguf_name: str, arch: Architecture) -> str | None:
     """GGUF tensor name -> the HF checkpoint's (None: not a checkpoint tensor, e.g. rope_freqs)."""
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
@@ -82,8 +82,8 @@ def _hf_tensor_name(gguf_name: str, arch: str) -> str | None:
         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
         "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
         "ffn_down": "mlp.down_proj",
-        # Gemma's four norms per layer; the others have two (ffn_norm is their post-attention norm).
-        "ffn_norm": "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm",
+        # Gemma's four norms per layer; llama's two (ffn_norm is its post-attention norm).
+        "ffn_norm": "pre_feedforward_layernorm" if arch.post_norms else "post_attention_layernorm",
         "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
     }
     if base not in table:
@@ -111,9 +111,11 @@ def _rope_scaling(cfg: ModelConfig, rope_freqs: np.ndarray | None) -> dict[str, 
 def hf_config(cfg: ModelConfig, meta: dict[str, Any], tied: bool, has_qkv_bias: bool,
               rope_freqs: np.ndarray | None, dtype: str, bits: int, group_size: int) -> dict[str, Any]:
     """An HF config.json for the model (read back by convert_hf.hparam_kvs to the same ModelConfig)."""
-    model_type, arch_class = _HF_ARCH[cfg.arch]
+    arch = cfg.architecture
+    if not arch.hf_class:
+        raise QuantizeError(f"{cfg.arch}: no MLX (Hugging Face) layout is known for this architecture")
     out: dict[str, Any] = {
-        "model_type": model_type, "architectures": [arch_class],
+        "model_type": arch.export_type, "architectures": [arch.hf_class],
         "hidden_size": cfg.n_embd, "intermediate_size": cfg.n_ff, "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head_kv, "head_dim": cfg.head_dim,
         "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base, "max_position_embeddings": cfg.n_ctx_train,
@@ -127,19 +129,8 @@ def hf_config(cfg: ModelConfig, meta: dict[str, Any], tied: bool, has_qkv_bias: 
     rs = _rope_scaling(cfg, rope_freqs)
     if rs is not None:
         out["rope_scaling"] = rs
-    if cfg.arch == "gemma3":
-        out.update(
-            hidden_activation="gelu_pytorch_tanh", rope_local_base_freq=cfg.rope_base_swa,
-            sliding_window=cfg.sliding_window, sliding_window_pattern=ARCH_FLAGS["gemma3"].swa_pattern,
-            # infer (as llama.cpp for these sizes) scales scores by 1/sqrt(head_dim)
-            query_pre_attn_scalar=cfg.head_dim,
-            final_logit_softcapping=cfg.final_logit_softcap or None,
-            attn_logit_softcapping=cfg.attn_logit_softcap or None,
-        )
-    elif cfg.arch == "llama":
-        out.update(attention_bias=has_qkv_bias, mlp_bias=False)
-    elif cfg.arch == "qwen3":
-        out.update(attention_bias=has_qkv_bias)
+    if arch.hf_config is not None:
+        out.update(arch.hf_config(cfg, has_qkv_bias))
     for key in ("bos", "eos"):
         tid = meta.get(f"tokenizer.ggml.{key}_token_id")
         if tid is not None:
@@ -176,19 +167,15 @@ class _Plan:
 def _plan(model: SourceModel, cfg: ModelConfig, group_size: int) -> list[_Plan]:
     out = []
     for t in model.tensors:
-        name = _hf_tensor_name(t.name, cfg.arch)
+        name = _hf_tensor_name(t.name, cfg.architecture)
         if name is None:
             if t.name == "rope_freqs.weight":
                 continue  # described by config.json's rope_scaling
             raise QuantizeError(f"tensor {t.name} has no place in an MLX {cfg.arch} checkpoint")
-        unpermute = 0
-        if cfg.arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            unpermute = cfg.n_head
-        elif cfg.arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            unpermute = cfg.n_head_kv
+        unpermute = permuted_heads(cfg.architecture, name, cfg.n_head, cfg.n_head_kv)
         # As mlx-lm: every linear / embedding matrix whose rows split into groups is quantized.
         quantized = len(t.shape) == 2 and t.shape[1] % group_size == 0
-        unshift = cfg.arch == "gemma3" and len(t.shape) == 1 and t.name.endswith("norm.weight")
+        unshift = cfg.architecture.hf_norm_shift and len(t.shape) == 1 and t.name.endswith("norm.weight")
         out.append(_Plan(t, name, quantized, unpermute, unshift))
     return out
 
@@ -293,7 +280,7 @@ def export_mlx(src: str | Path, out: str | Path, options: MlxExportOptions, writ
     except ModelConfigError as e:
         raise QuantizeError(f"{src}: {e}") from None
     # Gemma is trained in bfloat16 and overflows float16; otherwise keep the checkpoint's type.
-    dtype = options.dtype or ("bfloat16" if cfg.arch == "gemma3" or any(t.type_id == BF16 for t in model.tensors)
+    dtype = options.dtype or ("bfloat16" if cfg.architecture.hf_bfloat16 or any(t.type_id == BF16 for t in model.tensors)
                               else "float16")
     rope = by_name.get("rope_freqs.weight")
     rope_freqs = rows_to_f32(rope, rows_view(rope)).reshape(-1) if rope is not None else None

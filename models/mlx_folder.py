@@ -24,7 +24,8 @@ from infer.quant.affine import BITS, GROUP_SIZES, AffineTensor
 from infer.quant.tensor import QTensor
 
 from .config import ModelConfig, ModelConfigError
-from .convert_hf import TensorNamer, hparam_kvs, permute_rope_rows, text_hparams, to_f32
+from .arch import architecture
+from .convert_hf import TensorNamer, hparam_kvs, permute_rope_rows, permuted_heads, text_hparams, to_f32
 from .hf_files import ST_DTYPES, ConvertError, StEntry, read_json, read_safetensors_header, st_view
 from .weights import Model, ModelLoadError, collect_weights
 
@@ -140,6 +141,7 @@ def _gguf_tensors(entries: dict[str, StEntry], arch: str, hp: dict[str, Any], qu
                   folder: Path) -> dict[str, Any]:
     """GGUF name -> QTensor / AffineTensor (matrices) or float32 array (vectors)."""
     namer = TensorNamer(arch, int(hp["num_hidden_layers"]))
+    spec = architecture(arch)
     n_head = int(hp["num_attention_heads"])
     n_head_kv = int(hp.get("num_key_value_heads") or n_head)
     out: dict[str, Any] = {}
@@ -153,13 +155,11 @@ def _gguf_tensors(entries: dict[str, StEntry], arch: str, hp: dict[str, Any], qu
         if module + ".scales" in entries and name.endswith(".weight"):
             t: Any = _affine(entries, module, quant, e.path)
         else:
-            t = _dense(e, name, arch)
+            t = _dense(e, name, spec.hf_norm_shift)
         # HF Llama orders each Q/K head's rows for rotate-half RoPE; infer (as llama.cpp) rotates pairs.
-        text = namer.text_name(name) or name
-        if arch == "llama" and text.endswith(("q_proj.weight", "q_proj.bias")):
-            t = _permuted(t, n_head)
-        elif arch == "llama" and text.endswith(("k_proj.weight", "k_proj.bias")):
-            t = _permuted(t, n_head_kv)
+        heads = permuted_heads(spec, namer.text_name(name) or name, n_head, n_head_kv)
+        if heads:
+            t = _permuted(t, heads)
         if gguf_name in out:
             raise ModelLoadError(f"{e.path}: two tensors map to {gguf_name} ({name!r} is the second)")
         out[gguf_name] = t
@@ -194,13 +194,13 @@ def _vector_f32(e: StEntry, name: str) -> np.ndarray:
     return np.ascontiguousarray(to_f32(st_view(e), int(ST_DTYPES[e.dtype][1])), dtype=np.float32)
 
 
-def _dense(e: StEntry, name: str, arch: str) -> QTensor | np.ndarray:
+def _dense(e: StEntry, name: str, norm_shift: bool) -> QTensor | np.ndarray:
     if e.dtype not in ST_DTYPES:
         raise ModelLoadError(f"{e.path}: tensor {name!r} has dtype {e.dtype} (expected F32, F16 or BF16, or "
                              "U32 with scales and biases)")
     if len(e.shape) == 1:
         x = _vector_f32(e, name)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if norm_shift and name.endswith("norm.weight"):
             # Gemma stores RMSNorm weights as (w - 1); the runtime uses the plain x * w norm. The sum
             # is kept in float32, as transformers computes (1 + w) and llama.cpp's GGUFs hold it.
             x = x + np.float32(1.0)

@@ -19,7 +19,7 @@ from infer.quant import recipe
 from infer.quant.gguf_write import GGUFStreamWriter, TensorInfo
 from infer.quant.types import BF16, F16, F32, qtype
 
-from .config import SUPPORTED_ARCHITECTURES
+from .arch import UnknownArchitecture, architecture
 from .source import SourceModel, SourceTensor, source_from_gguf
 
 # Elements converted per step: 16 MiB of float32, enough to keep every quantizer thread busy.
@@ -88,8 +88,10 @@ def quantize_model(src: str | Path, out: str | Path, options: QuantizeOptions = 
         raise QuantizeError(f"{out}: input and output are the same file")
 
     model = open_source(src)
-    if model.arch not in SUPPORTED_ARCHITECTURES:
-        raise QuantizeError(f"{src}: unsupported architecture {model.arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    try:
+        architecture(model.arch)
+    except UnknownArchitecture as e:
+        raise QuantizeError(f"{src}: {e}") from None
     params = _model_params(model, src)
 
     imatrix = None

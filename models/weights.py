@@ -26,7 +26,9 @@ Matrix = QTensor | AffineTensor
 
 @dataclass(frozen=True)
 class LayerWeights:
-    attn_norm: np.ndarray
+    """One layer's tensors by role; a norm the architecture does not have is None."""
+
+    attn_norm: np.ndarray | None
     wq: Matrix
     wk: Matrix
     wv: Matrix
@@ -37,7 +39,7 @@ class LayerWeights:
     q_norm: np.ndarray | None
     k_norm: np.ndarray | None
     post_attn_norm: np.ndarray | None
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: Matrix
     w_up: Matrix
     w_down: Matrix
@@ -87,27 +89,26 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
 
     D, F = cfg.n_embd, cfg.n_ff
     q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-    fl = cfg.flags
+    arch = cfg.architecture
+    qk_norm = {"": (0, 0), "head": (cfg.head_dim, cfg.head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
+        bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
         layers.append(LayerWeights(
-            attn_norm=vec(p + "attn_norm.weight", D),
-            wq=get(p + "attn_q.weight", (q_dim, D)),
-            wk=get(p + "attn_k.weight", (kv_dim, D)),
-            wv=get(p + "attn_v.weight", (v_dim, D)),
+            attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
+            wq=wq, wk=wk, wv=wv,
             wo=get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v)),
-            bq=vec(p + "attn_q.bias", q_dim, required=False),
-            bk=vec(p + "attn_k.bias", kv_dim, required=False),
-            bv=vec(p + "attn_v.bias", v_dim, required=False),
-            q_norm=vec(p + "attn_q_norm.weight", cfg.head_dim, required=fl.qk_norm),
-            k_norm=vec(p + "attn_k_norm.weight", cfg.head_dim, required=fl.qk_norm),
-            post_attn_norm=vec(p + "post_attention_norm.weight", D, required=fl.post_norms),
-            ffn_norm=vec(p + "ffn_norm.weight", D),
+            bq=bq, bk=bk, bv=bv,
+            q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] else None,
+            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
+            post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
+            ffn_norm=vec(p + "ffn_norm.weight", D) if arch.pre_norms else None,
             w_gate=get(p + "ffn_gate.weight", (F, D)),
             w_up=get(p + "ffn_up.weight", (F, D)),
             w_down=get(p + "ffn_down.weight", (D, F)),
-            post_ffn_norm=vec(p + "post_ffw_norm.weight", D, required=fl.post_norms),
+            post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -120,3 +121,32 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs=vec("rope_freqs.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
     )
+
+
+def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
+    """Rows lo:hi of a matrix (a view: each row of a block-quantized matrix is whole blocks) or of a vector."""
+    if isinstance(t, QTensor):
+        return QTensor(t.type_id, (hi - lo, t.shape[-1]), t.raw[lo:hi])
+    if isinstance(t, AffineTensor):
+        raise ModelLoadError("a fused Q/K/V matrix in MLX's affine format is not supported")
+    return t[lo:hi]
+
+
+def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path) -> tuple[Matrix, Matrix, Matrix]:
+    """Q, K, V: three matrices, or row ranges of one fused attn_qkv (which llama.cpp accepts for every
+    architecture; phi3 files have it)."""
+    fused = tensors.get(p + "attn_qkv.weight")
+    if fused is None:
+        return (get(p + "attn_q.weight", (dims[0], D)), get(p + "attn_k.weight", (dims[1], D)),
+                get(p + "attn_v.weight", (dims[2], D)))
+    fused = get(p + "attn_qkv.weight", (sum(dims), D))
+    return rows(fused, 0, dims[0]), rows(fused, dims[0], dims[0] + dims[1]), rows(fused, dims[0] + dims[1], sum(dims))
+
+
+def _qkv_biases(tensors, vec, p: str, dims: tuple[int, int, int]) -> tuple:
+    """The Q, K, V biases (None where absent), from three vectors or one fused attn_qkv.bias."""
+    if p + "attn_qkv.bias" in tensors:
+        b = vec(p + "attn_qkv.bias", sum(dims))
+        return b[:dims[0]], b[dims[0]:dims[0] + dims[1]], b[dims[0] + dims[1]:]
+    return (vec(p + "attn_q.bias", dims[0], required=False), vec(p + "attn_k.bias", dims[1], required=False),
+            vec(p + "attn_v.bias", dims[2], required=False))

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from infer.backends.cpu.transformer import CpuTransformer
+from infer.models.arch import names
 from infer.models.loader import load_model
 from tiny_models import write_tiny_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+ARCHS = list(names())  # every registered architecture
 PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 
 

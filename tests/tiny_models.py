@@ -30,7 +30,15 @@ ARCH_TYPES = {
               "ffn_gate": GT.BF16, "ffn_up": GT.F16, "ffn_down": GT.F32, "token_embd": GT.F16},
     "gemma3": {"attn_q": GT.Q5_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                "ffn_gate": GT.Q5_0, "ffn_up": GT.Q5_0, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0},
+    "gemma2": {"attn_q": GT.Q8_0, "attn_k": GT.Q4_K, "attn_v": GT.Q5_K, "attn_output": GT.Q4_0,
+               "ffn_gate": GT.Q6_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q8_0, "token_embd": GT.Q6_K},
+    "olmo2": {"attn_q": GT.Q4_K, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q5_K,
+              "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_K, "ffn_down": GT.Q8_0, "token_embd": GT.Q4_K, "output": GT.Q8_0},
+    "granite": {"attn_q": GT.Q4_K, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
+                "ffn_gate": GT.Q4_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0},
 }
+# How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
+N_LAYER = {"gemma3": 6, "gemma2": 4}
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
@@ -93,15 +101,23 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     in shards PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first)."""
     rng = np.random.default_rng(seed)
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
-    n_layer = 6 if arch == "gemma3" else 2
+    n_layer = N_LAYER.get(arch, 2)
     types = ARCH_TYPES[arch]
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
     w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-6 if arch == "gemma3" else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
     w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
-    if arch == "gemma3":
+    if arch.startswith("gemma"):
         w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+    if arch == "gemma2":  # caps small enough to bend these tiny models' scores and logits
+        w.add_attn_logit_softcapping(0.1)
+        w.add_final_logit_softcapping(2.0)
+    if arch == "granite":  # the four multipliers, each away from 1
+        w.add_embedding_scale(3.0)
+        w.add_residual_scale(0.5)
+        w.add_attention_scale(0.09)
+        w.add_logit_scale(0.25)
     add_spm_vocab(w, n_vocab)
     w.add_unk_token_id(0)
 
@@ -121,7 +137,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         add("output.weight", (n_vocab, D), types["output"])
     for i in range(n_layer):
         p = f"blk.{i}."
-        add(p + "attn_norm.weight", (D,))
+        if arch != "olmo2":  # olmo2 normalizes after each block only
+            add(p + "attn_norm.weight", (D,))
         add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
         add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
         add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
@@ -133,10 +150,14 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch in ("qwen3", "gemma3"):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
-        if arch == "gemma3":
+        if arch == "olmo2":  # over the whole projection
+            add(p + "attn_q_norm.weight", (H * hd,))
+            add(p + "attn_k_norm.weight", (Hkv * hd,))
+        if arch in ("gemma3", "gemma2", "olmo2"):
             add(p + "post_attention_norm.weight", (D,))
             add(p + "post_ffw_norm.weight", (D,))
-        add(p + "ffn_norm.weight", (D,))
+        if arch != "olmo2":
+            add(p + "ffn_norm.weight", (D,))
         add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
         add(p + "ffn_up.weight", (F, D), types["ffn_up"])
         add(p + "ffn_down.weight", (D, F), types["ffn_down"])

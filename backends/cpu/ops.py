@@ -132,7 +132,8 @@ def glu(gu, F, gelu, out):
 @njit(cache=True, fastmath=True)
 def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
     # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
-    # bias (H*hd,) or (0,); norm (hd,) or (0,) (per-head RMSNorm); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
+    # bias (H*hd,) or (0,); norm (hd,): RMSNorm over each head, (H*hd,) (H > 1): over the whole
+    # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
     H, D = dst.shape
     for h in range(H):
         for i in range(D):
@@ -140,7 +141,11 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
             if bias.shape[0] > 0:
                 v += bias[h * D + i]
             dst[h, i] = v
-        if norm.shape[0] > 0:
+    if H > 1 and norm.shape[0] == H * D:
+        flat = dst.reshape(H * D)
+        _rmsnorm_row(flat, norm, eps, flat)
+    for h in range(H):
+        if norm.shape[0] == D:
             _rmsnorm_row(dst[h], norm, eps, dst[h])
         if rot:
             half = cos_t.shape[0]
@@ -182,15 +187,22 @@ def fwht(x, n):
 
 
 @njit(cache=True, fastmath=True)
-def residual_norm(x, o, post_norm, eps, next_norm, xn):
-    # After a block: x += norm(o) (o normalized in place by post_norm unless it is (0,)), then
-    # xn = norm(x) by next_norm, the input of the next block.  x, o, xn: (T, D) f32; norms: (D,) f32
+def residual_norm(x, o, post_norm, eps, scale, next_norm, xn):
+    # After a block: x += scale * norm(o) (o normalized in place by post_norm unless it is (0,)), then
+    # xn = norm(x) by next_norm, the input of the next block (x itself where next_norm is (0,)).
+    # x, o, xn: (T, D) f32; norms: (D,) or (0,) f32; scale: the residual scale (granite; else 1)
     for t in range(x.shape[0]):
         if post_norm.shape[0] > 0:
             _rmsnorm_row(o[t], post_norm, eps, o[t])
+        if scale != 1.0:
+            for i in range(x.shape[1]):
+                o[t, i] *= scale
         for i in range(x.shape[1]):
             x[t, i] += o[t, i]
-        _rmsnorm_row(x[t], next_norm, eps, xn[t])
+        if next_norm.shape[0] > 0:
+            _rmsnorm_row(x[t], next_norm, eps, xn[t])
+        else:
+            xn[t] = x[t]
 
 
 @njit(cache=True)

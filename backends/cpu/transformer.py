@@ -1,14 +1,12 @@
-"""The generic decoder's forward pass on the CPU.
+"""A model on the CPU: its weights prepared for the kernels, its buffers, and the Runner protocol.
 
-Architectures differ only through config.flags (see infer.models.config); this module
-knows nothing of files or tokenizers. All per-step buffers live in a Workspace sized
-once, so a decode step allocates nothing but small views.
+The forward pass is the architecture's layer recipe (models/arch/decoder.py, reached through the
+config: backends do not import models) over this backend's primitives (primitives.py); this module
+knows nothing of files, tokenizers or architectures. All per-step buffers live in a Workspace
+sized once, so a decode step allocates nothing but small views.
 
-Each layer is a handful of numba calls: the Q/K/V products (one matrix when the three weights
-can be stacked, see repack.py), one call for what follows them up to the cache write, the
-attention, the output product, one call for residual + norm, the gate/up products (stacked
-likewise), the activation, the down product and residual + the next norm.  At a decode step
-Python dispatch is a noticeable part of the time, so fewer, larger calls pay.
+The Q/K/V products are one matrix when the three weights can be stacked (repack.py), the gate/up
+products likewise.
 """
 from __future__ import annotations
 
@@ -21,20 +19,15 @@ import numpy as np
 from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor
 
-from .attention import attention, qkv_post
 from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
-from .matmul import MatmulWorkspace, qmatmul
-from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
+from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
+from .primitives import CpuPrimitives
 from .repack import PackedWeight, pack_stacked
 from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
-
-
-def _no_trace(name: str, layer: int, a: np.ndarray) -> None:
-    """CpuTransformer's tracer when nothing traces."""
 
 
 def _packed(ws):
@@ -83,13 +76,14 @@ def _vec(a) -> np.ndarray:
 class _Layer:
     """One layer's weights as the forward pass uses them, prepared once."""
 
-    qkv: list  # products into Workspace.qkv
-    wo: object
-    gate_up: list  # products into Workspace.gu
-    down: object
-    attn_norm: np.ndarray
+    # products: (weight, first output column) pairs side by side (_products)
+    qkv: list  # into Workspace.qkv
+    wo: list
+    gate_up: list  # into Workspace.gu
+    down: list
+    attn_norm: np.ndarray  # (0,) when absent
     ffn_norm: np.ndarray
-    post_attn_norm: np.ndarray  # (0,) when absent
+    post_attn_norm: np.ndarray
     post_ffn_norm: np.ndarray
     bq: np.ndarray
     bk: np.ndarray
@@ -100,8 +94,8 @@ class _Layer:
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
         return cls(
-            qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=_pack(lw.wo, mmap),
-            gate_up=_products((lw.w_gate, lw.w_up), mmap), down=_pack(lw.w_down, mmap),
+            qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=[(_pack(lw.wo, mmap), 0)],
+            gate_up=_products((lw.w_gate, lw.w_up), mmap), down=[(_pack(lw.w_down, mmap), 0)],
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
@@ -163,7 +157,7 @@ class CpuTransformer:
         self.layers = [_Layer.prepare(lw, mmap) for lw in weights.layers]
         self.output = _pack(weights.output, mmap)
         self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
-        kept = [w for lay in self.layers for w in (*(p for p, _ in lay.qkv + lay.gate_up), lay.wo, lay.down)]
+        kept = [w for lay in self.layers for w, _ in lay.qkv + lay.wo + lay.gate_up + lay.down]
         kept.append(self.output)
         # The packed tensors' file pages released once more, whole: packing a tensor can map a
         # little of its neighbours in the file (the kernel maps pages around a fault), which were
@@ -183,14 +177,7 @@ class CpuTransformer:
         # names ("attn_norm-0", "kqv_out-0", ..., "result_norm"), so scripts/compare_llamacpp.py can
         # line them up with its eval callback.  The array is a live buffer: copy it to keep it.
         self.trace = None
-
-    def _tracer(self):
-        """tr(name, layer, array) for the forward pass: self.trace under llama.cpp's tensor name
-        ("attn_norm-0"; layer -1: no suffix), or a no-op costing one call when no one traces."""
-        trace = self.trace
-        if trace is None:
-            return _no_trace
-        return lambda name, layer, a: trace(name if layer < 0 else f"{name}-{layer}", a)
+        self.ops = CpuPrimitives(self)
 
     def devices(self) -> list[str]:
         return [f"cpu: {self.n_threads} threads, {ISA}"]
@@ -248,73 +235,6 @@ class CpuTransformer:
         T = len(batch.tokens)
         if not 0 < T <= self.max_tokens:
             raise ValueError(f"a forward pass takes 1 to {self.max_tokens} tokens, got {T}")
-        cfg = self.cfg
         ws = self._workspace(int(batch.positions.max()) + 1)
-        mm = ws.mm
-        x, xn = ws.x[:T], ws.xn[:T]
-        pos = batch.positions
-
-        emb = self.token_embd
-        embed(emb.type_id, emb.raw, batch.tokens, np.float32(cfg.embed_scale), x)
-        tr = self._tracer()
-        tr("inp_scaled", -1, x)
-
-        ws_cos, ws_sin = ws.cos[:, :T], ws.sin[:, :T]
-        rope_cache(pos, cfg.n_rot, cfg.rope_base, cfg.rope_scale, self.freq_factors, ws_cos[0], ws_sin[0])
-        if any(cfg.layer_swa):
-            rope_cache(pos, cfg.n_rot, cfg.rope_base_swa, 1.0, self.freq_factors, ws_cos[1], ws_sin[1])
-
-        qkv, q3, qd, attn, o, gu, act = ws.qkv[:T], ws.q[:T], ws.qd[:T], ws.attn[:T], ws.o[:T], ws.gu[:T], ws.act[:T]
-        attn3 = attn.reshape(T, cfg.n_head, cfg.head_dim_v)
-        eps = np.float32(cfg.norm_eps)
-        gelu = cfg.flags.activation == "gelu"
-        neox = cfg.flags.rope_neox
-        q_scale = np.float32(cfg.attn_scale) if cfg.flags.prescale_q else np.float32(1.0)
-        kq_scale = np.float32(1.0) if cfg.flags.prescale_q else np.float32(cfg.attn_scale)
-        softcap_attn = np.float32(cfg.attn_logit_softcap)
-        n_ff = cfg.n_ff
-        bs = pool.block_size
-        layers = self.layers
-        rmsnorm(x, layers[0].attn_norm, eps, xn)
-        for il, ly in enumerate(layers):
-            r = 1 if cfg.layer_swa[il] else 0
-            tr("attn_norm", il, xn)
-            for w, col in ly.qkv:
-                qmatmul(w, xn, qkv, mm, col)
-            tr("qkv", il, qkv)  # Q, K, V side by side (llama.cpp: the first Qcur, Kcur, Vcur)
-            g, kc, vc = pool.layer(il)
-            qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, eps, ws_cos[r], ws_sin[r], neox, q_scale,
-                     q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
-                     self.rot_k, self.rot_v)
-            attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, pos, bs, pool.windows[g],
-                      kq_scale, softcap_attn, self.rot_v, attn3, ws.scores)
-            tr("kqv_out", il, attn)
-            qmatmul(ly.wo, attn, o, mm)
-            tr("attn_out", il, o)
-            residual_norm(x, o, ly.post_attn_norm, eps, ly.ffn_norm, xn)
-            tr("ffn_inp", il, x)  # the residual stream after attention (Gemma's name: sa_out)
-            tr("ffn_norm", il, xn)
-            for w, col in ly.gate_up:
-                qmatmul(w, xn, gu, mm, col)
-            glu(gu, n_ff, gelu, act)
-            tr("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
-            qmatmul(ly.down, act, o, mm)
-            tr("ffn_out", il, o)
-            nxt = layers[il + 1].attn_norm if il + 1 < len(layers) else self.output_norm
-            residual_norm(x, o, ly.post_ffn_norm, eps, nxt, xn)
-            tr("l_out", il, x)
-        tr("result_norm", -1, xn)
-
-        R = len(batch.logit_rows)
-        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
-            return self.logits[:0]
-        if R == T:  # every token's logits (rows are ascending, so in order)
-            rows = xn
-        else:
-            rows = ws.x[:R]  # x is spent: gather the wanted rows into it
-            np.take(xn, batch.logit_rows, axis=0, out=rows)
-        logits = self.logits[:R]
-        qmatmul(self.output, rows, logits, mm)
-        if cfg.final_logit_softcap > 0:
-            softcap(logits, np.float32(cfg.final_logit_softcap))
-        return logits
+        self.ops.begin(batch, pool, ws)
+        return self.cfg.architecture.forward(self.ops, self.layers, self.output_norm)

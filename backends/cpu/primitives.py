@@ -1,0 +1,134 @@
+"""The decoder's primitives (the layer recipe is models/arch/decoder.py) on the cpu backend's kernels.
+
+Every result lands in a buffer of the runner's Workspace, sized once, so a step allocates nothing
+but small views. Several primitives are one fused numba call: `attention` runs the biases, Q/K
+norms, RoPE, the cache write (qkv_post) and the attention itself; `add_norm` the residual add with
+the post-norm and the next norm (residual_norm). At a decode step Python dispatch is a noticeable
+part of the time, so fewer, larger calls pay.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from infer.backends.batch import Batch
+
+from .attention import attention, qkv_post
+from .kv_pool import KVPool
+from .matmul import qmatmul
+from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
+
+
+class CpuPrimitives:
+    """The primitives over one runner's Workspace; `begin` points them at a batch."""
+
+    def __init__(self, runner: Any):
+        cfg = runner.cfg
+        arch = cfg.architecture
+        self.runner, self.cfg = runner, cfg
+        self.eps = np.float32(cfg.norm_eps)
+        self.neox = arch.rope_neox
+        self.gelu = arch.activation == "gelu"
+        # Q times the attention scale before Q·K (prescale_q), or the product times it after
+        self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
+        self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
+        self.attn_softcap = np.float32(cfg.attn_logit_softcap)
+        self.residual_scale = np.float32(cfg.residual_scale)
+        self.any_swa = any(cfg.layer_swa)
+        self.trace: Callable[[str, np.ndarray], None] | None = None
+
+    def begin(self, batch: Batch, pool: KVPool, ws: Any) -> None:
+        """Point the primitives at a batch: its buffers (views of ws) and its RoPE angles."""
+        cfg = self.cfg
+        T = len(batch.tokens)
+        self.batch, self.pool, self.ws, self.T = batch, pool, ws, T
+        self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
+        self.out = {"qkv": ws.qkv[:T], "attn_out": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
+        ff = self.runner.freq_factors
+        rope_cache(batch.positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, ff, self.cos[0], self.sin[0])
+        if self.any_swa:
+            rope_cache(batch.positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_scale_swa, ff, self.cos[1], self.sin[1])
+        self.trace = self.runner.trace
+
+    def _seen(self, name: str, il: int, a: np.ndarray) -> None:
+        """The tracer's view of an intermediate, under llama.cpp's name ("attn_norm-0"; il -1: none)."""
+        self.trace(name if il < 0 else f"{name}-{il}", a)
+
+    # -- the primitives (models/arch/decoder.py) -------------------------------------------------------
+
+    def embed(self, name: str) -> np.ndarray:
+        emb = self.runner.token_embd
+        embed(emb.type_id, emb.raw, self.batch.tokens, np.float32(self.cfg.embed_scale), self.x)
+        if self.trace is not None:
+            self._seen(name, -1, self.x)
+        return self.x
+
+    def norm(self, x: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
+        if w.shape[0]:
+            rmsnorm(x, w, self.eps, self.xn)
+        else:  # no norm (olmo2): the input as it is
+            self.xn[:] = x
+        if self.trace is not None:
+            self._seen(name, il, self.xn)
+        return self.xn
+
+    def linear(self, ws: list, h: np.ndarray, name: str, il: int) -> np.ndarray:
+        out = self.out[name]
+        mm = self.ws.mm
+        for w, col in ws:
+            qmatmul(w, h, out, mm, col)
+        if self.trace is not None:
+            self._seen(name, il, out)
+        return out
+
+    def attention(self, qkv: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        cfg, ws, batch, pool, T, r = self.cfg, self.ws, self.batch, self.pool, self.T, self.runner
+        rope = 1 if cfg.layer_swa[il] else 0
+        g, kc, vc = pool.layer(il)
+        q3 = ws.q[:T]
+        qd = ws.qd[:T]
+        qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
+                 self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
+                 r.rot_k, r.rot_v)
+        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, pool.block_size,
+                  pool.windows[g], self.kq_scale, self.attn_softcap, r.rot_v,
+                  self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
+        if self.trace is not None:
+            self._seen("kqv_out", il, self.attn)
+        return self.attn
+
+    def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray, il: int, name: str,
+                 next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
+        residual_norm(x, o, post, self.eps, self.residual_scale, w, self.xn)
+        if self.trace is not None:
+            self._seen(name, il, x)
+            self._seen(next_name, next_il, self.xn)
+        return x, self.xn
+
+    def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
+        act = self.ws.act[:self.T]
+        glu(gu, self.cfg.n_ff, self.gelu, act)
+        if self.trace is not None:
+            self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
+        return act
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        """The logits of batch.logit_rows, (R, V): a view of the runner's buffer."""
+        cfg, runner, rows_wanted = self.cfg, self.runner, self.batch.logit_rows
+        R = len(rows_wanted)
+        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
+            return runner.logits[:0]
+        if R == self.T:  # every token's logits (rows are ascending, so in order)
+            rows = h
+        else:
+            rows = self.ws.x[:R]  # x is spent: gather the wanted rows into it
+            np.take(h, rows_wanted, axis=0, out=rows)
+        logits = runner.logits[:R]
+        qmatmul(runner.output, rows, logits, self.ws.mm)
+        if cfg.logit_scale != 1.0:
+            logits *= np.float32(cfg.logit_scale)
+        if cfg.final_logit_softcap > 0:
+            softcap(logits, np.float32(cfg.final_logit_softcap))
+        return logits

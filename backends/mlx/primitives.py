@@ -1,0 +1,145 @@
+"""The decoder's primitives (the layer recipe is models/arch/decoder.py) in MLX.
+
+Built per forward pass: the batch's RoPE angles, attention plans and cache slots. Where the cpu
+backend reproduces llama.cpp's roundings cheaply (Q to f16 before Q·K, GELU through f16) this does
+the same, so the two backends agree closely; activations are not quantized to 8 bits as the cpu
+kernels do, which is the main remaining difference. On a GPU the products take float16 inputs
+while the residual stream stays float32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from infer.backends.batch import Batch
+from infer.backends.cpu.ops import rope_cache
+
+from .attention import AttentionPlan, as_dtype
+from .kv_pool import KV_DTYPE, MlxKVPool
+
+
+def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, neox: bool) -> mx.array:
+    """x (T, H, D): its first n_rot dims rotated; cos, sin (T, 1, n_rot/2)."""
+    half = cos.shape[-1]
+    n_rot = 2 * half
+    T, H, D = x.shape
+    if neox:  # pairs (i, i + n_rot/2)
+        a, b = x[..., :half], x[..., half:n_rot]
+        parts = [a * cos - b * sin, a * sin + b * cos]
+    else:  # adjacent pairs (2i, 2i+1)
+        p = x[..., :n_rot].reshape(T, H, half, 2)
+        a, b = p[..., 0], p[..., 1]
+        parts = [mx.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(T, H, n_rot)]
+    if n_rot < D:
+        parts.append(x[..., n_rot:])
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+
+
+def _f16_round(x: mx.array) -> mx.array:
+    return x.astype(mx.float16).astype(x.dtype)
+
+
+def gelu_ggml(g: mx.array) -> mx.array:
+    """ggml's GELU: the tanh approximation of the input rounded to f16, rounded to f16 (its table);
+    exact 0 / identity beyond ±10."""
+    h = _f16_round(g)
+    y = _f16_round(0.5 * h * (1.0 + mx.tanh(0.7978845608028654 * h * (1.0 + 0.044715 * h * h))))
+    return mx.where(g >= 10.0, g, mx.where(g <= -10.0, mx.zeros_like(g), y))
+
+
+class MlxPrimitives:
+    """The primitives for one batch of one runner (an MlxTransformer)."""
+
+    def __init__(self, runner: Any, batch: Batch, pool: MlxKVPool):
+        cfg = runner.cfg
+        arch = cfg.architecture
+        self.runner, self.cfg, self.batch, self.pool = runner, cfg, batch, pool
+        self.dt = runner.dtype
+        self.T = len(batch.tokens)
+        self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
+        self.slots = [mx.array(s) for s in batch.slots]
+        self.ropes = [self._rope(cfg.rope_base, cfg.rope_scale)]
+        if any(cfg.layer_swa):
+            self.ropes.append(self._rope(cfg.rope_base_swa, cfg.rope_scale_swa))
+        self.q_scale = cfg.attn_scale if arch.prescale_q else 1.0
+        self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
+
+    def _rope(self, base: float, scale: float) -> tuple[mx.array, mx.array]:
+        # the cpu backend's angles (ggml's arithmetic), so both rotate by the same cos and sin
+        cfg = self.cfg
+        c = np.empty((self.T, cfg.n_rot // 2), np.float32)
+        s = np.empty_like(c)
+        rope_cache(self.batch.positions, cfg.n_rot, base, scale, self.runner.freq_factors, c, s)
+        return mx.array(c)[:, None, :], mx.array(s)[:, None, :]
+
+    def _norm(self, x: mx.array, w: mx.array | None) -> mx.array:
+        return x if w is None else mx.fast.rms_norm(x, w, self.cfg.norm_eps)
+
+    # -- the primitives (models/arch/decoder.py) -------------------------------------------------------
+
+    def embed(self, name: str) -> mx.array:
+        x = self.runner.embed.take(mx.array(self.batch.tokens)).astype(mx.float32)
+        return x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
+
+    def norm(self, x: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
+        return as_dtype(self._norm(x, w), self.dt)
+
+    def linear(self, ws: list, h: mx.array, name: str, il: int) -> mx.array:
+        ys = [m.matmul(as_dtype(h, self.dt)) for m in ws]
+        return as_dtype(ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=-1), mx.float32)
+
+    def attention(self, qkv: mx.array, ly: Any, il: int) -> mx.array:
+        cfg, T = self.cfg, self.T
+        H, Hkv, D, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        nq, nk = H * D, Hkv * D
+        if ly.bqkv is not None:
+            qkv = qkv + ly.bqkv
+        q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
+        whole = ly.q_norm is not None and ly.q_norm.shape[0] == nq and H > 1
+        if whole:  # over the whole projection (olmo2)
+            q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
+        q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
+        if ly.q_norm is not None and not whole:  # over each head
+            q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
+        cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
+        neox = cfg.architecture.rope_neox
+        q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        q = _f16_round(q)  # as the cpu backend (and llama.cpp) before Q·K
+        g, j = self.pool.layer_at[il]
+        kc, vc = self.pool.k[g][j], self.pool.v[g][j]
+        kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
+        vc[self.slots[g]] = v.astype(KV_DTYPE)
+        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap)
+
+    def add_norm(self, x: mx.array, o: mx.array, post: mx.array | None, w: mx.array | None, il: int, name: str,
+                 next_name: str, next_il: int) -> tuple[mx.array, mx.array]:
+        o = self._norm(o, post)
+        if self.cfg.residual_scale != 1.0:
+            o = o * self.cfg.residual_scale
+        x = x + o
+        return x, self._norm(x, w)
+
+    def glu(self, gu: mx.array, il: int) -> mx.array:
+        F = self.cfg.n_ff
+        gate, up = gu[:, :F], gu[:, F:]
+        act = gelu_ggml(gate) if self.cfg.architecture.activation == "gelu" else gate / (1.0 + mx.exp(-gate))
+        return act * up
+
+    def logits(self, h: mx.array) -> mx.array | None:
+        """The logits of batch.logit_rows (lazy), or None when no row is wanted."""
+        rows_wanted = self.batch.logit_rows
+        R = len(rows_wanted)
+        if R == 0:
+            return None
+        rows = h if R == self.T else h[mx.array(rows_wanted)]
+        logits = as_dtype(self.runner.output.matmul(as_dtype(rows, self.dt)), mx.float32)
+        if self.cfg.logit_scale != 1.0:
+            logits = logits * self.cfg.logit_scale
+        cap = self.cfg.final_logit_softcap
+        if cap > 0:
+            logits = cap * mx.tanh(logits / cap)
+        return logits

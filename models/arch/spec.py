@@ -1,0 +1,79 @@
+"""What one architecture is, as data: everything infer needs to know about it, in one object.
+
+An architecture module (llama.py, gemma3.py, ...) builds one Architecture; the registry
+(__init__.py) is the only list of them. Consumers ask it instead of comparing names:
+- ModelConfig.from_metadata: `scalars` reads the architecture's own hyperparameters;
+- models/weights.py: which optional tensors the layer has (`qk_norm`, `pre_norms`, `post_norms`);
+- the backends: the layer recipe (`layer`, decoder.py) and its options (`rope_neox`, `activation`,
+  `prescale_q`, ...);
+- the HF converter, the MLX-folder loader and the MLX exporter: the HF <-> GGUF layout
+  (`hf_model_types`, `hf_class`, `hf_permute_qk`, `hf_norm_shift`, `hf_kvs`);
+- engine/chat_template.py: `chat_template`, the built-in template of a file that has none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .decoder import dense_layer, forward
+
+# get(key, default) -> the value of "<arch>.<key>" in the GGUF metadata, or default
+MetaGet = Callable[[str, Any], Any]
+
+
+def no_scalars(get: MetaGet, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[str, float]:
+    """An architecture without hyperparameters of its own."""
+    return {}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # general.architecture of its GGUF files
+    rope_neox: bool  # rotate (x[i], x[i+d/2]) pairs instead of adjacent (x[2i], x[2i+1])
+    hf_model_types: tuple[str, ...] = ()  # config.json model_type values the HF converter takes
+    hf_class: str = ""  # the transformers class an exported config.json names
+    hf_export_type: str = ""  # the model_type an exported config.json gives (default: the first of hf_model_types)
+    # Q/K RMSNorm before RoPE: "" none, "head" over each head (qwen3, gemma3), "all" over the whole
+    # projection before it is split into heads (olmo2)
+    qk_norm: str = ""
+    pre_norms: bool = True  # RMSNorm before attention and before the FFN (all but olmo2)
+    post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add (gemma, olmo2)
+    activation: str = "silu"  # gate activation of the FFN
+    swa_pattern: int = 0  # every swa_pattern-th layer is global, the others sliding-window
+    default_sliding_window: int = 0  # the window when the metadata gives none (gemma2: 4096)
+    # RoPE of the sliding-window layers: base when the metadata has no rope.freq_base_swa (None: the
+    # global base), and whether they take the global scaling (else none)
+    swa_rope_base: float | None = 10000.0
+    swa_rope_scaled: bool = False
+    prescale_q: bool = False  # Q multiplied by the attention scale before Q·K (gemma), not the product after
+    default_softcaps: tuple[float, float] = (0.0, 0.0)  # (final logit, attention) when the metadata gives none
+    # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
+    # (embed_scale, residual_scale, logit_scale, attn_scale)
+    scalars: Callable[..., dict[str, float]] = no_scalars
+    hf_permute_qk: bool = False  # HF stores Q/K rows for rotate-half RoPE; GGUF (llama.cpp) interleaves them
+    hf_norm_shift: bool = False  # HF stores RMSNorm weights as w - 1 (gemma); GGUF as w
+    hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
+    hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
+    hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
+    hf_trim_embeddings: bool = False  # drop embedding rows past the tokenizer's vocabulary (gemma3's padding)
+    # config.json -> the text model's hyperparameters (multimodal checkpoints nest them); None: config itself
+    hf_text_hparams: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # a checkpoint tensor name -> the text model's, or None for tensors not converted; None: as it is
+    hf_text_name: Callable[[str], str | None] | None = None
+    # the GGUF keys llama.cpp's converter writes: (Kvs, config.json hyperparameters, path) -> rope_freqs or None;
+    # None: models/arch/hf_keys.py's generic_kvs
+    hf_kvs: Callable[..., Any] | None = None
+    # extra config.json keys of an MLX export: (ModelConfig, has Q/K/V biases) -> dict
+    hf_config: Callable[[Any, bool], dict[str, Any]] | None = None
+    hf_bfloat16: bool = False  # trained in bfloat16, overflows float16: exported in bfloat16
+    chat_template: str = ""  # built-in template family for files without one ("chatml", "gemma", "llama")
+    # the layer recipe (decoder.py): (ops, layer, il, x, h, nxt) -> (x, h)
+    layer: Callable[..., Any] = field(default=dense_layer, compare=False)
+
+    @property
+    def export_type(self) -> str:
+        return self.hf_export_type or (self.hf_model_types[0] if self.hf_model_types else self.name)
+
+    def forward(self, ops: Any, layers: list[Any], output_norm: Any) -> Any:
+        """The model over one batch on a backend's primitives (decoder.py): its logits."""
+        return forward(ops, self, layers, output_norm)

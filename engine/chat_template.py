@@ -60,6 +60,15 @@ CHATML_TEMPLATE = r"""{%- for message in messages -%}
 {%- endif -%}
 """
 
+# Phi-3's format (llama.cpp's LLM_CHAT_TEMPLATE_PHI_3).
+PHI3_TEMPLATE = r"""{%- for message in messages -%}
+    {{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<|assistant|>\n' }}
+{%- endif -%}
+"""
+
 # Llama 3's format; tool results go in its "ipython" role.
 LLAMA3_TEMPLATE = r"""{{ bos_token }}
 {%- for message in messages -%}
@@ -111,6 +120,8 @@ def builtin_template(arch: str, tokenizer_model: str, pre: str | None) -> str:
         return GEMMA_TEMPLATE
     if family == "chatml":
         return CHATML_TEMPLATE
+    if family == "phi3":
+        return PHI3_TEMPLATE
     if family == "llama":
         if tokenizer_model == "gpt2" and pre == "llama-bpe":
             return LLAMA3_TEMPLATE

@@ -22,6 +22,7 @@ __all__ = ["LLM", "BackendError", "choose_backend", "probe_all"]  # the CLI reac
 
 class LLM:
     def __init__(self, model: Model, config: EngineConfig = EngineConfig()):
+        model = model.for_context(min(config.n_ctx, model.config.n_ctx_train))
         self.model = model
         self.config = config
         self.tokenizer = _tokenizer(model)

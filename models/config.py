@@ -49,6 +49,8 @@ class ModelConfig:
     n_rot: int  # leading dims of each head that RoPE rotates
     rope_base: float
     rope_scale: float  # position multiplier (1/linear scaling factor)
+    rope_attn_factor: float  # multiplies RoPE's cos and sin (LongRoPE's magnitude correction; else 1)
+    n_ctx_orig: int  # the context RoPE was trained at before scaling: LongRoPE's long factors beyond it
     rope_base_swa: float  # of the sliding-window layers
     rope_scale_swa: float
     sliding_window: int  # 0: none
@@ -119,6 +121,7 @@ class ModelConfig:
             raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
         rope_scale = 1.0 / factor if factor > 0 else 1.0
         rope_base = float(get("rope.freq_base", 10000.0))
+        n_ctx_train = int(get("context_length", 2048))
 
         sliding_window = 0
         layer_swa = (False,) * n_layer
@@ -136,7 +139,7 @@ class ModelConfig:
             arch=arch,
             architecture=spec,
             n_vocab=int(n_vocab),
-            n_ctx_train=int(get("context_length", 2048)),
+            n_ctx_train=n_ctx_train,
             n_embd=n_embd,
             n_layer=n_layer,
             n_head=n_head,
@@ -147,6 +150,8 @@ class ModelConfig:
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
+            rope_attn_factor=float(get("rope.scaling.attn_factor", 1.0)),
+            n_ctx_orig=int(get("rope.scaling.original_context_length", n_ctx_train)),
             rope_scale=rope_scale,
             rope_base_swa=float(get("rope.freq_base_swa", rope_base if spec.swa_rope_base is None else spec.swa_rope_base)),
             rope_scale_swa=rope_scale if spec.swa_rope_scaled else 1.0,

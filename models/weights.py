@@ -2,7 +2,7 @@
 the one description of a model's tensors for GGUF files and model folders alike."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,7 +51,8 @@ class ModelWeights:
     token_embd: Matrix
     output_norm: np.ndarray
     output: Matrix  # token_embd itself when the embeddings are tied
-    rope_freqs: np.ndarray | None
+    rope_freqs: np.ndarray | None  # RoPE frequency divisors (Llama 3.1's; LongRoPE's short factors)
+    rope_freqs_long: np.ndarray | None  # LongRoPE's factors for contexts beyond config.n_ctx_orig
     layers: tuple[LayerWeights, ...]
 
 
@@ -62,6 +63,15 @@ class Model:
     metadata: dict[str, Any]
     weights: ModelWeights
     format: str = "gguf"  # "gguf", or "mlx" for an MLX-format folder (affine-quantized safetensors)
+
+    def for_context(self, n_ctx: int) -> "Model":
+        """The model as it runs with sequences of up to n_ctx tokens: LongRoPE models (phi3) rotate
+        by their long factors beyond the context they were trained at, as llama.cpp chooses (it
+        compares its context rounded up to a multiple of 256)."""
+        w = self.weights
+        if w.rope_freqs_long is None or -(-n_ctx // 256) * 256 <= self.config.n_ctx_orig:
+            return self
+        return replace(self, weights=replace(w, rope_freqs=w.rope_freqs_long))
 
 
 def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str, cfg: ModelConfig) -> ModelWeights:
@@ -105,8 +115,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + "ffn_norm.weight", D) if arch.pre_norms else None,
-            w_gate=get(p + "ffn_gate.weight", (F, D)),
-            w_up=get(p + "ffn_up.weight", (F, D)),
+            **_gate_up(tensors, get, p, D, F),
             w_down=get(p + "ffn_down.weight", (D, F)),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
         ))
@@ -118,7 +127,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         token_embd=token_embd,
         output_norm=vec("output_norm.weight", D),
         output=output,
-        rope_freqs=vec("rope_freqs.weight", cfg.n_rot // 2, required=False),
+        rope_freqs=_rope_freqs(tensors, vec, cfg.n_rot // 2),
+        rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
     )
 
@@ -150,3 +160,19 @@ def _qkv_biases(tensors, vec, p: str, dims: tuple[int, int, int]) -> tuple:
         return b[:dims[0]], b[dims[0]:dims[0] + dims[1]], b[dims[0] + dims[1]:]
     return (vec(p + "attn_q.bias", dims[0], required=False), vec(p + "attn_k.bias", dims[1], required=False),
             vec(p + "attn_v.bias", dims[2], required=False))
+
+
+def _gate_up(tensors, get, p: str, D: int, F: int) -> dict[str, Matrix]:
+    """The FFN's gate and up matrices: two, or the halves of one fused ffn_up of 2 * n_ff rows, gate
+    first (phi3; llama.cpp's swiglu takes the first half as the gate)."""
+    if p + "ffn_gate.weight" in tensors or p + "ffn_up.weight" not in tensors:
+        return {"w_gate": get(p + "ffn_gate.weight", (F, D)), "w_up": get(p + "ffn_up.weight", (F, D))}
+    fused = get(p + "ffn_up.weight", (2 * F, D))
+    return {"w_gate": rows(fused, 0, F), "w_up": rows(fused, F, 2 * F)}
+
+
+def _rope_freqs(tensors, vec, n: int) -> np.ndarray | None:
+    """rope_freqs, or LongRoPE's short factors (the long ones replace them in Model.for_context)."""
+    if "rope_freqs.weight" in tensors:
+        return vec("rope_freqs.weight", n)
+    return vec("rope_factors_short.weight", n, required=False)

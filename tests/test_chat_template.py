@@ -8,6 +8,7 @@ from infer.engine.chat_template import (
     GEMMA_TEMPLATE,
     LLAMA2_TEMPLATE,
     LLAMA3_TEMPLATE,
+    PHI3_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
     MessageError,
@@ -137,8 +138,18 @@ def test_builtin_selection():
     assert builtin_template("llama", "gpt2", "llama-bpe") is LLAMA3_TEMPLATE
     assert builtin_template("llama", "gpt2", "smaug-bpe") is LLAMA2_TEMPLATE
     assert builtin_template("llama", "llama", None) is LLAMA2_TEMPLATE
-    with pytest.raises(ChatTemplateError, match="phi3"):
-        builtin_template("phi3", "llama", None)
+    assert builtin_template("phi3", "llama", None) is PHI3_TEMPLATE
+    with pytest.raises(ChatTemplateError, match="olmo2"):
+        builtin_template("olmo2", "gpt2", None)
+
+
+def test_phi3_builtin_renders_as_llama_cpp():
+    # llama.cpp's own phi3 format (llama_chat_apply_template(tmpl="phi3")) for the same conversation
+    t = load_chat_template(None, "phi3", "llama", None, "<s>", "</s>")
+    assert t.render(CONVO, add_generation_prompt=True) == (
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
+        "<|user|>\nHow are you?<|end|>\n<|assistant|>\n"
+    )
 
 
 def test_metadata_template_wins_over_builtin():

@@ -10,6 +10,7 @@ from infer.models.loader import load_model
 from tiny_models import write_tiny_model
 
 ARCHS = list(names())  # every registered architecture
+N_CTX = 64  # of every run here, llama.cpp's and ours (LongRoPE models pick their factors by it)
 PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 
 
@@ -20,11 +21,11 @@ def tiny(request, tmp_path_factory):
     return arch, path
 
 
-def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16")) -> np.ndarray:
+def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16"), n_ctx: int = N_CTX) -> np.ndarray:
     llama_cpp = pytest.importorskip("llama_cpp")
     from infer.backends.llamacpp.runner import GGML_TYPES
 
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=2, verbose=False,
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, n_threads=2, verbose=False,
                           flash_attn=flash_attn, type_k=GGML_TYPES[cache_types[0]], type_v=GGML_TYPES[cache_types[1]])
     llm.eval(tokens.tolist())
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
@@ -34,7 +35,7 @@ def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16",
 
 def test_logits_match_llama_cpp(tiny):
     arch, path = tiny
-    model = load_model(path)
+    model = load_model(path).for_context(N_CTX)
     runner = CpuTransformer(model.config, model.weights, n_threads=2)
     ours = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     ref = llama_cpp_logits(path, PROMPT)  # llama-cpp-python's default path (no flash attention)
@@ -61,7 +62,7 @@ def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     # them (a quantized V only with flash attention): as close as the f16 cache is to llama.cpp's
     # (test_logits_match_llama_cpp's bound), and the cache type does change our logits (it took effect).
     arch, path = tiny
-    model = load_model(path)
+    model = load_model(path).for_context(N_CTX)
 
     def ours(cache_types):
         runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],
@@ -95,7 +96,7 @@ def assert_same_logits(a: np.ndarray, b: np.ndarray, arch: str) -> None:
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_kv_cache_decode_matches_full_recompute(tiny, cache_type):
     arch, path = tiny
-    model = load_model(path)
+    model = load_model(path).for_context(N_CTX)
     runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
     full = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     cache = runner.new_kv_cache(64)
@@ -108,10 +109,28 @@ def test_kv_cache_decode_matches_full_recompute(tiny, cache_type):
 def test_prefill_in_chunks_matches_one_pass(tiny):
     # Chunked prefill (chunks of 5, below the expanded-tile threshold) must agree with one 16-token pass.
     arch, path = tiny
-    model = load_model(path)
+    model = load_model(path).for_context(N_CTX)
     runner = CpuTransformer(model.config, model.weights, n_threads=2, max_tokens=5)
     cache = runner.new_kv_cache(64)
     last = runner.forward(PROMPT, 0, cache).copy()
     one = CpuTransformer(model.config, model.weights, n_threads=2)
     ref = one.forward(PROMPT, 0, one.new_kv_cache(64)).copy()
     assert_same_logits(last, ref, arch)
+
+
+def test_longrope_factors_follow_the_context(tmp_path):
+    # phi3's LongRoPE: llama.cpp rotates by the short factors while its context (a multiple of 256)
+    # is within the trained one (256 tokens in the tiny model), by the long ones beyond;
+    # Model.for_context picks the same.
+    path = write_tiny_model(tmp_path / "tiny-phi3.gguf", "phi3", seed=7)
+    model = load_model(path)
+    out = {}
+    for n_ctx in (N_CTX, 300):
+        m = model.for_context(n_ctx)
+        runner = CpuTransformer(m.config, m.weights, n_threads=2)
+        out[n_ctx] = runner.forward(PROMPT, 0, runner.new_kv_cache(n_ctx), all_logits=True).copy()
+        ref = llama_cpp_logits(path, PROMPT, n_ctx=n_ctx)
+        diff = np.abs(out[n_ctx] - ref).max()
+        print(f"n_ctx {n_ctx}: max|ours-llama.cpp| {diff:.4g}")
+        assert diff <= 0.02 * np.abs(ref).max()
+    assert np.abs(out[300] - out[N_CTX]).max() > 0.1 * np.abs(out[N_CTX]).max()  # the factors took effect

@@ -36,6 +36,8 @@ ARCH_TYPES = {
               "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_K, "ffn_down": GT.Q8_0, "token_embd": GT.Q4_K, "output": GT.Q8_0},
     "granite": {"attn_q": GT.Q4_K, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
                 "ffn_gate": GT.Q4_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0},
+    "phi3": {"attn_qkv": GT.Q4_K, "attn_output": GT.Q5_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q8_0,
+             "token_embd": GT.Q8_0, "output": GT.Q5_0},
 }
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
 N_LAYER = {"gemma3": 6, "gemma2": 4}
@@ -85,9 +87,12 @@ def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int,
     w.add_value_length(hd)
 
 
-def add_spm_vocab(w, n_vocab: int) -> None:
-    """A SentencePiece-style vocabulary (see _spm_vocab) with BOS 1 and EOS 2."""
+def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
+    """A SentencePiece-style vocabulary (see _spm_vocab) with BOS 1 and EOS 2; `controls` replace its
+    last tokens as control tokens."""
     tokens, scores, ttypes = _spm_vocab(n_vocab)
+    for i, text in enumerate(controls):
+        tokens[n_vocab - 1 - i], ttypes[n_vocab - 1 - i] = text, 3
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -113,12 +118,19 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     if arch == "gemma2":  # caps small enough to bend these tiny models' scores and logits
         w.add_attn_logit_softcapping(0.1)
         w.add_final_logit_softcapping(2.0)
+    if arch == "phi3":  # LongRoPE: short factors within 256 tokens of context, long ones beyond
+        w.add_rope_scaling_orig_ctx_len(256)
+        w.add_rope_scaling_attn_factors(1.19)
+        for kind in ("long", "short"):
+            w.add_tensor(f"rope_factors_{kind}.weight", rng.uniform(1.0, 6.0 if kind == "long" else 1.5,
+                                                                      size=hd // 2).astype(np.float32))
     if arch == "granite":  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
         w.add_residual_scale(0.5)
         w.add_attention_scale(0.09)
         w.add_logit_scale(0.25)
-    add_spm_vocab(w, n_vocab)
+    # llama.cpp marks a phi3 model's <|endoftext|> (and fails to load one without it)
+    add_spm_vocab(w, n_vocab, ("<|endoftext|>",) if arch == "phi3" else ())
     w.add_unk_token_id(0)
 
     def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:
@@ -139,9 +151,12 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         p = f"blk.{i}."
         if arch != "olmo2":  # olmo2 normalizes after each block only
             add(p + "attn_norm.weight", (D,))
-        add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
-        add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
-        add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
+        if arch == "phi3":  # Q, K, V in one matrix
+            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D), types["attn_qkv"])
+        else:
+            add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
+            add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
+            add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
         add(p + "attn_output.weight", (D, H * hd), types["attn_output"])
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
@@ -158,8 +173,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "post_ffw_norm.weight", (D,))
         if arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
-        add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
-        add(p + "ffn_up.weight", (F, D), types["ffn_up"])
+        if arch == "phi3":  # gate and up in one matrix, gate first
+            add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])
+        else:
+            add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
+            add(p + "ffn_up.weight", (F, D), types["ffn_up"])
         add(p + "ffn_down.weight", (D, F), types["ffn_down"])
     w.write_header_to_file()
     w.write_kv_data_to_file()

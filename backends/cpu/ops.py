@@ -59,8 +59,9 @@ def rmsnorm(x, w, eps, out):
 
 
 @njit(cache=True)
-def rope_cache(positions, n_rot, base, pos_scale, freq_factors, cos_out, sin_out):
+def rope_cache(positions, n_rot, base, pos_scale, freq_factors, mscale, cos_out, sin_out):
     # positions: (T,) int32; freq_factors: (n_rot/2,) f32 (ones when the model has none)
+    # mscale: multiplies cos and sin (rope.scaling.attn_factor, LongRoPE's magnitude; else 1)
     # cos_out, sin_out: (T, n_rot/2) f32
     # theta is advanced by repeated float32 multiplication, as ggml does, so angles match llama.cpp.
     theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot))
@@ -68,8 +69,8 @@ def rope_cache(positions, n_rot, base, pos_scale, freq_factors, cos_out, sin_out
         theta = np.float32(positions[t])
         for i in range(n_rot // 2):
             angle = np.float32(pos_scale) * (theta / freq_factors[i])
-            cos_out[t, i] = np.cos(angle)
-            sin_out[t, i] = np.sin(angle)
+            cos_out[t, i] = np.float32(np.cos(angle)) * np.float32(mscale)
+            sin_out[t, i] = np.float32(np.sin(angle)) * np.float32(mscale)
             theta = np.float32(theta * theta_scale)
 
 

@@ -47,9 +47,9 @@ class CpuPrimitives:
         self.out = {"qkv": ws.qkv[:T], "attn_out": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
-        rope_cache(batch.positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, ff, self.cos[0], self.sin[0])
+        rope_cache(batch.positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, ff, cfg.rope_attn_factor, self.cos[0], self.sin[0])
         if self.any_swa:
-            rope_cache(batch.positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_scale_swa, ff, self.cos[1], self.sin[1])
+            rope_cache(batch.positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_scale_swa, ff, cfg.rope_attn_factor, self.cos[1], self.sin[1])
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:

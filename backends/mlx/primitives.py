@@ -71,7 +71,7 @@ class MlxPrimitives:
         cfg = self.cfg
         c = np.empty((self.T, cfg.n_rot // 2), np.float32)
         s = np.empty_like(c)
-        rope_cache(self.batch.positions, cfg.n_rot, base, scale, self.runner.freq_factors, c, s)
+        rope_cache(self.batch.positions, cfg.n_rot, base, scale, self.runner.freq_factors, cfg.rope_attn_factor, c, s)
         return mx.array(c)[:, None, :], mx.array(s)[:, None, :]
 
     def _norm(self, x: mx.array, w: mx.array | None) -> mx.array:

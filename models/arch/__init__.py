@@ -6,12 +6,12 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..hf_files import ConvertError
-from . import gemma2, gemma3, granite, llama, olmo2, qwen2, qwen3
+from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3
 from .spec import Architecture
 
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
-_BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite)})
+_BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3)})
 
 
 class UnknownArchitecture(ValueError):
@@ -41,6 +41,6 @@ def for_hf_model_type(model_type: object, where: object) -> Architecture:
     for a in _BY_NAME.values():
         if model_type in a.hf_model_types:
             return a
-    classes = ", ".join(a.hf_class for a in _BY_NAME.values())
+    classes = ", ".join(a.hf_class for a in _BY_NAME.values() if a.hf_model_types)
     raise ConvertError(f"{where}: unsupported model_type {model_type!r} "
                        f"(supported: {', '.join(hf_model_types())}; architectures {classes})")

@@ -30,6 +30,9 @@ SPECIALS = {
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 D, H, HKV, HD, F = 256, 4, 2, 64, 512
+# Granite's config.json multipliers, each away from 1 (attention: instead of 1/sqrt(head_dim))
+GRANITE_MULTIPLIERS = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.09,
+                       "logits_scaling": 4.0}
 
 
 def train_bpe(style: str) -> Tokenizer:
@@ -82,16 +85,18 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     tok.save(str(folder / "tokenizer.json"))
     n_tok = tok.get_vocab_size()
     vocab = n_tok + (6 if arch == "qwen2" else 0)  # qwen pads its embedding past the tokenizer
-    tied = arch != "llama"
+    tied = arch in ("qwen2", "qwen3", "granite")
     n_layer = 2
     cfg = {"model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                                  "qwen3": "Qwen3ForCausalLM"}[arch]],
+                                                  "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM",
+                                                  "olmo2": "Olmo2ForCausalLM"}[arch]],
            "hidden_size": D, "intermediate_size": F, "num_hidden_layers": n_layer, "num_attention_heads": H,
            "num_key_value_heads": HKV, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
            "rope_theta": 10000.0 if arch == "llama" else 1000000.0, "vocab_size": vocab,
            "tie_word_embeddings": tied, "torch_dtype": "float32"}
     if arch == "qwen3":
         cfg["head_dim"] = HD
+    cfg.update(GRANITE_MULTIPLIERS if arch == "granite" else {})
     ids = {t: tok.token_to_id(t) for t in SPECIALS[style]}
     bos = ids["<|begin_of_text|>"] if style == "llama" else None
     eos = ids["<|eot_id|>"] if style == "llama" else ids["<|im_end|>"]
@@ -117,8 +122,8 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
             stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
 
     # Matrix dtypes: llama F32 with BF16 attention, qwen2 F16, qwen3 BF16.
-    mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16"}[arch]
-    attn = "BF16" if arch == "llama" else mat
+    mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16", "granite": "BF16", "olmo2": "F32"}[arch]
+    attn = "BF16" if arch in ("llama", "olmo2") else mat
     normal = lambda *s: rng.normal(0, 0.02, size=s)
     norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
     add("model.embed_tokens.weight", normal(vocab, D), mat)
@@ -127,7 +132,8 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
         add("lm_head.weight", normal(vocab, D), mat)
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        add(p + "input_layernorm.weight", norm(D), "F32")
+        if arch != "olmo2":  # olmo2 normalizes each block's output instead (post_feedforward_layernorm)
+            add(p + "input_layernorm.weight", norm(D), "F32")
         add(p + "post_attention_layernorm.weight", norm(D), "BF16" if arch == "qwen3" else "F32")
         add(p + "self_attn.q_proj.weight", normal(H * HD, D), attn)
         add(p + "self_attn.k_proj.weight", normal(HKV * HD, D), attn)
@@ -139,6 +145,10 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
         if arch == "qwen3":
             add(p + "self_attn.q_norm.weight", norm(HD), "F32")
             add(p + "self_attn.k_norm.weight", norm(HD), "F32")
+        if arch == "olmo2":  # over the whole projection
+            add(p + "self_attn.q_norm.weight", norm(H * HD), "F32")
+            add(p + "self_attn.k_norm.weight", norm(HKV * HD), "F32")
+            add(p + "post_feedforward_layernorm.weight", norm(D), "F32")
         add(p + "mlp.gate_proj.weight", normal(F, D), mat)
         add(p + "mlp.up_proj.weight", normal(F, D), mat)
         add(p + "mlp.down_proj.weight", normal(D, F), mat)
@@ -148,8 +158,11 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
 
 
 def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarray:
-    """The Hugging Face modelling code's math (rotate_half RoPE, GQA, SwiGLU) in float64 numpy."""
+    """The Hugging Face modelling code's math (rotate_half RoPE, GQA, SwiGLU; Granite's multipliers;
+    OLMo 2's output norms and whole-projection Q/K norms) in float64 numpy."""
     eps, theta = 1e-5, 10000.0 if arch == "llama" else 1000000.0
+    gm = GRANITE_MULTIPLIERS if arch == "granite" else {"embedding_multiplier": 1.0, "residual_multiplier": 1.0,
+                                                         "attention_multiplier": HD ** -0.5, "logits_scaling": 1.0}
     T = len(ids)
     rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
     inv = 1.0 / theta ** (np.arange(0, HD, 2) / HD)
@@ -160,28 +173,37 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
         half = np.concatenate([-x[..., HD // 2:], x[..., :HD // 2]], -1)
         return x * cos[:, None] + half * sin[:, None]
 
-    x = w["model.embed_tokens.weight"][ids].astype(np.float64)
+    x = w["model.embed_tokens.weight"][ids].astype(np.float64) * gm["embedding_multiplier"]
     for i in range(2):
         p = f"model.layers.{i}."
-        h = rms(x, w[p + "input_layernorm.weight"])
+        h = x if arch == "olmo2" else rms(x, w[p + "input_layernorm.weight"])
         q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)
                    for n in "qkv")
+        if arch == "olmo2":
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
         if arch == "qwen3":
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
         k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(HD)
+        s = np.einsum("thd,shd->hts", q, k) * gm["attention_multiplier"]
         s = s + np.triu(np.full((T, T), -np.inf), 1)
         a = np.exp(s - s.max(-1, keepdims=True))
         a /= a.sum(-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", a, v).reshape(T, H * HD)
-        x = x + o @ w[p + "self_attn.o_proj.weight"].T
-        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        o = np.einsum("hts,shd->thd", a, v).reshape(T, H * HD) @ w[p + "self_attn.o_proj.weight"].T
+        if arch == "olmo2":
+            x = x + rms(o, w[p + "post_attention_layernorm.weight"])
+            h = x
+        else:
+            x = x + o * gm["residual_multiplier"]
+            h = rms(x, w[p + "post_attention_layernorm.weight"])
         g = h @ w[p + "mlp.gate_proj.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        m = ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        if arch == "olmo2":
+            m = rms(m, w[p + "post_feedforward_layernorm.weight"])
+        x = x + m * gm["residual_multiplier"]
     x = rms(x, w["model.norm.weight"])
-    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T / gm["logits_scaling"]
 
 
 # ----------------------------------------------------------------------------- gemma3 (SentencePiece)
@@ -189,7 +211,13 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
 GEMMA_LAYERS, GEMMA_WINDOW = 6, 8  # layer 5 global, the rest sliding; the window is shorter than the prompt
 
 
-def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]:
+# Gemma 2's soft caps, small enough to bend the tiny model's scores and logits
+GEMMA2_CAPS = {"attn_logit_softcapping": 0.1, "final_logit_softcapping": 2.0}
+
+
+def make_gemma3(folder: Path, multimodal: bool = False, gemma2: bool = False) -> dict[str, np.ndarray]:
+    """A tiny Gemma 3 folder (its text model inside a multimodal checkpoint if asked), or with gemma2
+    a Gemma 2 one: no Q/K norms, soft caps, every other layer sliding, one RoPE base."""
     import sentencepiece as spm
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "corpus.txt").write_text("\n".join(CORPUS))
@@ -208,7 +236,13 @@ def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]
             "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": GEMMA_WINDOW,
             "query_pre_attn_scalar": HD, "max_position_embeddings": 512, "vocab_size": vocab,
             "final_logit_softcapping": None, "attn_logit_softcapping": None}
-    if multimodal:
+    if gemma2:
+        text.update(GEMMA2_CAPS, rope_theta=10000.0)
+        del text["rope_local_base_freq"]
+    if gemma2:
+        cfg = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], **text}
+        prefix = "model."
+    elif multimodal:
         cfg = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
                "text_config": {**text, "model_type": "gemma3_text"}, "vision_config": {"hidden_size": 8}}
         prefix = "language_model.model."
@@ -234,8 +268,9 @@ def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]
         for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm"):
             add(p + n + ".weight", rng.normal(0, 0.1, size=D))
-        add(p + "self_attn.q_norm.weight", rng.normal(0, 0.1, size=HD))
-        add(p + "self_attn.k_norm.weight", rng.normal(0, 0.1, size=HD))
+        if not gemma2:
+            add(p + "self_attn.q_norm.weight", rng.normal(0, 0.1, size=HD))
+            add(p + "self_attn.k_norm.weight", rng.normal(0, 0.1, size=HD))
         for n, shape in (("q", (H * HD, D)), ("k", (HKV * HD, D)), ("v", (HKV * HD, D)), ("o", (D, H * HD))):
             add(p + f"self_attn.{n}_proj.weight", rng.normal(0, 0.02, size=shape))
         for n, shape in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
@@ -247,8 +282,9 @@ def make_gemma3(folder: Path, multimodal: bool = False) -> dict[str, np.ndarray]
     return weights
 
 
-def gemma3_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """Gemma 3's HF math: (1 + w) RMSNorms, scaled embeddings, QK norms, GELU-tanh, local/global RoPE."""
+def gemma3_forward(w: dict[str, np.ndarray], ids: list[int], gemma2: bool = False) -> np.ndarray:
+    """Gemma 3's HF math: (1 + w) RMSNorms, scaled embeddings, QK norms, GELU-tanh, local/global RoPE;
+    with gemma2, Gemma 2's: no QK norms, soft caps, every other layer local, one RoPE base."""
     T = len(ids)
     rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * (1.0 + g)
     x = w["embed_tokens.weight"][ids].astype(np.float64) * np.sqrt(D)
@@ -256,8 +292,8 @@ def gemma3_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
     causal = pos[None, :] > pos[:, None]
     for i in range(GEMMA_LAYERS):
         p = f"layers.{i}."
-        local = (i + 1) % 6 != 0
-        inv = 1.0 / (10000.0 if local else 1000000.0) ** (np.arange(0, HD, 2) / HD)
+        local = i % 2 == 0 if gemma2 else (i + 1) % 6 != 0
+        inv = 1.0 / (10000.0 if local or gemma2 else 1000000.0) ** (np.arange(0, HD, 2) / HD)
         ang = pos[:, None] * inv[None, :]
         cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
         def rope(t, cos=cos, sin=sin):
@@ -265,10 +301,14 @@ def gemma3_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
         h = rms(x, w[p + "input_layernorm.weight"])
         q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T for n in "qkv")
         q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
-        q = rope(rms(q, w[p + "self_attn.q_norm.weight"]))
-        k = rope(rms(k, w[p + "self_attn.k_norm.weight"]))
+        if not gemma2:
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
+        q, k = rope(q), rope(k)
         k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
         s = np.einsum("thd,shd->hts", q, k) * HD ** -0.5
+        if gemma2:
+            cap = GEMMA2_CAPS["attn_logit_softcapping"]
+            s = cap * np.tanh(s / cap)
         mask = causal | ((pos[:, None] - pos[None, :]) >= GEMMA_WINDOW) if local else causal
         s = np.where(mask, -np.inf, s)
         a = np.exp(s - s.max(-1, keepdims=True))
@@ -280,4 +320,8 @@ def gemma3_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
         gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
         m = (gelu * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
         x = x + rms(m, w[p + "post_feedforward_layernorm.weight"])
-    return rms(x, w["norm.weight"]) @ w["embed_tokens.weight"].T
+    logits = rms(x, w["norm.weight"]) @ w["embed_tokens.weight"].T
+    if gemma2:
+        cap = GEMMA2_CAPS["final_logit_softcapping"]
+        logits = cap * np.tanh(logits / cap)
+    return logits

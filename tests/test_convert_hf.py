@@ -1,4 +1,4 @@
-"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / gemma3 folders (tests/hf_models.py), converted,
+"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / granite / olmo2 / gemma3 folders (tests/hf_models.py), converted,
 then checked against llama.cpp (loading, tokenization, logits), against a numpy forward pass of the
 HF model itself (so the tensor transforms are right, not merely self-consistent), and against infer."""
 from __future__ import annotations
@@ -19,17 +19,20 @@ from infer.models.convert_hf import (
 from infer.models.loader import load_model
 from tokenizers import Tokenizer
 
-from hf_models import (CHAT_TEMPLATE, D, F, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, SAMPLES, from_bf16, gemma3_forward,
+from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, SAMPLES, from_bf16, gemma3_forward,
                        hf_forward, make_gemma3, make_hf_model, train_bpe, write_safetensors)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+BPE_ARCHS = ["llama", "qwen2", "qwen3", "granite", "olmo2"]
+
+
+@pytest.fixture(scope="module", params=BPE_ARCHS)
 def converted(request, tmp_path_factory):
     arch = request.param
     folder = tmp_path_factory.mktemp(arch) / f"Tiny-{arch}"
-    weights = make_hf_model(folder, arch, seed=["llama", "qwen2", "qwen3"].index(arch))
+    weights = make_hf_model(folder, arch, seed=BPE_ARCHS.index(arch))
     out = write_gguf_unquantized(folder, folder.parent / f"tiny-{arch}.gguf")
     return arch, folder, weights, out
 
@@ -49,12 +52,17 @@ def test_metadata_and_tensors(converted):
     assert kv["tokenizer.ggml.eos_token_id"] == hf.token_to_id(eos)
     assert kv["tokenizer.ggml.add_bos_token"] is (arch == "llama")
     names = {t.name: t for t in r.tensors}
-    assert ("output.weight" in names) is (arch == "llama")  # tied embeddings write no output matrix
+    assert ("output.weight" in names) is (arch in ("llama", "olmo2"))  # tied embeddings write no output matrix
     assert not any("rotary" in n for n in names)
     types = {gguf.GGMLQuantizationType(names["blk.0.attn_q.weight"].tensor_type).name,
              gguf.GGMLQuantizationType(names["blk.0.ffn_up.weight"].tensor_type).name}
-    assert types == {"llama": {"BF16", "F32"}, "qwen2": {"F16"}, "qwen3": {"BF16"}}[arch]
-    assert gguf.GGMLQuantizationType(names["blk.0.ffn_norm.weight"].tensor_type).name == "F32"
+    assert types == {"llama": {"BF16", "F32"}, "qwen2": {"F16"}, "qwen3": {"BF16"}, "granite": {"BF16"},
+                     "olmo2": {"BF16", "F32"}}[arch]
+    norm = "blk.0.post_ffw_norm.weight" if arch == "olmo2" else "blk.0.ffn_norm.weight"
+    assert gguf.GGMLQuantizationType(names[norm].tensor_type).name == "F32"
+    if arch == "granite":  # its multipliers, as llama.cpp's converter names them
+        assert kv["granite.logit_scale"] == pytest.approx(4.0) and kv["granite.residual_scale"] == pytest.approx(0.5)
+        assert kv["granite.embedding_scale"] == pytest.approx(3.0) and kv["granite.attention.scale"] == pytest.approx(0.09)
     if arch == "qwen2":
         tokens = kv["tokenizer.ggml.tokens"]
         assert len(tokens) == hf.get_vocab_size() + 6 and tokens[-1] == f"[PAD{len(tokens) - 1}]"
@@ -110,7 +118,7 @@ def test_lazy_tensors_and_shapes(converted):
     data = q.load()
     got = from_bf16(data) if q.type_id == gguf.GGMLQuantizationType.BF16 else data.astype(np.float32)
     hfq = weights["model.layers.0.self_attn.q_proj.weight"]
-    if arch == "llama":  # rows of each head interleaved back: row 2j came from j, row 2j+1 from j + HD/2
+    if arch in ("llama", "granite"):  # rows of each head interleaved: row 2j came from j, row 2j+1 from j + HD/2
         np.testing.assert_array_equal(got[1], hfq[HD // 2])
         np.testing.assert_array_equal(got[2], hfq[1])
     else:
@@ -171,15 +179,20 @@ def test_unsupported_dtype(small_folder):
         source_from_hf(small_folder)
 
 
-def test_gemma3_sentencepiece_and_logits(tmp_path):
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_gemma_sentencepiece_and_logits(tmp_path, arch):
     import sentencepiece as spm
-    folder = tmp_path / "tiny-gemma3"
-    weights = make_gemma3(folder)
-    out = write_gguf_unquantized(folder, tmp_path / "tiny-gemma3.gguf")
+    folder = tmp_path / f"tiny-{arch}"
+    weights = make_gemma3(folder, gemma2=arch == "gemma2")
+    out = write_gguf_unquantized(folder, tmp_path / f"tiny-{arch}.gguf")
     r = gguf.GGUFReader(out)
     kv = {f.name: f.contents() for f in r.fields.values()}
     assert kv["tokenizer.ggml.model"] == "llama" and kv["tokenizer.ggml.add_space_prefix"] is False
-    assert kv["gemma3.attention.sliding_window"] == GEMMA_WINDOW and kv["gemma3.rope.freq_base"] == 1e6
+    assert kv[f"{arch}.attention.sliding_window"] == GEMMA_WINDOW
+    if arch == "gemma3":
+        assert kv["gemma3.rope.freq_base"] == 1e6
+    else:
+        assert kv["gemma2.attn_logit_softcapping"] == pytest.approx(GEMMA2_CAPS["attn_logit_softcapping"])
     assert kv["tokenizer.ggml.bos_token_id"] == 2 and kv["tokenizer.ggml.add_bos_token"] is True
     assert kv["tokenizer.chat_template"].startswith("{{ bos_token }}")
     assert "output.weight" not in {t.name for t in r.tensors}
@@ -193,7 +206,7 @@ def test_gemma3_sentencepiece_and_logits(tmp_path):
     llm.eval(ids)
     ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
     llm.close()
-    want = gemma3_forward(weights, ids)
+    want = gemma3_forward(weights, ids, gemma2=arch == "gemma2")
     assert len(ids) > GEMMA_WINDOW
     assert np.abs(ref - want).max() <= 0.02 * np.abs(want).max(), np.abs(ref - want).max()
     model = load_model(out)

@@ -1,5 +1,5 @@
 """MLX-format models: affine quantization against mx.quantize, mlx-community-style folders loaded into
-infer's representation (llama / qwen2 / qwen3 / gemma3, checked against the HF -> GGUF converter and
+infer's representation (llama / qwen2 / qwen3 / granite / olmo2 / gemma3 / gemma2, checked against the HF -> GGUF converter and
 the numpy reference models), tokenizer.json tokenization, and `infer quantize --format mlx` writing
 MLX folders from the embedded Gemma GGUF (round trip, tokenizer identity, atomic writes)."""
 from __future__ import annotations
@@ -146,8 +146,8 @@ def _matrix(t) -> np.ndarray:
 def _build_tiny(kind: str, root: Path) -> tuple[str, Path, dict[str, np.ndarray], Path]:
     """(arch, mlx folder, HF float weights as mlx-lm would compute with them, GGUF of the HF folder)."""
     hf = root / "hf"
-    if kind.startswith("gemma3"):
-        make_gemma3(hf, multimodal=kind.endswith("multimodal"))
+    if kind.startswith("gemma"):
+        make_gemma3(hf, multimodal=kind.endswith("multimodal"), gemma2=kind == "gemma2")
         gguf = write_gguf_unquantized(hf, root / "ref.gguf")
         write_tokenizer_files(read_gguf(gguf).metadata, hf)  # mlx-community folders carry tokenizer.json
         prefix = "language_model.model." if kind.endswith("multimodal") else "model."
@@ -155,7 +155,7 @@ def _build_tiny(kind: str, root: Path) -> tuple[str, Path, dict[str, np.ndarray]
                    if k.startswith(prefix)}
         overrides = {prefix + "layers.2.mlp.down_proj": {"bits": 8, "group_size": 64}}
         _mlxify(hf, root / "mlx", weights, prefix, "bfloat16", overrides=overrides)
-        return "gemma3", root / "mlx", _dequantized_reference(root / "mlx", prefix), gguf
+        return kind.split("-")[0], root / "mlx", _dequantized_reference(root / "mlx", prefix), gguf
     weights = make_hf_model(hf, kind, seed=3)
     gguf = write_gguf_unquantized(hf, root / "ref.gguf")
     weights.pop("model.layers.0.self_attn.rotary_emb.inv_freq", None)
@@ -166,7 +166,8 @@ def _build_tiny(kind: str, root: Path) -> tuple[str, Path, dict[str, np.ndarray]
     return kind, root / "mlx", _dequantized_reference(root / "mlx"), gguf
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3", "gemma3-multimodal"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "granite", "olmo2", "gemma3", "gemma3-multimodal",
+                                                 "gemma2"])
 def tiny(request, tmp_path_factory):
     return _build_tiny(request.param, tmp_path_factory.mktemp(request.param))
 
@@ -177,11 +178,12 @@ def test_tiny_folder_loads_like_the_converted_checkpoint(tiny):
     assert m.format == "mlx" and m.path == folder
     assert m.config == g.config.__class__(**{**g.config.__dict__, "name": folder.name})
     w = m.weights
-    prefix = "" if arch == "gemma3" else "model."
+    gemma = arch.startswith("gemma")
+    prefix = "" if gemma else "model."
     n_head, n_kv = m.config.n_head, m.config.n_head_kv
-    perm = (lambda x, n: permute_rope_rows(x, n)) if arch == "llama" else (lambda x, n: x)
-    layer = w.layers[0 if arch != "gemma3" else 2]
-    i = 0 if arch != "gemma3" else 2
+    perm = (lambda x, n: permute_rope_rows(x, n)) if arch in ("llama", "granite") else (lambda x, n: x)
+    layer = w.layers[2 if gemma else 0]
+    i = 2 if gemma else 0
     p = f"{prefix}layers.{i}."
     np.testing.assert_array_equal(_matrix(layer.wq), perm(ref[p + "self_attn.q_proj.weight"], n_head))
     np.testing.assert_array_equal(_matrix(layer.wk), perm(ref[p + "self_attn.k_proj.weight"], n_kv))
@@ -189,11 +191,12 @@ def test_tiny_folder_loads_like_the_converted_checkpoint(tiny):
     assert isinstance(layer.w_down, AffineTensor) and layer.w_down.bits == 8 and layer.w_down.group_size == 64
     assert isinstance(layer.w_up, AffineTensor) and layer.w_up.bits == 4
     np.testing.assert_array_equal(_matrix(w.token_embd), ref[f"{prefix}embed_tokens.weight"])
-    if arch == "gemma3":
+    if gemma:
         np.testing.assert_array_equal(layer.post_ffn_norm, ref[p + "post_feedforward_layernorm.weight"] + 1)
         assert w.output is w.token_embd
-    else:
-        np.testing.assert_array_equal(layer.ffn_norm, ref[p + "post_attention_layernorm.weight"])
+    else:  # olmo2's post_attention_layernorm follows attention; the others' precedes the FFN
+        norm = layer.post_attn_norm if arch == "olmo2" else layer.ffn_norm
+        np.testing.assert_array_equal(norm, ref[p + "post_attention_layernorm.weight"])
         assert not isinstance(w.layers[1].wv, AffineTensor)  # left dense by its override
         np.testing.assert_array_equal(_matrix(w.layers[1].wv), ref["model.layers.1.self_attn.v_proj.weight"])
     if arch == "qwen2":
@@ -232,7 +235,7 @@ def test_tiny_folder_logits_match_numpy_reference(tiny):
     pool = runner.new_kv_pool([1] * len(m.config.kv_groups), bs)
     tables = [np.zeros((1, 1), np.int32) for _ in m.config.kv_groups]
     got = np.array(runner.forward_batch(Batch.single(np.array(ids), 0, tables, bs, all_logits=True), pool))
-    want = gemma3_forward(ref, ids) if arch == "gemma3" else hf_forward(ref, arch, ids)
+    want = gemma3_forward(ref, ids, arch == "gemma2") if arch.startswith("gemma") else hf_forward(ref, arch, ids)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 2e-2, err
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
@@ -344,7 +347,9 @@ def test_hf_folder_exports_to_mlx(tiny, tmp_path):
     for a, b in zip(m.weights.layers, g.weights.layers):
         for n in ("wq", "wk", "w_down"):
             _assert_affine_error(dequantize_affine(getattr(a, n)), getattr(b, n).dequantize(), 8, 32)
-        np.testing.assert_allclose(a.attn_norm, b.attn_norm, rtol=2.0 ** -8)
+        for n in ("attn_norm", "post_attn_norm"):  # olmo2 has only the second
+            if getattr(b, n) is not None:
+                np.testing.assert_allclose(getattr(a, n), getattr(b, n), rtol=2.0 ** -8)
 
 
 def read_safetensors_names(path: Path) -> dict[str, str]:

@@ -36,6 +36,12 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
     return None
 
 
+def hf_config(cfg, has_qkv_bias: bool) -> dict[str, Any]:
+    return dict(hidden_activation="gelu_pytorch_tanh", head_dim=cfg.head_dim, sliding_window=cfg.sliding_window,
+                query_pre_attn_scalar=round(cfg.attn_scale ** -2), attn_logit_softcapping=cfg.attn_logit_softcap,
+                final_logit_softcapping=cfg.final_logit_softcap)
+
+
 ARCHITECTURE = Architecture(
     name="gemma2",
     rope_neox=True,
@@ -55,6 +61,7 @@ ARCHITECTURE = Architecture(
     hf_spm=True,
     hf_space_prefix=False,
     hf_kvs=hf_kvs,
+    hf_config=hf_config,
     hf_bfloat16=True,
     chat_template="gemma",
 )

@@ -24,7 +24,7 @@ FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLA
           "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
-ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16}
+ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16}
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
@@ -38,7 +38,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
-    add_spm_vocab(w, n_vocab)
+    add_spm_vocab(w, n_vocab, ("<|endoftext|>",) if arch == "phi3" else ())
 
     def add(name: str, shape: tuple[int, ...]) -> None:
         if len(shape) == 1:
@@ -58,23 +58,36 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
 
     add("token_embd.weight", (n_vocab, D))
     add("output_norm.weight", (D,))
-    if arch == "llama":
+    if arch in ("llama", "olmo2"):
         add("output.weight", (n_vocab, D))
     for i in range(n_layer):
         p = f"blk.{i}."
-        add(p + "attn_norm.weight", (D,))
-        add(p + "attn_q.weight", (H * hd, D))
-        add(p + "attn_k.weight", (Hkv * hd, D))
-        add(p + "attn_v.weight", (Hkv * hd, D))
+        if arch != "olmo2":
+            add(p + "attn_norm.weight", (D,))
+        if arch == "phi3":  # fused: llama.cpp's recipe has its own rule for attn_qkv
+            add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D))
+        else:
+            add(p + "attn_q.weight", (H * hd, D))
+            add(p + "attn_k.weight", (Hkv * hd, D))
+            add(p + "attn_v.weight", (Hkv * hd, D))
         add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
         if arch in ("qwen3", "gemma3"):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
-        add(p + "ffn_norm.weight", (D,))
-        add(p + "ffn_gate.weight", (F, D))
-        add(p + "ffn_up.weight", (F, D))
+        if arch == "olmo2":
+            add(p + "attn_q_norm.weight", (H * hd,))
+            add(p + "attn_k_norm.weight", (Hkv * hd,))
+            add(p + "post_attention_norm.weight", (D,))
+            add(p + "post_ffw_norm.weight", (D,))
+        else:
+            add(p + "ffn_norm.weight", (D,))
+        if arch == "phi3":  # gate and up in one matrix
+            add(p + "ffn_up.weight", (2 * F, D))
+        else:
+            add(p + "ffn_gate.weight", (F, D))
+            add(p + "ffn_up.weight", (F, D))
         add(p + "ffn_down.weight", (D, F))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -71,6 +71,20 @@ def test_packed_tensors_leave_the_mapping(gemma_path):
 
 
 @linux
+def test_embedding_rows_are_read_not_mapped(gemma_path):
+    """Token embeddings are read from the file (rows.py), not through the mapping, whose fault-around
+    would make ~64 KiB of the embedding resident per distinct token: 96 varied tokens map less
+    than a page each (the logits equal --no-mmap's in the next test)."""
+    model = load_model(gemma_path)
+    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    ids = np.random.default_rng(0).integers(0, model.config.n_vocab, 96)
+    _logits(runner, IDS)
+    before = _mapping_rss(model.weights.token_embd.raw)
+    runner.forward(ids.astype(np.int32), 0, runner.new_kv_cache(128))
+    assert _mapping_rss(model.weights.token_embd.raw) - before < 96 * 4096
+
+
+@linux
 def test_no_mmap_same_logits_and_no_file_pages(gemma_path):
     model = load_model(gemma_path)
     ref = _logits(CpuTransformer(model.config, model.weights, n_threads=2), IDS)

@@ -59,8 +59,9 @@ class CpuPrimitives:
     # -- the primitives (models/arch/decoder.py) -------------------------------------------------------
 
     def embed(self, name: str) -> np.ndarray:
-        emb = self.runner.token_embd
-        embed(emb.type_id, emb.raw, self.batch.tokens, np.float32(self.cfg.embed_scale), self.x)
+        T, ws = self.T, self.ws
+        self.runner.embd_rows.gather(self.batch.tokens, ws.embd)  # read, not mapped (rows.py)
+        embed(self.runner.token_embd.type_id, ws.embd, ws.rows[:T], np.float32(self.cfg.embed_scale), self.x)
         if self.trace is not None:
             self._seen(name, -1, self.x)
         return self.x

@@ -24,6 +24,7 @@ from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
 from .repack import PackedWeight, pack_stacked
+from .rows import RowReader
 from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
@@ -103,10 +104,12 @@ class _Layer:
 
 
 class Workspace:
-    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int):
+    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int, embd_row_bytes: int):
         T, D, F = max_tokens, cfg.n_embd, cfg.n_ff
         f32 = np.float32
         self.max_tokens, self.n_ctx = T, n_ctx
+        self.embd = np.zeros((T, embd_row_bytes), np.uint8)  # the batch's embedding rows, as stored
+        self.rows = np.arange(T, dtype=np.int32)  # 0, 1, ...: embd's row of each token
         self.x = np.zeros((T, D), f32)
         self.xn = np.zeros((T, D), f32)
         nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
@@ -157,6 +160,7 @@ class CpuTransformer:
         self.layers = [_Layer.prepare(lw, mmap) for lw in weights.layers]
         self.output = _pack(weights.output, mmap)
         self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
+        self.embd_rows = RowReader(self.token_embd)
         kept = [w for lay in self.layers for w, _ in lay.qkv + lay.wo + lay.gate_up + lay.down]
         kept.append(self.output)
         # The packed tensors' file pages released once more, whole: packing a tensor can map a
@@ -198,7 +202,8 @@ class CpuTransformer:
 
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None:
-            self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads)
+            self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads,
+                                 self.embd_rows.row_bytes)
         elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
             ws = self._ws
             ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)

@@ -12,6 +12,15 @@ class ModelConfigError(ValueError):
     """Metadata that does not describe a model infer can run."""
 
 
+def _rope_scale(get) -> float:
+    """The RoPE position multiplier: 1 / the linear scaling factor (other scalings are refused)."""
+    scaling = str(get("rope.scaling.type", "none"))
+    factor = float(get("rope.scaling.factor", 0.0) or 0.0)
+    if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+        raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
+    return 1.0 / factor if factor > 0 else 1.0
+
+
 def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
     """Which layers are sliding-window, as llama.cpp reads attention.sliding_window_pattern: a flag per
     layer, or every n-th layer global (the last of each group of n; 0: none global); absent, the
@@ -115,20 +124,12 @@ class ModelConfig:
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
-        scaling = str(get("rope.scaling.type", "none"))
-        factor = float(get("rope.scaling.factor", 0.0) or 0.0)
-        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
-            raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
-        rope_scale = 1.0 / factor if factor > 0 else 1.0
+        rope_scale = _rope_scale(get)
         rope_base = float(get("rope.freq_base", 10000.0))
         n_ctx_train = int(get("context_length", 2048))
-
-        sliding_window = 0
-        layer_swa = (False,) * n_layer
-        if spec.swa_pattern:
-            sliding_window = int(get("attention.sliding_window", spec.default_sliding_window))
-            if sliding_window > 0:
-                layer_swa = _swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
+        sliding_window = int(get("attention.sliding_window", spec.default_sliding_window)) if spec.swa_pattern else 0
+        layer_swa = (_swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
+                     if sliding_window > 0 else (False,) * n_layer)
 
         if n_vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")

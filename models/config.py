@@ -68,6 +68,9 @@ class ModelConfig:
     final_logit_softcap: float  # 0: none
     attn_logit_softcap: float  # 0: none
     name: str = ""
+    n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token runs
+    n_ff_exp: int = 0  # each expert's FFN width
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
@@ -134,6 +137,11 @@ class ModelConfig:
         if n_vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
+        n_ff = int(get("feed_forward_length", required=True))
+        n_expert = int(get("expert_count", 0))
+        n_expert_used = int(get("expert_used_count", 0))
+        if spec.moe and not 0 < n_expert_used <= n_expert:
+            raise ModelConfigError(f"{arch} needs 0 < expert_used_count <= expert_count, got {n_expert_used} of {n_expert}")
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
@@ -147,7 +155,7 @@ class ModelConfig:
             n_head_kv=n_head_kv,
             head_dim=head_dim,
             head_dim_v=head_dim_v,
-            n_ff=int(get("feed_forward_length", required=True)),
+            n_ff=n_ff,
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
@@ -162,5 +170,8 @@ class ModelConfig:
             final_logit_softcap=float(get("final_logit_softcapping", final_cap) or 0.0),
             attn_logit_softcap=float(get("attn_logit_softcapping", attn_cap) or 0.0),
             name=str(meta.get("general.name", "")),
+            n_expert=n_expert if spec.moe else 0,
+            n_expert_used=n_expert_used if spec.moe else 0,
+            n_ff_exp=(int(get("expert_feed_forward_length", 0)) or n_ff // max(n_expert_used, 1)) if spec.moe else 0,
             **{k: float(v) for k, v in own.items()},
         )

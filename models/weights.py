@@ -40,10 +40,13 @@ class LayerWeights:
     k_norm: np.ndarray | None
     post_attn_norm: np.ndarray | None
     ffn_norm: np.ndarray | None
-    w_gate: Matrix
-    w_up: Matrix
-    w_down: Matrix
+    w_gate: Matrix | None  # the dense FFN (None in a mixture of experts)
+    w_up: Matrix | None
+    w_down: Matrix | None
     post_ffn_norm: np.ndarray | None
+    # a mixture of experts: the router (n_expert, n_embd) and per expert its gate, up, down matrices
+    router: Matrix | None = None
+    experts: tuple[tuple[Matrix, Matrix, Matrix], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + "ffn_norm.weight", D) if arch.pre_norms else None,
-            **_gate_up(tensors, get, p, D, F),
-            w_down=get(p + "ffn_down.weight", (D, F)),
+            **(_experts(get, p, cfg) if arch.moe else {**_gate_up(tensors, get, p, D, F),
+                                                        "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
@@ -176,3 +179,21 @@ def _rope_freqs(tensors, vec, n: int) -> np.ndarray | None:
     if "rope_freqs.weight" in tensors:
         return vec("rope_freqs.weight", n)
     return vec("rope_factors_short.weight", n, required=False)
+
+
+def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """A mixture of experts' router and experts: each expert's matrices are row ranges of the 3-D
+    ffn_{gate,up,down}_exps tensors (views of the file; llama.cpp's layout)."""
+    D, E, F = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    gate, up = get(p + "ffn_gate_exps.weight", (E, F, D)), get(p + "ffn_up_exps.weight", (E, F, D))
+    down = get(p + "ffn_down_exps.weight", (E, D, F))
+    for t in (gate, up, down):
+        if not isinstance(t, QTensor):
+            raise ModelLoadError(f"expert tensors in {type(t).__name__} form are not supported")
+    experts = tuple((_expert(gate, e, F), _expert(up, e, F), _expert(down, e, D)) for e in range(E))
+    return {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
+            "experts": experts}
+
+
+def _expert(t: QTensor, e: int, n_rows: int) -> QTensor:
+    return QTensor(t.type_id, (n_rows, t.shape[-1]), t.raw[e * n_rows:(e + 1) * n_rows])

@@ -80,6 +80,17 @@ def test_batched_equals_alone_tiny(tiny_path, cache_type):
     assert all(len(t) > 0 for t in together)
 
 
+def test_batched_equals_alone_moe(tmp_path):
+    # a mixture of experts groups the batch's tokens by expert (backends/cpu/moe.py): sequences run
+    # together must still get exactly the tokens they get alone
+    path = write_tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", seed=12)
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
+    prompts = tiny_prompts()
+    together, widest = run_all(LLM.load(path, config), prompts)
+    assert widest == 8
+    assert together == alone(path, prompts, config)
+
+
 def test_q8_0_cache_halves_the_pool(tiny_path):
     sizes = {}
     for t in ("f16", "q8_0"):

@@ -24,7 +24,9 @@ FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLA
           "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
-ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16}
+ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
+              "qwen3moe": GT.F16}
+N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's experts (3-D tensors)
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
@@ -35,6 +37,10 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     n_layer = n_layer or (6 if arch == "gemma3" else 3)
     w = gguf.GGUFWriter(str(path), arch)
     add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
+    if arch == "qwen3moe":
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(2)
+        w.add_expert_feed_forward_length(N_FF_EXP)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
@@ -45,7 +51,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
             return
         x = rng.normal(0, 0.02, size=shape).astype(np.float32)
-        x[0, :8] *= 40  # a few outliers, so scale searches have something to do
+        x.reshape(-1, shape[-1])[0, :8] *= 40  # a few outliers, so scale searches have something to do
         if name == nan_in:
             x[1, 3] = np.nan
         if dtype == GT.F32:
@@ -54,7 +60,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             w.add_tensor(name, x.astype(np.float16))
         else:
             bits = (x.view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine for a test input
-            w.add_tensor(name, bits.view(np.uint8).reshape(shape[0], -1), raw_dtype=GT.BF16)  # shape in bytes
+            w.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=GT.BF16)  # shape in bytes
 
     add("token_embd.weight", (n_vocab, D))
     add("output_norm.weight", (D,))
@@ -73,7 +79,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":
@@ -83,6 +89,12 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "post_ffw_norm.weight", (D,))
         else:
             add(p + "ffn_norm.weight", (D,))
+        if arch == "qwen3moe":  # the router and the experts' 3-D tensors
+            add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
+            add(p + "ffn_gate_exps.weight", (N_EXPERT, N_FF_EXP, D))
+            add(p + "ffn_up_exps.weight", (N_EXPERT, N_FF_EXP, D))
+            add(p + "ffn_down_exps.weight", (N_EXPERT, D, N_FF_EXP))
+            continue
         if arch == "phi3":  # gate and up in one matrix
             add(p + "ffn_up.weight", (2 * F, D))
         else:

@@ -38,7 +38,12 @@ ARCH_TYPES = {
                 "ffn_gate": GT.Q4_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q6_K, "token_embd": GT.Q8_0},
     "phi3": {"attn_qkv": GT.Q4_K, "attn_output": GT.Q5_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q8_0,
              "token_embd": GT.Q8_0, "output": GT.Q5_0},
+    "qwen3moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
+                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q5_0, "ffn_down_exps": GT.Q6_K,
+                 "token_embd": GT.Q8_0},
 }
+# A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
+N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
 N_LAYER = {"gemma3": 6, "gemma2": 4}
 
@@ -124,6 +129,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         for kind in ("long", "short"):
             w.add_tensor(f"rope_factors_{kind}.weight", rng.uniform(1.0, 6.0 if kind == "long" else 1.5,
                                                                       size=hd // 2).astype(np.float32))
+    if arch == "qwen3moe":
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_EXPERT_USED)
+        w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "granite":  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
         w.add_residual_scale(0.5)
@@ -137,7 +146,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if len(shape) == 1:  # norms and biases stay F32
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
             return
-        data, qt = random_tensor(rng, shape, qtype)
+        data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)  # 3-D: experts' rows
+        data = data.reshape(*shape[:-1], -1)
         if qt in (GT.F32, GT.F16):
             w.add_tensor(name, data)
         else:
@@ -162,7 +172,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection
@@ -173,12 +183,17 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "post_ffw_norm.weight", (D,))
         if arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
-        if arch == "phi3":  # gate and up in one matrix, gate first
+        if arch == "qwen3moe":  # the router and the experts' 3-D tensors
+            add(p + "ffn_gate_inp.weight", (N_EXPERT, D), types["ffn_gate_inp"])
+            for name, shape in (("gate", (N_FF_EXP, D)), ("up", (N_FF_EXP, D)), ("down", (D, N_FF_EXP))):
+                add(p + f"ffn_{name}_exps.weight", (N_EXPERT, *shape), types[f"ffn_{name}_exps"])
+        elif arch == "phi3":  # gate and up in one matrix, gate first
             add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])
         else:
             add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
             add(p + "ffn_up.weight", (F, D), types["ffn_up"])
-        add(p + "ffn_down.weight", (D, F), types["ffn_down"])
+        if arch != "qwen3moe":
+            add(p + "ffn_down.weight", (D, F), types["ffn_down"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

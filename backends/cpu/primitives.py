@@ -17,6 +17,7 @@ from infer.backends.batch import Batch
 from .attention import attention, qkv_post
 from .kv_pool import KVPool
 from .matmul import qmatmul
+from .moe import combine, gather_tokens, group, route, scatter_slots
 from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
 
 
@@ -114,6 +115,35 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act
+
+    def moe(self, h: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        """The mixture of experts (moe.py): each expert the batch uses runs once, on its tokens."""
+        cfg, ws, T, mm = self.cfg, self.ws, self.T, self.ws.mm
+        k, Fe = cfg.n_expert_used, cfg.n_ff_exp
+        logits, sel, wts = ws.router[:T], ws.sel[:T], ws.wts[:T]
+        for w, col in ly.router:
+            qmatmul(w, h, logits, mm, col)
+        route(logits, k, cfg.architecture.moe_norm_weights, sel, wts)
+        group(sel, ws.starts, ws.order[:T * k])
+        starts = ws.starts
+        for e in np.flatnonzero(starts[1:] - starts[:-1]).tolist():
+            slots = ws.order[starts[e]:starts[e + 1]]
+            n = slots.shape[0]
+            x = ws.ex[:n]
+            gather_tokens(h, slots, k, x)
+            gate_up, down = ly.experts[e]
+            gu, act, y = ws.egu[:n], ws.eact[:n], ws.ey[:n]
+            for w, col in gate_up:
+                qmatmul(w, x, gu, mm, col)
+            glu(gu, Fe, self.gelu, act)
+            for w, col in down:
+                qmatmul(w, act, y, mm, col)
+            scatter_slots(y, slots, ws.slots)
+        out = ws.o[:T]
+        combine(ws.slots[:T * k], wts, out)
+        if self.trace is not None:
+            self._seen("ffn_moe_out", il, out)
+        return out
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The logits of batch.logit_rows, (R, V): a view of the runner's buffer."""

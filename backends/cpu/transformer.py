@@ -91,16 +91,30 @@ class _Layer:
     bv: np.ndarray
     q_norm: np.ndarray
     k_norm: np.ndarray
+    router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
+    experts: list
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
+        dense = lw.w_gate is not None
         return cls(
             qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=[(_pack(lw.wo, mmap), 0)],
-            gate_up=_products((lw.w_gate, lw.w_up), mmap), down=[(_pack(lw.w_down, mmap), 0)],
+            gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
+            down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
+            router=[] if dense else [(_pack(lw.router, mmap), 0)],
+            experts=[(_products((g, u), mmap), [(_pack(d, mmap), 0)]) for g, u, d in lw.experts],
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
         )
+
+
+def _layer_products(ly: "_Layer") -> list:
+    """Every (weight, column) product of a layer."""
+    out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router
+    for gate_up, down in ly.experts:
+        out += gate_up + down
+    return out
 
 
 class Workspace:
@@ -131,6 +145,18 @@ class Workspace:
         n_chunks = max(1, 4 * n_threads)
         self.scores = np.zeros((n_chunks, n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
+        if cfg.n_expert:  # a mixture of experts (moe.py): the router's output, the batch grouped by expert
+            E, k, Fe = cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp
+            self.router = np.zeros((T, E), f32)
+            self.sel = np.zeros((T, k), np.int32)
+            self.wts = np.zeros((T, k), f32)
+            self.starts = np.zeros(E + 1, np.int32)
+            self.order = np.zeros(T * k, np.int32)
+            self.ex = np.zeros((T, D), f32)  # the rows of one expert's tokens
+            self.egu = np.zeros((T, 2 * Fe), f32)
+            self.eact = np.zeros((T, Fe), f32)
+            self.ey = np.zeros((T, D), f32)
+            self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
 
 
 class CpuTransformer:
@@ -161,7 +187,7 @@ class CpuTransformer:
         self.output = _pack(weights.output, mmap)
         self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
         self.embd_rows = RowReader(self.token_embd)
-        kept = [w for lay in self.layers for w, _ in lay.qkv + lay.wo + lay.gate_up + lay.down]
+        kept = [w for lay in self.layers for w, _ in _layer_products(lay)]
         kept.append(self.output)
         # The packed tensors' file pages released once more, whole: packing a tensor can map a
         # little of its neighbours in the file (the kernel maps pages around a fault), which were

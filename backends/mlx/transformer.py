@@ -60,6 +60,9 @@ class MlxTransformer:
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
             raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
                                "run on --backend cpu or llama.cpp")
+        if config.n_expert:
+            raise BackendError(f"the mlx backend does not run mixture-of-experts models ({config.arch}) yet; "
+                               "use --backend cpu or llama.cpp")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu

@@ -6,12 +6,13 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..hf_files import ConvertError
-from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3
+from . import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe
 from .spec import Architecture
 
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
-_BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3)})
+_MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe)
+_BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 
 class UnknownArchitecture(ValueError):

@@ -17,6 +17,8 @@ The primitives (x: the residual stream, h: a normalized input, both (T, n_embd))
 - add_norm(x, o, post, w, il, name, next_name, next_il) -> (x, h): x += residual_scale *
   RMSNorm(o) * post (o alone where post is absent), then h = norm(x, w) under next_name;
 - glu(gu, il) -> y: act(gate) * up of the two halves of gu ("ffn_act");
+- moe(h, layer, il) -> o: the mixture of experts (router, the chosen experts' gated FFNs, their
+  weighted sum: llama.cpp's build_moe_ffn) ("ffn_moe_out");
 - logits(h) -> the output product of the wanted rows (softcaps and logit_scale applied).
 A backend may fuse what follows a product into one call (the cpu backend does): the primitives
 are the unit of the recipe, not of the kernels.
@@ -36,6 +38,16 @@ def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str,
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
     gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
     o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
+    return ops.add_norm(x, o, ly.post_ffn_norm, nxt[0], il, "l_out", nxt[1], nxt[2])
+
+
+def moe_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
+    """dense_layer with a mixture of experts in place of the FFN (qwen3moe)."""
+    qkv = ops.linear(ly.qkv, h, "qkv", il)
+    a = ops.attention(qkv, ly, il)
+    o = ops.linear(ly.wo, a, "attn_out", il)
+    x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
+    o = ops.moe(h, ly, il)
     return ops.add_norm(x, o, ly.post_ffn_norm, nxt[0], il, "l_out", nxt[1], nxt[2])
 
 

@@ -1,0 +1,101 @@
+"""Mixture-of-experts kernels: the router's choice and weights, the batch's tokens grouped by
+expert, and the weighted sum, each with the arithmetic of llama.cpp's build_moe_ffn.
+
+The experts' products run between these on the grouped rows (primitives.py), one product per
+expert used by the batch, so a prefill or a batch of decode streams reads each used expert once.
+Every row's result is computed as it would be alone: the products are row-independent, the
+grouping only changes which rows share a call.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def route(logits, k, norm, sel, w):
+    # logits: (T, E) f32, the router's product; sel: (T, k) int32 out, the k experts of each token,
+    # most probable first (ggml_argsort_top_k); w: (T, k) f32 out, their softmax probabilities
+    # (ggml_soft_max: exp(x - max) summed in double, times the f32 of 1/sum), renormalized to sum 1
+    # if norm (ggml: the f32 sum clamped at 2^-14, then divided)
+    T, E = logits.shape
+    p = np.empty(E, np.float32)
+    for t in range(T):
+        mx = logits[t, 0]
+        for e in range(1, E):
+            mx = max(mx, logits[t, e])
+        total = 0.0
+        for e in range(E):
+            p[e] = np.float32(math.exp(np.float32(logits[t, e] - mx)))
+            total += p[e]
+        inv = np.float32(1.0 / total)
+        for e in range(E):
+            p[e] = p[e] * inv
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                taken = False
+                for i in range(j):
+                    if sel[t, i] == e:
+                        taken = True
+                if not taken and (best < 0 or p[e] > p[best]):
+                    best = e
+            sel[t, j] = best
+            w[t, j] = p[best]
+        if norm:
+            s = 0.0
+            for j in range(k):
+                s += w[t, j]
+            sf = max(np.float32(s), np.float32(6.103515625e-5))
+            for j in range(k):
+                w[t, j] = w[t, j] / sf
+
+
+@njit(cache=True)
+def group(sel, starts, order):
+    # sel: (T, k) int32 experts; starts: (E + 1,) int32 out; order: (T * k,) int32 out: the slots
+    # t * k + j routed to expert e are order[starts[e]:starts[e + 1]], tokens in order
+    T, k = sel.shape
+    E = starts.shape[0] - 1
+    starts[:] = 0
+    for t in range(T):
+        for j in range(k):
+            starts[sel[t, j] + 1] += 1
+    for e in range(E):
+        starts[e + 1] += starts[e]
+    fill = starts[:E].copy()
+    for t in range(T):
+        for j in range(k):
+            e = sel[t, j]
+            order[fill[e]] = t * k + j
+            fill[e] += 1
+
+
+@njit(cache=True)
+def gather_tokens(h, slots, k, out):
+    # h: (T, D) f32; slots: (n,) int32 of t * k + j; out: (>= n, D) f32, row i = h[slots[i] // k]
+    for i in range(slots.shape[0]):
+        out[i] = h[slots[i] // k]
+
+
+@njit(cache=True)
+def scatter_slots(y, slots, out):
+    # y: (>= n, D) f32 an expert's outputs; out: (T * k, D) f32, row slots[i] = y[i]
+    for i in range(slots.shape[0]):
+        out[slots[i]] = y[i]
+
+
+@njit(cache=True)
+def combine(y, w, out):
+    # y: (T * k, D) f32, slot t * k + j: expert j's output for token t; w: (T, k) f32;
+    # out: (T, D) f32 = ((y0 * w0 + y1 * w1) + y2 * w2) + ..., each product rounded first
+    # (llama.cpp: ggml_mul by the weights, then the slots added in order)
+    T, k = w.shape
+    for t in range(T):
+        for i in range(out.shape[1]):
+            acc = y[t * k, i] * w[t, 0]
+            for j in range(1, k):
+                acc = acc + y[t * k + j, i] * w[t, j]
+            out[t, i] = acc

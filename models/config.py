@@ -138,10 +138,13 @@ class ModelConfig:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
         n_ff = int(get("feed_forward_length", required=True))
-        n_expert = int(get("expert_count", 0))
-        n_expert_used = int(get("expert_used_count", 0))
-        if spec.moe and not 0 < n_expert_used <= n_expert:
+        n_expert = int(get("expert_count", 0)) if spec.experts != "never" else 0
+        n_expert_used = int(get("expert_used_count", 0)) if n_expert else 0
+        if (n_expert or spec.experts == "always") and not 0 < n_expert_used <= n_expert:
             raise ModelConfigError(f"{arch} needs 0 < expert_used_count <= expert_count, got {n_expert_used} of {n_expert}")
+        # each expert's width, else llama.cpp's default: n_ff (llama), n_ff / n_expert_used (qwen3moe)
+        n_ff_exp = int(get("expert_feed_forward_length", 0)) or (
+            n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
@@ -170,8 +173,8 @@ class ModelConfig:
             final_logit_softcap=float(get("final_logit_softcapping", final_cap) or 0.0),
             attn_logit_softcap=float(get("attn_logit_softcapping", attn_cap) or 0.0),
             name=str(meta.get("general.name", "")),
-            n_expert=n_expert if spec.moe else 0,
-            n_expert_used=n_expert_used if spec.moe else 0,
-            n_ff_exp=(int(get("expert_feed_forward_length", 0)) or n_ff // max(n_expert_used, 1)) if spec.moe else 0,
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            n_ff_exp=n_ff_exp,
             **{k: float(v) for k, v in own.items()},
         )

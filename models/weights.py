@@ -118,7 +118,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + "ffn_norm.weight", D) if arch.pre_norms else None,
-            **(_experts(get, p, cfg) if arch.moe else {**_gate_up(tensors, get, p, D, F),
+            **(_experts(get, p, cfg) if cfg.n_expert else {**_gate_up(tensors, get, p, D, F),
                                                         "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
         ))

@@ -9,7 +9,7 @@ from infer.models.arch import names
 from infer.models.loader import load_model
 from tiny_models import write_tiny_model
 
-ARCHS = list(names())  # every registered architecture
+ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
 N_CTX = 64  # of every run here, llama.cpp's and ours (LongRoPE models pick their factors by it)
 PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 

@@ -41,6 +41,8 @@ ARCH_TYPES = {
     "qwen3moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
                  "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q5_0, "ffn_down_exps": GT.Q6_K,
                  "token_embd": GT.Q8_0},
+    "llama-moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q5_K,
+                  "token_embd": GT.Q8_0, "output": GT.Q8_0},
 }
 # A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
@@ -107,12 +109,15 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
 
 
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0) -> Path:
-    """A tiny random-weight model; split_max_tensors > 0 writes it as llama.cpp's gguf-split does,
-    in shards PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first)."""
+    """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout);
+    split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
+    PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first)."""
     rng = np.random.default_rng(seed)
+    moe = arch in ("qwen3moe", "llama-moe")
+    types = ARCH_TYPES[arch]
+    arch = "llama" if arch == "llama-moe" else arch
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
-    types = ARCH_TYPES[arch]
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
     w.add_rope_dimension_count(hd)
@@ -129,10 +134,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         for kind in ("long", "short"):
             w.add_tensor(f"rope_factors_{kind}.weight", rng.uniform(1.0, 6.0 if kind == "long" else 1.5,
                                                                       size=hd // 2).astype(np.float32))
-    if arch == "qwen3moe":
+    if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
-        w.add_expert_feed_forward_length(N_FF_EXP)
+        if arch == "qwen3moe":  # llama takes feed_forward_length as the experts' width
+            w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "granite":  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
         w.add_residual_scale(0.5)
@@ -183,16 +189,18 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "post_ffw_norm.weight", (D,))
         if arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
-        if arch == "qwen3moe":  # the router and the experts' 3-D tensors
-            add(p + "ffn_gate_inp.weight", (N_EXPERT, D), types["ffn_gate_inp"])
-            for name, shape in (("gate", (N_FF_EXP, D)), ("up", (N_FF_EXP, D)), ("down", (D, N_FF_EXP))):
-                add(p + f"ffn_{name}_exps.weight", (N_EXPERT, *shape), types[f"ffn_{name}_exps"])
+        if moe:  # the router and the experts' 3-D tensors
+            t = ARCH_TYPES["qwen3moe"]
+            Fe = N_FF_EXP if arch == "qwen3moe" else F
+            add(p + "ffn_gate_inp.weight", (N_EXPERT, D), t["ffn_gate_inp"])
+            for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
+                add(p + f"ffn_{name}_exps.weight", (N_EXPERT, *shape), t[f"ffn_{name}_exps"])
         elif arch == "phi3":  # gate and up in one matrix, gate first
             add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])
         else:
             add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
             add(p + "ffn_up.weight", (F, D), types["ffn_up"])
-        if arch != "qwen3moe":
+        if not moe:
             add(p + "ffn_down.weight", (D, F), types["ffn_down"])
     w.write_header_to_file()
     w.write_kv_data_to_file()

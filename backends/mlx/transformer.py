@@ -40,6 +40,7 @@ class _Layer:
     bqkv: mx.array | None  # the three biases side by side (qwen2)
     q_norm: mx.array | None
     k_norm: mx.array | None
+    experts: tuple = ()  # a mixture of experts: not run on this backend (refused at load)
 
     def arrays(self) -> list[mx.array]:
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down) for a in m.arrays()]

@@ -29,25 +29,18 @@ from typing import Any
 
 
 def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
-    """One pre-norm decoder layer (attention, then a gated FFN), with the optional post-norms.
-    nxt: (norm weight, tensor name, layer) of the norm that follows: the next layer's attn_norm, or
-    the output norm ("result_norm", -1)."""
+    """One pre-norm decoder layer (attention, then a gated FFN, or a mixture of experts where the
+    layer has experts), with the optional post-norms. nxt: (norm weight, tensor name, layer) of the
+    norm that follows: the next layer's attn_norm, or the output norm ("result_norm", -1)."""
     qkv = ops.linear(ly.qkv, h, "qkv", il)
     a = ops.attention(qkv, ly, il)
     o = ops.linear(ly.wo, a, "attn_out", il)
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
-    gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
-    o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
-    return ops.add_norm(x, o, ly.post_ffn_norm, nxt[0], il, "l_out", nxt[1], nxt[2])
-
-
-def moe_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
-    """dense_layer with a mixture of experts in place of the FFN (qwen3moe)."""
-    qkv = ops.linear(ly.qkv, h, "qkv", il)
-    a = ops.attention(qkv, ly, il)
-    o = ops.linear(ly.wo, a, "attn_out", il)
-    x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
-    o = ops.moe(h, ly, il)
+    if ly.experts:
+        o = ops.moe(h, ly, il)
+    else:
+        gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
+        o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
     return ops.add_norm(x, o, ly.post_ffn_norm, nxt[0], il, "l_out", nxt[1], nxt[2])
 
 

@@ -3,15 +3,12 @@ softmax router over expert_count experts, the top expert_used_count of them per 
 weights renormalized to sum 1, each a SwiGLU FFN of expert_feed_forward_length."""
 from __future__ import annotations
 
-from .decoder import moe_layer
 from .spec import Architecture
 
 ARCHITECTURE = Architecture(
     name="qwen3moe",
     rope_neox=True,
     qk_norm="head",
-    moe=True,
-    moe_norm_weights=True,
-    layer=moe_layer,
+    experts="always",
     chat_template="chatml",
 )

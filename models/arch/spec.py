@@ -47,10 +47,11 @@ class Architecture:
     swa_rope_scaled: bool = False
     prescale_q: bool = False  # Q multiplied by the attention scale before Q·K (gemma), not the product after
     default_softcaps: tuple[float, float] = (0.0, 0.0)  # (final logit, attention) when the metadata gives none
-    # a mixture of experts in place of the dense FFN: the router's softmax over all experts, the top
+    # a mixture of experts in place of the dense FFN ("never", "optional": where the metadata has an
+    # expert_count (llama: Mixtral), "always"): the router's softmax over all experts, the top
     # expert_used_count of them, their weights renormalized to sum 1 (moe_norm_weights)
-    moe: bool = False
-    moe_norm_weights: bool = False
+    experts: str = "never"
+    moe_norm_weights: bool = True
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
@@ -106,7 +107,7 @@ LLAMA2_TEMPLATE = r"""{%- if messages and messages[0]['role'] == 'system' -%}
 """
 
 # Families of architectures only the llama.cpp backend runs (infer's own name theirs in models/arch).
-_OTHER_FAMILIES = {"gemma": "gemma", "gemma3n": "gemma", "qwen2moe": "chatml", "qwen3moe": "chatml"}
+_OTHER_FAMILIES = MappingProxyType({"gemma": "gemma", "gemma3n": "gemma", "qwen2moe": "chatml"})
 
 
 def builtin_template(arch: str, tokenizer_model: str, pre: str | None) -> str:

@@ -13,12 +13,13 @@ class ModelConfigError(ValueError):
 
 
 def _rope_scale(get) -> float:
-    """The RoPE position multiplier: 1 / the linear scaling factor (other scalings are refused)."""
-    scaling = str(get("rope.scaling.type", "none"))
+    """The RoPE position multiplier: 1 / the linear scaling factor (other scalings are refused). As
+    llama.cpp: an absent rope.scaling.type is linear, and "none" never scales."""
+    scaling = str(get("rope.scaling.type", "linear"))
     factor = float(get("rope.scaling.factor", 0.0) or 0.0)
     if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
         raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
-    return 1.0 / factor if factor > 0 else 1.0
+    return 1.0 / factor if factor > 0 and scaling == "linear" else 1.0
 
 
 def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
@@ -122,6 +123,8 @@ class ModelConfig:
         n_head = int(get("attention.head_count", required=True))
         n_head_kv = int(get("attention.head_count_kv", n_head))
         n_layer = int(get("block_count", required=True))
+        if n_layer <= 0 or n_head <= 0 or n_embd <= 0:
+            raise ModelConfigError(f"{arch}: block_count, embedding_length and head_count must be positive")
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:

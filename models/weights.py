@@ -77,6 +77,9 @@ class Model:
         return replace(self, weights=replace(w, rope_freqs=w.rope_freqs_long))
 
 
+_USED_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias")
+
+
 def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str, cfg: ModelConfig) -> ModelWeights:
     """The weights `cfg` needs, by GGUF name, shapes checked. Matrices are QTensor or AffineTensor;
     vectors QTensor or float32 arrays."""
@@ -100,6 +103,9 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
         return t.raw.view(np.float32).reshape(n) if t.type_id == F32 else t.dequantize().reshape(n)
 
+    for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
+        if name.endswith(".bias") and not name.endswith(_USED_BIASES):
+            raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
     D, F = cfg.n_embd, cfg.n_ff
     q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     arch = cfg.architecture
@@ -141,7 +147,7 @@ def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
     if isinstance(t, QTensor):
         return QTensor(t.type_id, (hi - lo, t.shape[-1]), t.raw[lo:hi])
     if isinstance(t, AffineTensor):
-        raise ModelLoadError("a fused Q/K/V matrix in MLX's affine format is not supported")
+        raise ModelLoadError("a fused matrix (Q/K/V or gate/up) in MLX's affine format is not supported")
     return t[lo:hi]
 
 

@@ -134,3 +134,16 @@ def test_longrope_factors_follow_the_context(tmp_path):
         print(f"n_ctx {n_ctx}: max|ours-llama.cpp| {diff:.4g}")
         assert diff <= 0.02 * np.abs(ref).max()
     assert np.abs(out[300] - out[N_CTX]).max() > 0.1 * np.abs(out[N_CTX]).max()  # the factors took effect
+
+
+def test_tensors_infer_would_ignore_are_refused(tmp_path):
+    # a bias infer has no place for (granite's attn_output.bias, phi3's output.bias) must not be
+    # dropped silently: the file is refused in one line naming the tensor
+    from infer.models.gguf_file import read_gguf
+    from infer.models.weights import ModelLoadError, collect_weights
+
+    g = read_gguf(write_tiny_model(tmp_path / "tiny-granite.gguf", "granite", seed=1))
+    model = load_model(g.path)
+    extra = {**g.tensors, "blk.0.attn_output.bias": np.zeros(256, np.float32)}
+    with pytest.raises(ModelLoadError, match="'blk.0.attn_output.bias' is not supported"):
+        collect_weights(extra, g.path, model.config)

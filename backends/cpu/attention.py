@@ -272,11 +272,12 @@ def _round_weights(s, v):
 @njit(cache=True)
 def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, qd, k_pool, v_pool, slots,
              kf, vf, dxb, bsum, rot_k, rot_v):
-    # What follows the Q/K/V products, in one call: biases, per-head norms, RoPE, the Q prescale,
+    # What follows the Q/K/V products, in one call: biases, Q/K norms, RoPE, the Q prescale,
     # the rotation of Q and K by rot_k and of V by rot_v (0: none; kv_pool.rotation), Q prepared for
     # the products with K (prepare_q) and K, V written to the cache (kv_store).
     # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
-    # q_norm, k_norm: (hd,) or (0,); cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
+    # q_norm, k_norm: (hd,) per head, (H*hd,) / (Hkv*hd,) over the whole projection, or (0,) (heads_post)
+    # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
     # q: (T, H, hd) f32 out; qd: (T, H*hd // 16) f32 out, Q's q8_0 scales (q8_0 K only)
     # k_pool: (n_slots, Hkv, K row), v_pool: (n_slots, Hkv, V row): the layer's KV cache (kv_pool.py),
     #   token t written to row slots[t] (slots: (T,) int32)

@@ -1,13 +1,14 @@
 """The decoder's primitives (the layer recipe is models/arch/decoder.py) on the cpu backend's kernels.
 
 Every result lands in a buffer of the runner's Workspace, sized once, so a step allocates nothing
-but small views. Several primitives are one fused numba call: `attention` runs the biases, Q/K
-norms, RoPE, the cache write (qkv_post) and the attention itself; `add_norm` the residual add with
-the post-norm and the next norm (residual_norm). At a decode step Python dispatch is a noticeable
+but small views. The primitives are few, large numba calls: `attention` is two (qkv_post: the
+biases, Q/K norms, RoPE and the cache write; then the attention itself); `add_norm` one (the
+residual add with the post-norm and the next norm: residual_norm). At a decode step Python dispatch is a noticeable
 part of the time, so fewer, larger calls pay.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +28,9 @@ class CpuPrimitives:
     def __init__(self, runner: Any):
         cfg = runner.cfg
         arch = cfg.architecture
-        self.runner, self.cfg = runner, cfg
+        # a proxy: the runner holds these primitives, and a strong reference back would keep a
+        # dropped runner (and its packed weights) alive until the cycle collector runs
+        self.runner, self.cfg = weakref.proxy(runner), cfg
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
         self.gelu = arch.activation == "gelu"

@@ -38,7 +38,7 @@ class RowReader:
         self.raw = t.raw
         self.row_bytes = t.raw.shape[1]
         where = _file_offset(t.raw) if hasattr(os, "preadv") and t.raw.flags.c_contiguous else None
-        self._file = open(where[0], "rb", buffering=0) if where else None  # closed with the reader
+        self._file = open(where[0], "rb", buffering=0) if where else None  # closed with the reader (__del__)
         self._offset = where[1] if where else 0
 
     def gather(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -56,3 +56,6 @@ class RowReader:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+    def __del__(self) -> None:
+        self.close()

@@ -2,10 +2,11 @@
 
 A backend runs a model by giving `forward` an `ops` object with the primitives below and its
 layers prepared as it likes (packed weights on the cpu backend, MLX arrays on mlx): the recipe
-reads a layer's fields by role (qkv, wo, gate_up, down and the norm weights, None-like when the
-architecture has no such norm) and hands them back to the primitives untouched. Every primitive
-names its result with llama.cpp's tensor name ("attn_norm", "kqv_out", ...) and the layer, so a
-backend can trace each intermediate where llama.cpp's eval callback would see it
+reads a layer's fields by role (qkv, wo, gate_up, down, experts and the norm weights, None-like
+when the architecture has no such norm) and hands them back to the primitives untouched. Every
+primitive names its result and the layer, with llama.cpp's tensor name where llama.cpp has one
+("attn_norm", "kqv_out", ...; "qkv" and "ffn_gate_up" are infer's stacked products), so a backend
+can trace each intermediate where llama.cpp's eval callback would see it
 (scripts/compare_llamacpp.py) without a line here.
 
 The primitives (x: the residual stream, h: a normalized input, both (T, n_embd)):

@@ -1,6 +1,7 @@
 """Gemma 3 (text): embeddings scaled by sqrt(n_embd), GELU, per-head Q/K norms, norms after
-attention and after the FFN as well as before, Q scaled before Q·K, and five sliding-window layers
-for each global one (their own RoPE base). HF stores its norm weights as w - 1; the multimodal
+attention and after the FFN as well as before, Q scaled before Q·K (the 27B by 1/sqrt(n_embd /
+n_head), the others by 1/sqrt(head_dim)), and five sliding-window layers for each global one
+(their own RoPE base). HF stores its norm weights as w - 1; the multimodal
 checkpoints wrap the text model (text_config, language_model.* names) beside a vision tower that
 llama.cpp converts to a separate file."""
 from __future__ import annotations
@@ -17,7 +18,8 @@ from .spec import Architecture
 
 
 def scalars(get, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[str, float]:
-    return {"embed_scale": math.sqrt(n_embd)}
+    query_dim = n_embd // n_head if n_layer == 62 else head_dim  # 62 layers: the 27B, as llama.cpp
+    return {"embed_scale": math.sqrt(n_embd), "attn_scale": 1.0 / math.sqrt(query_dim)}
 
 
 def hf_text_hparams(config: dict[str, Any]) -> dict[str, Any]:
@@ -72,8 +74,7 @@ def hf_config(cfg, has_qkv_bias: bool) -> dict[str, Any]:
     return dict(
         hidden_activation="gelu_pytorch_tanh", rope_local_base_freq=cfg.rope_base_swa,
         sliding_window=cfg.sliding_window, sliding_window_pattern=cfg.architecture.swa_pattern,
-        # infer (as llama.cpp for these sizes) scales scores by 1/sqrt(head_dim)
-        query_pre_attn_scalar=cfg.head_dim,
+        query_pre_attn_scalar=round(cfg.attn_scale ** -2),
         final_logit_softcapping=cfg.final_logit_softcap or None,
         attn_logit_softcapping=cfg.attn_logit_softcap or None,
     )

@@ -1,7 +1,8 @@
 """IBM Granite 3.x (dense): the llama layer with four multipliers of its own, all from the metadata:
 embeddings times embedding_scale, each block's output times residual_scale before the residual
 add, Q·K times attention.scale (instead of 1/sqrt(head_dim)), and the logits divided by
-logit_scale. An absent or zero multiplier is 1 (attention: 1/sqrt(head_dim)), as in llama.cpp."""
+logit_scale. An absent or zero embedding, residual or attention multiplier is 1 (attention:
+1/sqrt(head_dim)), as in llama.cpp; logit_scale, which llama.cpp requires, is 1 when absent."""
 from __future__ import annotations
 
 from pathlib import Path

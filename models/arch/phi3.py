@@ -10,5 +10,6 @@ from .spec import Architecture
 ARCHITECTURE = Architecture(
     name="phi3",
     rope_neox=True,
+    prescale_q=True,  # Q times 1/sqrt(head_dim) before Q·K, as llama.cpp's phi3 graph
     chat_template="phi3",
 )

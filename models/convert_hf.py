@@ -126,9 +126,14 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
 
     out: list[SourceTensor] = []
     n_embd_rows = None
+    experts: dict[tuple[str, str], dict[int, tuple[str, StEntry]]] = {}
     for hf_name, e in entries.items():
         name = namer.text_name(hf_name)
         if name is None:
+            continue
+        m = _EXPERT.match(name)
+        if m:  # one expert's matrix: stacked with the others below
+            experts.setdefault((m[1], m[3]), {})[int(m[2])] = (hf_name, e)
             continue
         if name == "lm_head.weight" and tied:
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
@@ -159,12 +164,35 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             out_type = int(GT.F32)
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
         out.append(SourceTensor(gguf_name, tuple(shape), out_type, _loader(e, hf_name, steps)))
+    out += [_stacked_experts(namer, prefix, w, parts, folder) for (prefix, w), parts in experts.items()]
     if n_embd_rows is None:
         raise ConvertError(f"{folder}: the weights have no embedding tensor (model.embed_tokens.weight)")
     if rope_factors is not None:
         rf = rope_factors
         out.append(SourceTensor("rope_freqs.weight", rf.shape, int(GT.F32), lambda rf=rf: rf))
     return out, n_embd_rows
+
+
+# One expert's matrix in a mixture-of-experts checkpoint (qwen3moe: mlp.experts.E.gate_proj; Mixtral:
+# block_sparse_moe.experts.E.w1): llama.cpp's converter stacks each layer's into one 3-D tensor.
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def _stacked_experts(namer: TensorNamer, prefix: str, w: str, parts: dict[int, tuple[str, StEntry]],
+                     folder: Path) -> SourceTensor:
+    """The (n_expert, rows, cols) tensor of one layer's experts' `w` matrices, stacked in expert order."""
+    if sorted(parts) != list(range(len(parts))):
+        raise ConvertError(f"{folder}: {prefix}: experts {sorted(parts)} are not 0..{len(parts) - 1}")
+    entries = [parts[i][1] for i in range(len(parts))]
+    if len({(e.dtype, tuple(e.shape)) for e in entries}) != 1 or entries[0].dtype not in ST_DTYPES:
+        raise ConvertError(f"{folder}: {prefix}.*.{w}: the experts' matrices differ in dtype or shape")
+    name = namer.gguf_name(f"{prefix}.{w}.weight", entries[0].path)
+    names = [parts[i][0] for i in range(len(parts))]
+
+    def load() -> np.ndarray:
+        return np.stack([st_array(e, n) for e, n in zip(entries, names)])
+
+    return SourceTensor(name, (len(parts), *entries[0].shape), int(ST_DTYPES[entries[0].dtype][1]), load)
 
 
 def permuted_heads(spec, hf_name: str, n_head: int, n_head_kv: int) -> int:

@@ -53,6 +53,10 @@ class Shape:
     n_vocab: int
     tied: bool  # output projection shares the token embedding
     rope_base: float
+    head_dim: int = 0  # 0: n_embd / n_head
+    n_expert: int = 0  # a mixture of experts (qwen3moe): experts, used per token, each one's width
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -62,6 +66,8 @@ SHAPES = {
     "deepseek-r1-qwen-1.5b": Shape("qwen2", 1536, 8960, 28, 12, 2, 151936, False, 1e4),
     "llama-3.2-3b": Shape("llama", 3072, 8192, 28, 24, 8, 128256, True, 5e5),
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 1e6),
+    # Qwen3-30B-A3B's layers (128 experts of width 768, 8 per token), 4 of its 48 to fit this machine
+    "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, False, 1e6, 128, 128, 8, 768),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7}
@@ -74,7 +80,8 @@ def write_f16(shape: Shape, path: Path) -> None:
     rng = np.random.default_rng(0)
     pool = (rng.standard_normal(1 << 24) * 0.02).astype(np.float16)
     D, F, H, Hkv = shape.n_embd, shape.n_ff, shape.n_head, shape.n_head_kv
-    hd = D // H
+    hd = shape.head_dim or D // H
+    E, Fe = shape.n_expert, shape.n_ff_exp
     tensors: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (shape.n_vocab, D), True),
                                                        ("output_norm.weight", (D,), False)]
     if not shape.tied:
@@ -83,9 +90,14 @@ def write_f16(shape: Shape, path: Path) -> None:
         p = f"blk.{i}."
         tensors += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
                     (p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
-                    (p + "attn_output.weight", (D, H * hd), True), (p + "ffn_norm.weight", (D,), False),
-                    (p + "ffn_gate.weight", (F, D), True), (p + "ffn_up.weight", (F, D), True),
-                    (p + "ffn_down.weight", (D, F), True)]
+                    (p + "attn_output.weight", (D, H * hd), True), (p + "ffn_norm.weight", (D,), False)]
+        if E:  # the router and the experts' 3-D tensors; qwen3's Q/K norms
+            tensors += [(p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False),
+                        (p + "ffn_gate_inp.weight", (E, D), True), (p + "ffn_gate_exps.weight", (E, Fe, D), True),
+                        (p + "ffn_up_exps.weight", (E, Fe, D), True), (p + "ffn_down_exps.weight", (E, D, Fe), True)]
+        else:
+            tensors += [(p + "ffn_gate.weight", (F, D), True), (p + "ffn_up.weight", (F, D), True),
+                        (p + "ffn_down.weight", (D, F), True)]
         if shape.arch == "qwen2":
             tensors += [(p + "attn_q.bias", (H * hd,), False), (p + "attn_k.bias", (Hkv * hd,), False),
                         (p + "attn_v.bias", (Hkv * hd,), False)]
@@ -98,6 +110,13 @@ def write_f16(shape: Shape, path: Path) -> None:
     w.add_feed_forward_length(F)
     w.add_head_count(H)
     w.add_head_count_kv(Hkv)
+    if shape.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(shape.n_expert_used)
+        w.add_expert_feed_forward_length(Fe)
     w.add_rope_freq_base(shape.rope_base)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(1)  # MOSTLY_F16
@@ -257,11 +276,15 @@ def load_times(server: Path, model: Path, threads: int, cache_type: str) -> tupl
 
 def bytes_per_token(path: Path) -> int:
     """Weight bytes one decode step reads: every tensor but the token embedding (one row of it),
-    unless the output projection is the embedding itself."""
+    unless the output projection is the embedding itself; of a mixture of experts' 3-D tensors,
+    the share of the experts a token uses."""
     from infer.models.gguf_file import read_gguf
 
-    t = read_gguf(path).tensors
-    return sum(x.raw.nbytes for x in t.values()) - (t["token_embd.weight"].raw.nbytes if "output.weight" in t else 0)
+    g = read_gguf(path)
+    t, arch = g.tensors, g.metadata["general.architecture"]
+    used = g.metadata.get(f"{arch}.expert_used_count", 1) / g.metadata.get(f"{arch}.expert_count", 1)
+    total = sum(x.raw.nbytes * (used if "_exps." in name else 1) for name, x in t.items())
+    return int(total) - (t["token_embd.weight"].raw.nbytes if "output.weight" in t else 0)
 
 
 def read_bandwidth(threads: int) -> float:

@@ -30,6 +30,8 @@ SPECIALS = {
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 D, H, HKV, HD, F = 256, 4, 2, 64, 512
+# The tiny Qwen3-MoE: 8 experts of width 256, 3 per token
+MOE_EXPERTS, MOE_USED, MOE_FF = 8, 3, 256
 # Granite's config.json multipliers, each away from 1 (attention: instead of 1/sqrt(head_dim))
 GRANITE_MULTIPLIERS = {"embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.09,
                        "logits_scaling": 4.0}
@@ -80,22 +82,28 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     """A tiny random checkpoint; returns the float32 weights as the HF model computes with them."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    style = "llama" if arch == "llama" else "qwen"
+    style = "llama" if arch in ("llama", "mixtral") else "qwen"
     tok = train_bpe(style)
     tok.save(str(folder / "tokenizer.json"))
     n_tok = tok.get_vocab_size()
     vocab = n_tok + (6 if arch == "qwen2" else 0)  # qwen pads its embedding past the tokenizer
-    tied = arch in ("qwen2", "qwen3", "granite")
+    tied = arch in ("qwen2", "qwen3", "granite", "qwen3moe")
     n_layer = 2
-    cfg = {"model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                                  "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM",
-                                                  "olmo2": "Olmo2ForCausalLM"}[arch]],
+    cfg = {"model_type": "qwen3_moe" if arch == "qwen3moe" else arch,
+           "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                              "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                              "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}[arch]],
            "hidden_size": D, "intermediate_size": F, "num_hidden_layers": n_layer, "num_attention_heads": H,
            "num_key_value_heads": HKV, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
            "rope_theta": 10000.0 if arch == "llama" else 1000000.0, "vocab_size": vocab,
            "tie_word_embeddings": tied, "torch_dtype": "float32"}
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         cfg["head_dim"] = HD
+    if arch == "qwen3moe":
+        cfg.update(num_experts=MOE_EXPERTS, num_experts_per_tok=MOE_USED, moe_intermediate_size=MOE_FF,
+                   norm_topk_prob=True)
+    if arch == "mixtral":  # its experts are intermediate_size wide
+        cfg.update(num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_USED)
     cfg.update(GRANITE_MULTIPLIERS if arch == "granite" else {})
     ids = {t: tok.token_to_id(t) for t in SPECIALS[style]}
     bos = ids["<|begin_of_text|>"] if style == "llama" else None
@@ -122,7 +130,8 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
             stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
 
     # Matrix dtypes: llama F32 with BF16 attention, qwen2 F16, qwen3 BF16.
-    mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16", "granite": "BF16", "olmo2": "F32"}[arch]
+    mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16", "granite": "BF16", "olmo2": "F32", "qwen3moe": "BF16",
+           "mixtral": "F16"}[arch]
     attn = "BF16" if arch in ("llama", "olmo2") else mat
     normal = lambda *s: rng.normal(0, 0.02, size=s)
     norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
@@ -142,19 +151,53 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
         if arch == "qwen2":
             for n, rows in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD)):
                 add(p + f"self_attn.{n}_proj.bias", rng.normal(0, 0.1, size=rows), "F32")
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             add(p + "self_attn.q_norm.weight", norm(HD), "F32")
             add(p + "self_attn.k_norm.weight", norm(HD), "F32")
         if arch == "olmo2":  # over the whole projection
             add(p + "self_attn.q_norm.weight", norm(H * HD), "F32")
             add(p + "self_attn.k_norm.weight", norm(HKV * HD), "F32")
             add(p + "post_feedforward_layernorm.weight", norm(D), "F32")
+        if arch == "qwen3moe":  # the router and each expert's own matrices, as HF stores them
+            add(p + "mlp.gate.weight", normal(MOE_EXPERTS, D) * 20, mat)  # a router that prefers some experts
+            for x in range(MOE_EXPERTS):
+                add(p + f"mlp.experts.{x}.gate_proj.weight", normal(MOE_FF, D), mat)
+                add(p + f"mlp.experts.{x}.up_proj.weight", normal(MOE_FF, D), mat)
+                add(p + f"mlp.experts.{x}.down_proj.weight", normal(D, MOE_FF), mat)
+            continue
+        if arch == "mixtral":  # block_sparse_moe: gate, experts.E.w1 (gate) / w3 (up) / w2 (down)
+            add(p + "block_sparse_moe.gate.weight", normal(MOE_EXPERTS, D) * 20, mat)
+            for x in range(MOE_EXPERTS):
+                add(p + f"block_sparse_moe.experts.{x}.w1.weight", normal(F, D), mat)
+                add(p + f"block_sparse_moe.experts.{x}.w3.weight", normal(F, D), mat)
+                add(p + f"block_sparse_moe.experts.{x}.w2.weight", normal(D, F), mat)
+            continue
         add(p + "mlp.gate_proj.weight", normal(F, D), mat)
         add(p + "mlp.up_proj.weight", normal(F, D), mat)
         add(p + "mlp.down_proj.weight", normal(D, F), mat)
     stored["model.layers.0.self_attn.rotary_emb.inv_freq"] = (np.zeros(HD // 2, np.float32), "F32")  # skipped
     write_safetensors(folder / "model.safetensors", stored)
     return weights
+
+
+def _moe(w: dict[str, np.ndarray], p: str, h: np.ndarray, arch: str) -> np.ndarray:
+    """Qwen3-MoE's and Mixtral's sparse block: softmax over the router's logits, the top experts,
+    their weights renormalized, each expert's SwiGLU weighted and summed."""
+    names = {"qwen3moe": ("mlp.gate", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj"),
+             "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{}.", "w1", "w3", "w2")}[arch]
+    logits = h @ w[p + names[0] + ".weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        top = np.argsort(-probs[t])[:MOE_USED]
+        weights = probs[t, top] / probs[t, top].sum()
+        for x, wt in zip(top, weights):
+            e = p + names[1].format(x)
+            g = h[t] @ w[e + names[2] + ".weight"].T
+            u, d = w[e + names[3] + ".weight"], w[e + names[4] + ".weight"]
+            out[t] += wt * (((g / (1 + np.exp(-g))) * (h[t] @ u.T)) @ d.T)
+    return out
 
 
 def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarray:
@@ -182,7 +225,7 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
         if arch == "olmo2":
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k = rope(q), rope(k)
         k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
@@ -197,8 +240,11 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
         else:
             x = x + o * gm["residual_multiplier"]
             h = rms(x, w[p + "post_attention_layernorm.weight"])
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        m = ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        if arch in ("qwen3moe", "mixtral"):
+            m = _moe(w, p, h, arch)
+        else:
+            g = h @ w[p + "mlp.gate_proj.weight"].T
+            m = ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
         if arch == "olmo2":
             m = rms(m, w[p + "post_feedforward_layernorm.weight"])
         x = x + m * gm["residual_multiplier"]

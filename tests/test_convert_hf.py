@@ -25,7 +25,9 @@ from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WIN
 llama_cpp = pytest.importorskip("llama_cpp")
 
 
-BPE_ARCHS = ["llama", "qwen2", "qwen3", "granite", "olmo2"]
+BPE_ARCHS = ["llama", "qwen2", "qwen3", "granite", "olmo2", "qwen3moe", "mixtral"]
+GGUF_ARCH = {"mixtral": "llama"}  # HF model types llama.cpp converts to another architecture
+LLAMA3_VOCAB = ("llama", "mixtral")  # the folders with the Llama 3-style tokenizer (tests/hf_models.py)
 
 
 @pytest.fixture(scope="module", params=BPE_ARCHS)
@@ -41,23 +43,27 @@ def test_metadata_and_tensors(converted):
     arch, folder, _, out = converted
     r = gguf.GGUFReader(out)
     kv = {f.name: f.contents() for f in r.fields.values()}
-    assert kv["general.architecture"] == arch
-    assert kv[f"{arch}.block_count"] == 2 and kv[f"{arch}.embedding_length"] == D
-    assert kv[f"{arch}.attention.head_count_kv"] == HKV and kv[f"{arch}.feed_forward_length"] == F
+    ga = GGUF_ARCH.get(arch, arch)
+    assert kv["general.architecture"] == ga
+    assert kv[f"{ga}.block_count"] == 2 and kv[f"{ga}.embedding_length"] == D
+    assert kv[f"{ga}.attention.head_count_kv"] == HKV and kv[f"{ga}.feed_forward_length"] == F
     assert kv["tokenizer.ggml.model"] == "gpt2"
-    assert kv["tokenizer.ggml.pre"] == ("llama-bpe" if arch == "llama" else "qwen2")
+    assert kv["tokenizer.ggml.pre"] == ("llama-bpe" if arch in LLAMA3_VOCAB else "qwen2")
     assert kv["tokenizer.chat_template"] == CHAT_TEMPLATE
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    eos = "<|eot_id|>" if arch == "llama" else "<|im_end|>"
+    eos = "<|eot_id|>" if arch in LLAMA3_VOCAB else "<|im_end|>"
     assert kv["tokenizer.ggml.eos_token_id"] == hf.token_to_id(eos)
-    assert kv["tokenizer.ggml.add_bos_token"] is (arch == "llama")
+    assert kv["tokenizer.ggml.add_bos_token"] is (arch in LLAMA3_VOCAB)
     names = {t.name: t for t in r.tensors}
-    assert ("output.weight" in names) is (arch in ("llama", "olmo2"))  # tied embeddings write no output matrix
+    assert ("output.weight" in names) is (arch in ("llama", "olmo2", "mixtral"))  # tied embeddings write no output matrix
     assert not any("rotary" in n for n in names)
+    if arch in ("qwen3moe", "mixtral"):  # no dense FFN: the experts stacked into 3-D tensors, as llama.cpp's converter
+        assert names["blk.0.ffn_up_exps.weight"].shape.tolist()[::-1] == [8, 256 if arch == "qwen3moe" else F, D]
+        names["blk.0.ffn_up.weight"] = names["blk.0.ffn_up_exps.weight"]
     types = {gguf.GGMLQuantizationType(names["blk.0.attn_q.weight"].tensor_type).name,
              gguf.GGMLQuantizationType(names["blk.0.ffn_up.weight"].tensor_type).name}
     assert types == {"llama": {"BF16", "F32"}, "qwen2": {"F16"}, "qwen3": {"BF16"}, "granite": {"BF16"},
-                     "olmo2": {"BF16", "F32"}}[arch]
+                     "olmo2": {"BF16", "F32"}, "qwen3moe": {"BF16"}, "mixtral": {"F16"}}[arch]
     norm = "blk.0.post_ffw_norm.weight" if arch == "olmo2" else "blk.0.ffn_norm.weight"
     assert gguf.GGMLQuantizationType(names[norm].tensor_type).name == "F32"
     if arch == "granite":  # its multipliers, as llama.cpp's converter names them
@@ -78,8 +84,8 @@ def test_llama_cpp_tokenizes_like_hf(converted):
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == want, text
         assert ours.encode(text, add_special=False) == want, text
     bos = hf.token_to_id("<|begin_of_text|>")
-    assert (llm.tokenize(b"Hi", add_bos=True)[0] == bos) is (arch == "llama")
-    im_end = "<|eot_id|>" if arch == "llama" else "<|im_end|>"
+    assert (llm.tokenize(b"Hi", add_bos=True)[0] == bos) is (arch in LLAMA3_VOCAB)
+    im_end = "<|eot_id|>" if arch in LLAMA3_VOCAB else "<|im_end|>"
     assert llm.tokenize(im_end.encode(), add_bos=False, special=True) == [hf.token_to_id(im_end)]
     llm.close()
 
@@ -111,14 +117,14 @@ def test_logits_match_hf_math_llama_cpp_and_infer(converted):
 def test_lazy_tensors_and_shapes(converted):
     arch, folder, weights, _ = converted
     src = source_from_hf(folder)
-    assert src.arch == arch
+    assert src.arch == GGUF_ARCH.get(arch, arch)
     by_name = {t.name: t for t in src.tensors}
     q = by_name["blk.0.attn_q.weight"]
     assert q.shape == (H * HD, D)
     data = q.load()
     got = from_bf16(data) if q.type_id == gguf.GGMLQuantizationType.BF16 else data.astype(np.float32)
     hfq = weights["model.layers.0.self_attn.q_proj.weight"]
-    if arch in ("llama", "granite"):  # rows of each head interleaved: row 2j came from j, row 2j+1 from j + HD/2
+    if arch in ("llama", "granite", "mixtral"):  # rows of each head interleaved: row 2j came from j, row 2j+1 from j + HD/2
         np.testing.assert_array_equal(got[1], hfq[HD // 2])
         np.testing.assert_array_equal(got[2], hfq[1])
     else:
@@ -149,7 +155,7 @@ def test_unsupported_model_type(small_folder):
     cfg = json.loads((small_folder / "config.json").read_text())
     cfg["model_type"] = "mamba"
     (small_folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConvertError, match=r"'mamba'.*llama, qwen2, qwen3, gemma3"):
+    with pytest.raises(ConvertError, match=r"'mamba'.*llama, mixtral, qwen2, qwen3, gemma3.*qwen3_moe"):
         source_from_hf(small_folder)
 
 

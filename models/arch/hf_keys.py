@@ -86,6 +86,10 @@ def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) ->
         kv.u32("{arch}.attention.key_length", head_dim)
         kv.u32("{arch}.attention.value_length", head_dim)
     n_rot = int(head_dim) if head_dim is not None else n_embd // n_head
+    n_expert = hp.get("num_local_experts", hp.get("num_experts"))
+    if n_expert:  # a mixture of experts (the converter's TextModel writes these for any architecture)
+        kv.u32("{arch}.expert_count", n_expert)
+        kv.u32("{arch}.expert_used_count", need(hp, "num_experts_per_tok", path))
     if llama:
         kv.u32("{arch}.vocab_size", need(hp, "vocab_size", path))
         kv.u32("{arch}.rope.dimension_count", n_rot)

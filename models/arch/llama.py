@@ -11,7 +11,7 @@ from .spec import Architecture
 ARCHITECTURE = Architecture(
     name="llama",
     rope_neox=False,
-    hf_model_types=("llama",),
+    hf_model_types=("llama", "mixtral"),
     hf_class="LlamaForCausalLM",
     experts="optional",  # Mixtral: expert_count, ffn_gate_inp and ffn_{gate,up,down}_exps
     hf_permute_qk=True,

@@ -39,7 +39,7 @@ ARCH_TYPES = {
     "phi3": {"attn_qkv": GT.Q4_K, "attn_output": GT.Q5_K, "ffn_up": GT.Q4_K, "ffn_down": GT.Q8_0,
              "token_embd": GT.Q8_0, "output": GT.Q5_0},
     "qwen3moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
-                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q5_0, "ffn_down_exps": GT.Q6_K,
+                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q5_0, "ffn_down_exps": GT.Q8_0,
                  "token_embd": GT.Q8_0},
     "llama-moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q5_K,
                   "token_embd": GT.Q8_0, "output": GT.Q8_0},
@@ -154,6 +154,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             return
         data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)  # 3-D: experts' rows
         data = data.reshape(*shape[:-1], -1)
+        if name.endswith("ffn_gate_inp.weight"):  # a decisive router: near-ties would let 1-ulp
+            data = data * np.float32(20)  # roundings pick other experts (F32, so scaling is exact)
         if qt in (GT.F32, GT.F16):
             w.add_tensor(name, data)
         else:

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from infer.backends.batch import Batch
+from infer.backends.cpu.moe import route
 from infer.backends.cpu.ops import rope_cache
 
 from .attention import AttentionPlan, as_dtype
@@ -124,10 +125,33 @@ class MlxPrimitives:
         return x, self._norm(x, w)
 
     def glu(self, gu: mx.array, il: int) -> mx.array:
-        F = self.cfg.n_ff
+        F = gu.shape[-1] // 2  # n_ff, or an expert's width
         gate, up = gu[:, :F], gu[:, F:]
         act = gelu_ggml(gate) if self.cfg.architecture.activation == "gelu" else gate / (1.0 + mx.exp(-gate))
         return act * up
+
+    def moe(self, h: mx.array, ly: Any, il: int) -> mx.array:
+        """The mixture of experts: the router evaluated, the choice made as the cpu backend makes it
+        (backends/cpu/moe.py's route), then each expert the batch uses once, on its tokens."""
+        cfg, T = self.cfg, self.T
+        k = cfg.n_expert_used
+        logits = np.ascontiguousarray(np.array(self.linear(ly.router, h, "ffn_moe_logits", il)), np.float32)
+        sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
+        route(logits, k, cfg.architecture.moe_norm_weights, sel, w)
+        slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
+        flat = sel.reshape(-1)
+        for e in np.unique(flat).tolist():
+            where = np.flatnonzero(flat == e)  # slots t * k + j routed to e
+            x = h[mx.array(where // k)]
+            gate_up, down = ly.experts[e]
+            y = self.linear(down, self.glu(self.linear(gate_up, x, "ffn_gate_up", il), il), "ffn_out", il)
+            slots[mx.array(where)] = y
+        slots = slots.reshape(T, k, cfg.n_embd)
+        wts = mx.array(w)[:, :, None]
+        out = slots[:, 0] * wts[:, 0]
+        for j in range(1, k):  # the slots added in order, as llama.cpp
+            out = out + slots[:, j] * wts[:, j]
+        return out
 
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""

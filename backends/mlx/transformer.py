@@ -40,10 +40,13 @@ class _Layer:
     bqkv: mx.array | None  # the three biases side by side (qwen2)
     q_norm: mx.array | None
     k_norm: mx.array | None
-    experts: tuple = ()  # a mixture of experts: not run on this backend (refused at load)
+    router: list[Matrix]  # a mixture of experts: the router, and per expert (gate_up, down)
+    experts: list
 
     def arrays(self) -> list[mx.array]:
-        mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down) for a in m.arrays()]
+        experts = [m for gu, d in self.experts for m in (*gu, *d)]
+        mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts)
+                for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)]
 
 
@@ -61,9 +64,6 @@ class MlxTransformer:
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
             raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
                                "run on --backend cpu or llama.cpp")
-        if config.n_expert:
-            raise BackendError(f"the mlx backend does not run mixture-of-experts models ({config.arch}) yet; "
-                               "use --backend cpu or llama.cpp")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
@@ -89,9 +89,13 @@ class MlxTransformer:
                          config.n_head_kv * config.head_dim_v)
                 bqkv = mx.array(np.concatenate([np.zeros(n, np.float32) if b is None else np.asarray(b, np.float32)
                                                 for b, n in zip(biases, sizes)]))
+            dense = lw.w_gate is not None
             self.layers.append(_Layer(
                 qkv=_products([up(lw.wq), up(lw.wk), up(lw.wv)]), wo=[up(lw.wo)],
-                gate_up=_products([up(lw.w_gate), up(lw.w_up)]), down=[up(lw.w_down)],
+                gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
+                down=[up(lw.w_down)] if dense else [],
+                router=[] if dense else [up(lw.router)],
+                experts=[(_products([up(g), up(u)]), [up(d)]) for g, u, d in lw.experts],
                 attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
                 post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
                 bqkv=bqkv, q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),

@@ -92,7 +92,8 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     cfg = {"model_type": "qwen3_moe" if arch == "qwen3moe" else arch,
            "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                               "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
-                              "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}[arch]],
+                              "qwen3moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+                              "phi3": "Phi3ForCausalLM"}[arch]],
            "hidden_size": D, "intermediate_size": F, "num_hidden_layers": n_layer, "num_attention_heads": H,
            "num_key_value_heads": HKV, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
            "rope_theta": 10000.0 if arch == "llama" else 1000000.0, "vocab_size": vocab,
@@ -111,6 +112,7 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     cfg.update(bos_token_id=bos, eos_token_id=eos)
     (folder / "config.json").write_text(json.dumps(cfg))
     tcfg = {"add_bos_token": style == "llama", "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
+            "tokenizer_class": "GPT2Tokenizer" if arch == "phi3" else "PreTrainedTokenizerFast",
             "bos_token": "<|begin_of_text|>" if style == "llama" else None,
             "eos_token": SPECIALS[style][2], "pad_token": SPECIALS[style][1 if style == "llama" else 0],
             "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS[style]}}
@@ -131,7 +133,7 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
 
     # Matrix dtypes: llama F32 with BF16 attention, qwen2 F16, qwen3 BF16.
     mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16", "granite": "BF16", "olmo2": "F32", "qwen3moe": "BF16",
-           "mixtral": "F16"}[arch]
+           "mixtral": "F16", "phi3": "BF16"}[arch]
     attn = "BF16" if arch in ("llama", "olmo2") else mat
     normal = lambda *s: rng.normal(0, 0.02, size=s)
     norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
@@ -144,9 +146,12 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
         if arch != "olmo2":  # olmo2 normalizes each block's output instead (post_feedforward_layernorm)
             add(p + "input_layernorm.weight", norm(D), "F32")
         add(p + "post_attention_layernorm.weight", norm(D), "BF16" if arch == "qwen3" else "F32")
-        add(p + "self_attn.q_proj.weight", normal(H * HD, D), attn)
-        add(p + "self_attn.k_proj.weight", normal(HKV * HD, D), attn)
-        add(p + "self_attn.v_proj.weight", normal(HKV * HD, D), attn)
+        if arch == "phi3":  # Q, K, V in one matrix
+            add(p + "self_attn.qkv_proj.weight", normal((H + 2 * HKV) * HD, D), attn)
+        else:
+            add(p + "self_attn.q_proj.weight", normal(H * HD, D), attn)
+            add(p + "self_attn.k_proj.weight", normal(HKV * HD, D), attn)
+            add(p + "self_attn.v_proj.weight", normal(HKV * HD, D), attn)
         add(p + "self_attn.o_proj.weight", normal(D, H * HD), mat)
         if arch == "qwen2":
             for n, rows in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD)):
@@ -172,8 +177,11 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
                 add(p + f"block_sparse_moe.experts.{x}.w3.weight", normal(F, D), mat)
                 add(p + f"block_sparse_moe.experts.{x}.w2.weight", normal(D, F), mat)
             continue
-        add(p + "mlp.gate_proj.weight", normal(F, D), mat)
-        add(p + "mlp.up_proj.weight", normal(F, D), mat)
+        if arch == "phi3":  # gate and up in one matrix, gate first
+            add(p + "mlp.gate_up_proj.weight", normal(2 * F, D), mat)
+        else:
+            add(p + "mlp.gate_proj.weight", normal(F, D), mat)
+            add(p + "mlp.up_proj.weight", normal(F, D), mat)
         add(p + "mlp.down_proj.weight", normal(D, F), mat)
     stored["model.layers.0.self_attn.rotary_emb.inv_freq"] = (np.zeros(HD // 2, np.float32), "F32")  # skipped
     write_safetensors(folder / "model.safetensors", stored)
@@ -220,8 +228,11 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
     for i in range(2):
         p = f"model.layers.{i}."
         h = x if arch == "olmo2" else rms(x, w[p + "input_layernorm.weight"])
-        q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)
-                   for n in "qkv")
+        if arch == "phi3":
+            q, k, v = np.split(h @ w[p + "self_attn.qkv_proj.weight"].T, [H * HD, (H + HKV) * HD], axis=-1)
+        else:
+            q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].T + w.get(p + f"self_attn.{n}_proj.bias", 0)
+                       for n in "qkv")
         if arch == "olmo2":
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
@@ -242,6 +253,9 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
             h = rms(x, w[p + "post_attention_layernorm.weight"])
         if arch in ("qwen3moe", "mixtral"):
             m = _moe(w, p, h, arch)
+        elif arch == "phi3":
+            g, u = np.split(h @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+            m = ((g / (1 + np.exp(-g))) * u) @ w[p + "mlp.down_proj.weight"].T
         else:
             g = h @ w[p + "mlp.gate_proj.weight"].T
             m = ((g / (1 + np.exp(-g))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T

@@ -5,11 +5,48 @@ beyond (models/weights.py Model.for_context), and cos/sin scaled by rope.scaling
 Their sliding window is ignored, as llama.cpp (this version) does: it disables Phi's SWA."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+from ..hf_files import ConvertError, Kvs
+from .hf_keys import head_counts, need, rope_scaling, rope_theta
 from .spec import Architecture
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
+    """llama.cpp's Phi3MiniModel keys, for the folders infer converts: a GPT2Tokenizer vocabulary
+    (Phi-4; Phi-3's SentencePiece one has its own rules there) and no LongRoPE factors."""
+    tok_cfg = path.parent / "tokenizer_config.json"
+    tok_class = json.loads(tok_cfg.read_text()).get("tokenizer_class") if tok_cfg.is_file() else None
+    if tok_class != "GPT2Tokenizer":
+        raise ConvertError(f"{path}: phi3 folders with a SentencePiece tokenizer (Phi-3) are not converted yet; "
+                           "Phi-4's (GPT2Tokenizer) are")
+    if (rope_scaling(hp) or {}).get("long_factor") is not None:
+        raise ConvertError(f"{path}: phi3 LongRoPE factors (the 128k models) are not converted yet")
+    n_embd = int(need(hp, "hidden_size", path))
+    n_head, n_head_kv = head_counts(hp, path)
+    n_ctx = need(hp, "max_position_embeddings", path)
+    kv.u32("{arch}.context_length", n_ctx)
+    kv.u32("{arch}.rope.scaling.original_context_length", hp.get("original_max_position_embeddings") or n_ctx)
+    kv.u32("{arch}.embedding_length", n_embd)
+    kv.u32("{arch}.feed_forward_length", need(hp, "intermediate_size", path))
+    kv.u32("{arch}.block_count", need(hp, "num_hidden_layers", path))
+    kv.u32("{arch}.attention.head_count", n_head)
+    kv.u32("{arch}.attention.head_count_kv", n_head_kv)
+    kv.f32("{arch}.attention.layer_norm_rms_epsilon", need(hp, "rms_norm_eps", path))
+    kv.u32("{arch}.rope.dimension_count", int(float(hp.get("partial_rotary_factor", 1.0)) * n_embd) // n_head)
+    kv.f32("{arch}.rope.freq_base", rope_theta(hp, 10000.0))
+    kv.u32("{arch}.attention.sliding_window", hp.get("sliding_window") or 0)
+    return None
+
 
 ARCHITECTURE = Architecture(
     name="phi3",
     rope_neox=True,
     prescale_q=True,  # Q times 1/sqrt(head_dim) before Q·K, as llama.cpp's phi3 graph
+    hf_model_types=("phi3",),
+    hf_class="Phi3ForCausalLM",
+    hf_kvs=hf_kvs,
     chat_template="phi3",
 )

@@ -15,13 +15,12 @@ from numba import njit
 
 
 @njit(cache=True)
-def route(logits, k, norm, sel, w):
-    # logits: (T, E) f32, the router's product; sel: (T, k) int32 out, the k experts of each token,
+def route(logits, k, norm, sel, w, p):
+    # logits: (T, E) f32, the router's product; p: (E,) f32 scratch; sel: (T, k) int32 out, the k experts of each token,
     # most probable first (ggml_argsort_top_k); w: (T, k) f32 out, their softmax probabilities
     # (ggml_soft_max: exp(x - max) summed in double, times the f32 of 1/sum), renormalized to sum 1
     # if norm (ggml: the f32 sum clamped at 2^-14, then divided)
     T, E = logits.shape
-    p = np.empty(E, np.float32)
     for t in range(T):
         mx = logits[t, 0]
         for e in range(1, E):
@@ -54,9 +53,9 @@ def route(logits, k, norm, sel, w):
 
 
 @njit(cache=True)
-def group(sel, starts, order):
+def group(sel, starts, order, fill):
     # sel: (T, k) int32 experts; starts: (E + 1,) int32 out; order: (T * k,) int32 out: the slots
-    # t * k + j routed to expert e are order[starts[e]:starts[e + 1]], tokens in order
+    # t * k + j routed to expert e are order[starts[e]:starts[e + 1]], tokens in order; fill: (E,) int32 scratch
     T, k = sel.shape
     E = starts.shape[0] - 1
     starts[:] = 0
@@ -65,7 +64,7 @@ def group(sel, starts, order):
             starts[sel[t, j] + 1] += 1
     for e in range(E):
         starts[e + 1] += starts[e]
-    fill = starts[:E].copy()
+    fill[:] = starts[:E]
     for t in range(T):
         for j in range(k):
             e = sel[t, j]

@@ -126,8 +126,8 @@ class CpuPrimitives:
         logits, sel, wts = ws.router[:T], ws.sel[:T], ws.wts[:T]
         for w, col in ly.router:
             qmatmul(w, h, logits, mm, col)
-        route(logits, k, cfg.architecture.moe_norm_weights, sel, wts)
-        group(sel, ws.starts, ws.order[:T * k])
+        route(logits, k, cfg.architecture.moe_norm_weights, sel, wts, ws.probs)
+        group(sel, ws.starts, ws.order[:T * k], ws.fill)
         starts = ws.starts
         for e in np.flatnonzero(starts[1:] - starts[:-1]).tolist():
             slots = ws.order[starts[e]:starts[e + 1]]

@@ -150,7 +150,9 @@ class Workspace:
             self.router = np.zeros((T, E), f32)
             self.sel = np.zeros((T, k), np.int32)
             self.wts = np.zeros((T, k), f32)
+            self.probs = np.zeros(E, f32)  # one token's router probabilities
             self.starts = np.zeros(E + 1, np.int32)
+            self.fill = np.zeros(E, np.int32)
             self.order = np.zeros(T * k, np.int32)
             self.ex = np.zeros((T, D), f32)  # the rows of one expert's tokens
             self.egu = np.zeros((T, 2 * Fe), f32)

@@ -137,7 +137,7 @@ class MlxPrimitives:
         k = cfg.n_expert_used
         logits = np.ascontiguousarray(np.array(self.linear(ly.router, h, "ffn_moe_logits", il)), np.float32)
         sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
-        route(logits, k, cfg.architecture.moe_norm_weights, sel, w)
+        route(logits, k, cfg.architecture.moe_norm_weights, sel, w, np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)
         for e in np.unique(flat).tolist():

@@ -38,8 +38,9 @@ def text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any
     return arch.name, (arch.hf_text_hparams or dict)(config)
 
 
-def hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, np.ndarray | None]:
-    """The keys llama.cpp's converter writes for `arch`, and its rope_freqs tensor if any."""
+def hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, dict[str, np.ndarray]]:
+    """The keys llama.cpp's converter writes for `arch`, and the float32 tensors it makes from the
+    config (rope_freqs; LongRoPE's rope_factors_long/short), by GGUF name."""
     kv = Kvs(arch)
     kv.add("general.architecture", VT.STRING, arch)
     kv.add("general.name", VT.STRING, name)
@@ -108,7 +109,7 @@ class TensorNamer:
 
 
 def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens: int,
-                     rope_factors: np.ndarray | None) -> tuple[list[SourceTensor], int]:
+                     extra: dict[str, np.ndarray]) -> tuple[list[SourceTensor], int]:
     """The GGUF tensors (lazy) and the embedding row count."""
     files = sorted(folder.glob("model*.safetensors"))
     if not files:
@@ -167,9 +168,8 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     out += [_stacked_experts(namer, prefix, w, parts, folder) for (prefix, w), parts in experts.items()]
     if n_embd_rows is None:
         raise ConvertError(f"{folder}: the weights have no embedding tensor (model.embed_tokens.weight)")
-    if rope_factors is not None:
-        rf = rope_factors
-        out.append(SourceTensor("rope_freqs.weight", rf.shape, int(GT.F32), lambda rf=rf: rf))
+    for name, a in extra.items():  # tensors the converter makes (rope_freqs, LongRoPE's factors)
+        out.append(SourceTensor(name, a.shape, int(GT.F32), lambda a=a: a))
     return out, n_embd_rows
 
 
@@ -237,7 +237,7 @@ def source_from_hf(folder: str | Path) -> SourceModel:
     if not config_path.is_file():
         raise ConvertError(f"{config_path}: no such file (a Hugging Face model folder needs config.json)")
     arch, hp = text_hparams(read_json(config_path, "model config"), config_path)
-    kv, rope_factors = hparam_kvs(arch, hp, folder.resolve().name, config_path)
+    kv, extra = hparam_kvs(arch, hp, folder.resolve().name, config_path)
 
     # Tokenizer first (it fixes the vocabulary size), but the tensors decide the row count.
     has_spm, has_json = (folder / "tokenizer.model").is_file(), (folder / "tokenizer.json").is_file()
@@ -249,7 +249,7 @@ def source_from_hf(folder: str | Path) -> SourceModel:
     tok_kv = Kvs(arch)
     if use_spm:
         tokens, scores, types, add_prefix = spm_vocab(folder)
-        tensors, n_rows = _collect_tensors(folder, arch, hp, len(tokens), rope_factors)
+        tensors, n_rows = _collect_tensors(folder, arch, hp, len(tokens), extra)
         for i in range(len(tokens), n_rows):  # pad the vocabulary to the embedding rows, as llama.cpp does
             tokens.append(f"[PAD{i}]")
             scores.append(-1000.0)
@@ -264,7 +264,7 @@ def source_from_hf(folder: str | Path) -> SourceModel:
         # Gemma's SentencePiece model has add_dummy_prefix off; llama.cpp also forces it off for gemma.
         tok_kv.add("tokenizer.ggml.add_space_prefix", VT.BOOL, add_prefix and spec.hf_space_prefix)
     else:
-        tensors, n_rows = _collect_tensors(folder, arch, hp, 1 << 62, rope_factors)
+        tensors, n_rows = _collect_tensors(folder, arch, hp, 1 << 62, extra)
         n_tokens = bpe_vocab(folder, tok_kv, n_rows)
     if n_tokens != n_rows:
         raise ConvertError(

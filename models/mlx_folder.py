@@ -47,7 +47,7 @@ def _load(folder: Path) -> Model:
                              "model*.safetensors and tokenizer.json)")
     config = read_json(config_path, "model config")
     arch, hp = text_hparams(config, config_path)
-    kv, rope_factors = hparam_kvs(arch, hp, folder.resolve().name, config_path)
+    kv, extra = hparam_kvs(arch, hp, folder.resolve().name, config_path)
     # The values a GGUF would hold: float32 keys rounded to float32, so configs compare equal.
     metadata: dict[str, Any] = {key: float(np.float32(value)) if vtype == VT.FLOAT32 else value
                                 for key, vtype, value in kv.items}
@@ -56,8 +56,7 @@ def _load(folder: Path) -> Model:
     entries = _weight_entries(folder)
     quant = quantization_of(config, config_path)
     tensors = _gguf_tensors(entries, arch, hp, quant, folder)
-    if rope_factors is not None:
-        tensors["rope_freqs.weight"] = rope_factors
+    tensors.update(extra)  # made from the config (rope_freqs, LongRoPE's factors)
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise ModelLoadError(f"{folder}: missing tensor 'model.embed_tokens.weight'")

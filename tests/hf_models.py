@@ -30,6 +30,9 @@ SPECIALS = {
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 D, H, HKV, HD, F = 256, 4, 2, 64, 512
+# The tiny phi3's LongRoPE short factors (its long ones are 3x) and cos/sin magnitude (1024 / 256)
+PHI3_SHORT = np.linspace(1.0, 1.8, HD // 2)
+PHI3_MSCALE = np.sqrt(1 + np.log(4) / np.log(256))
 # The tiny Qwen3-MoE: 8 experts of width 256, 3 per token
 MOE_EXPERTS, MOE_USED, MOE_FF = 8, 3, 256
 # Granite's config.json multipliers, each away from 1 (attention: instead of 1/sqrt(head_dim))
@@ -103,6 +106,10 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     if arch == "qwen3moe":
         cfg.update(num_experts=MOE_EXPERTS, num_experts_per_tok=MOE_USED, moe_intermediate_size=MOE_FF,
                    norm_topk_prob=True)
+    if arch == "phi3":  # LongRoPE (Phi-4-mini): short factors within 256 tokens, long ones beyond
+        cfg.update(max_position_embeddings=1024, original_max_position_embeddings=256,
+                   rope_scaling={"type": "longrope", "short_factor": PHI3_SHORT.tolist(),
+                                 "long_factor": (PHI3_SHORT * 3).tolist()})
     if arch == "mixtral":  # its experts are intermediate_size wide
         cfg.update(num_local_experts=MOE_EXPERTS, num_experts_per_tok=MOE_USED)
     cfg.update(GRANITE_MULTIPLIERS if arch == "granite" else {})
@@ -217,8 +224,11 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
     T = len(ids)
     rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
     inv = 1.0 / theta ** (np.arange(0, HD, 2) / HD)
+    mscale = 1.0
+    if arch == "phi3":  # LongRoPE within the original context: the short factors divide the frequencies
+        inv, mscale = inv / PHI3_SHORT, PHI3_MSCALE
     ang = np.arange(T)[:, None] * inv[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    cos, sin = (mscale * f(np.concatenate([ang, ang], -1)) for f in (np.cos, np.sin))
 
     def rope(x):  # x: (T, heads, HD)
         half = np.concatenate([-x[..., HD // 2:], x[..., :HD // 2]], -1)

@@ -19,8 +19,9 @@ from infer.models.convert_hf import (
 from infer.models.loader import load_model
 from tokenizers import Tokenizer
 
-from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, SAMPLES, from_bf16, gemma3_forward,
-                       hf_forward, make_gemma3, make_hf_model, train_bpe, write_safetensors)
+from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, PHI3_MSCALE, PHI3_SHORT,
+                       SAMPLES, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, train_bpe,
+                       write_safetensors)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -59,8 +60,12 @@ def test_metadata_and_tensors(converted):
     names = {t.name: t for t in r.tensors}
     assert ("output.weight" in names) is (arch in ("llama", "olmo2", "mixtral", "phi3"))  # tied embeddings write no output matrix
     assert not any("rotary" in n for n in names)
-    if arch == "phi3":  # fused Q/K/V: attn_qkv, as llama.cpp's converter maps qkv_proj
+    if arch == "phi3":  # fused Q/K/V: attn_qkv, as llama.cpp's converter maps qkv_proj; LongRoPE's tensors and magnitude
         names["blk.0.attn_q.weight"] = names["blk.0.attn_qkv.weight"]
+        np.testing.assert_array_equal(names["rope_factors_short.weight"].data, PHI3_SHORT.astype(np.float32))
+        np.testing.assert_array_equal(names["rope_factors_long.weight"].data, (PHI3_SHORT * 3).astype(np.float32))
+        assert kv["phi3.rope.scaling.attn_factor"] == pytest.approx(PHI3_MSCALE)
+        assert kv["phi3.rope.scaling.original_context_length"] == 256
     if arch in ("qwen3moe", "mixtral"):  # no dense FFN: the experts stacked into 3-D tensors, as llama.cpp's converter
         assert names["blk.0.ffn_up_exps.weight"].shape.tolist()[::-1] == [8, 256 if arch == "qwen3moe" else F, D]
         names["blk.0.ffn_up.weight"] = names["blk.0.ffn_up_exps.weight"]
@@ -279,7 +284,8 @@ def test_infer_quantize_converts_an_hf_folder(small_folder, tmp_path):
 
 
 def test_phi3_folders_not_converted_say_why(tmp_path):
-    # Phi-3's SentencePiece vocabulary and LongRoPE factors are not converted yet: one clear error each
+    # Phi-3's SentencePiece vocabulary is not converted yet, and LongRoPE factors must fit the heads:
+    # one clear error each
     folder = tmp_path / "Tiny-phi-4"
     make_hf_model(folder, "phi3", seed=1)
     tcfg = json.loads((folder / "tokenizer_config.json").read_text())
@@ -288,7 +294,7 @@ def test_phi3_folders_not_converted_say_why(tmp_path):
         source_from_hf(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": [1.0] * (HD // 2), "short_factor": [1.0] * (HD // 2)}
+    cfg["rope_scaling"] = {"rope_type": "longrope", "long_factor": [1.0] * HD, "short_factor": [1.0] * HD}
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConvertError, match="LongRoPE"):
+    with pytest.raises(ConvertError, match="LongRoPE needs 32 long and short factors, got 64 and 64"):
         source_from_hf(folder)

@@ -18,7 +18,7 @@ def scalars(get, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[
     return {"embed_scale": math.sqrt(n_embd), "attn_scale": 1.0 / math.sqrt(query_dim)}
 
 
-def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, Any]:
     """llama.cpp's Gemma2Model keys."""
     n_head, n_head_kv = head_counts(hp, path)
     kv.u32("{arch}.context_length", need(hp, "max_position_embeddings", path))
@@ -33,7 +33,7 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
     kv.f32("{arch}.attn_logit_softcapping", need(hp, "attn_logit_softcapping", path))
     kv.f32("{arch}.final_logit_softcapping", need(hp, "final_logit_softcapping", path))
     kv.u32("{arch}.attention.sliding_window", need(hp, "sliding_window", path))
-    return None
+    return {}
 
 
 def hf_config(cfg, has_qkv_bias: bool) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def hf_text_name(name: str) -> str | None:
     return name.replace("language_model.lm_head.", "lm_head.")
 
 
-def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, Any]:
     """Gemma 3 configs leave some fields at their transformers defaults, which llama.cpp also assumes."""
     n_head, n_head_kv = head_counts(hp, path)
     head_dim = int(hp.get("head_dim", 256))
@@ -67,7 +67,7 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> None:
             raise ConvertError(f"{path}: gemma3 RoPE scaling {rs['rope_type']!r} is not supported (linear only)")
         kv.add("{arch}.rope.scaling.type", VT.STRING, "linear")
         kv.f32("{arch}.rope.scaling.factor", rs["factor"])
-    return None
+    return {}
 
 
 def hf_config(cfg, has_qkv_bias: bool) -> dict[str, Any]:

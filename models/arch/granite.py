@@ -30,14 +30,14 @@ def scalars(get, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[
     return out
 
 
-def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> np.ndarray | None:
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     """llama's keys (GraniteModel is a LlamaModel in llama.cpp's converter) and the multipliers."""
-    rope_factors = generic_kvs(kv, hp, path, llama=True)
+    extra = generic_kvs(kv, hp, path, llama=True)
     for key, hf in (("attention.scale", "attention_multiplier"), ("embedding_scale", "embedding_multiplier"),
                     ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):
         if hp.get(hf) is not None:
             kv.f32("{arch}." + key, hp[hf])
-    return rope_factors
+    return extra
 
 
 def hf_config(cfg, has_qkv_bias: bool) -> dict[str, Any]:

@@ -63,9 +63,9 @@ def head_counts(hp: dict[str, Any], path: Path) -> tuple[int, int]:
     return n_head, n_head_kv
 
 
-def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) -> np.ndarray | None:
+def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) -> dict[str, np.ndarray]:
     """The converter's common keys; llama: also what its LlamaModel adds (vocab_size, the RoPE
-    dimension count, Llama 3.1's rope_freqs). Returns the rope_freqs tensor, if any."""
+    dimension count, Llama 3.1's rope_freqs). Returns the tensors made from the config, by name."""
     n_embd = int(need(hp, "hidden_size", path))
     n_head, n_head_kv = head_counts(hp, path)
     head_dim = hp.get("head_dim")
@@ -106,4 +106,4 @@ def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) ->
                 kv.u32("{arch}.rope.scaling.original_context_length", rs["original_max_position_embeddings"])
         else:
             raise ConvertError(f"{path}: {kv.arch} RoPE scaling {kind!r} is not supported (linear, yarn, llama3)")
-    return rope_factors
+    return {} if rope_factors is None else {"rope_freqs.weight": rope_factors}

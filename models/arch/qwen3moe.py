@@ -13,11 +13,11 @@ from .hf_keys import generic_kvs, need
 from .spec import Architecture
 
 
-def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> np.ndarray | None:
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     """The converter's keys and, as its Qwen2MoeModel adds, each expert's width."""
-    rope_factors = generic_kvs(kv, hp, path)
+    extra = generic_kvs(kv, hp, path)
     kv.u32("{arch}.expert_feed_forward_length", need(hp, "moe_intermediate_size", path))
-    return rope_factors
+    return extra
 
 
 ARCHITECTURE = Architecture(

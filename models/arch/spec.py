@@ -65,8 +65,8 @@ class Architecture:
     hf_text_hparams: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # a checkpoint tensor name -> the text model's, or None for tensors not converted; None: as it is
     hf_text_name: Callable[[str], str | None] | None = None
-    # the GGUF keys llama.cpp's converter writes: (Kvs, config.json hyperparameters, path) -> rope_freqs or None;
-    # None: models/arch/hf_keys.py's generic_kvs
+    # the GGUF keys llama.cpp's converter writes: (Kvs, config.json hyperparameters, path) -> the
+    # float32 tensors it makes from the config, by GGUF name; None: models/arch/hf_keys.py's generic_kvs
     hf_kvs: Callable[..., Any] | None = None
     # extra config.json keys of an MLX export: (ModelConfig, has Q/K/V biases) -> dict
     hf_config: Callable[[Any, bool], dict[str, Any]] | None = None

@@ -196,10 +196,8 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
     for t in (gate, up, down):
         if not isinstance(t, QTensor):
             raise ModelLoadError(f"expert tensors in {type(t).__name__} form are not supported")
-    experts = tuple((_expert(gate, e, F), _expert(up, e, F), _expert(down, e, D)) for e in range(E))
+    experts = tuple((rows(gate, e * F, (e + 1) * F), rows(up, e * F, (e + 1) * F), rows(down, e * D, (e + 1) * D))
+                    for e in range(E))
     return {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
             "experts": experts}
 
-
-def _expert(t: QTensor, e: int, n_rows: int) -> QTensor:
-    return QTensor(t.type_id, (n_rows, t.shape[-1]), t.raw[e * n_rows:(e + 1) * n_rows])

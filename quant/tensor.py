@@ -57,13 +57,29 @@ class QTensor:
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14 (the constant: Python >= 3.13)
 
 
+def _file_map(a: np.ndarray) -> np.memmap | None:
+    """The read-only np.memmap of a file that `a` views, the whole map (a slice of a memmap is a
+    memmap too, but keeps the whole map's offset), or None."""
+    found = None
+    while isinstance(a, np.ndarray):
+        if isinstance(a, np.memmap):
+            found = a
+        a = a.base
+    return found if found is not None and getattr(found, "mode", None) == "r" else None
+
+
+def file_offset(a: np.ndarray) -> tuple[str, int] | None:
+    """(file name, offset in the file of a's first byte) if `a` views a read-only np.memmap of a file."""
+    m = _file_map(a)
+    if m is None or not getattr(m, "filename", None):
+        return None
+    return m.filename, int(m.offset) + a.__array_interface__["data"][0] - m.__array_interface__["data"][0]
+
+
 def _mapped_pages(a: np.ndarray) -> tuple[int, int] | None:
     """[start, end) of the whole pages inside `a`, if `a` views a read-only np.memmap on a system
     with madvise; else None (never writable or anonymous memory, whose contents DONTNEED discards)."""
-    base = a
-    while base is not None and not isinstance(base, np.memmap):
-        base = base.base
-    if base is None or getattr(base, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED") or sys.platform == "win32":
+    if _file_map(a) is None or not hasattr(mmap, "MADV_DONTNEED") or sys.platform == "win32":
         return None
     addr = a.__array_interface__["data"][0]
     start = -(-addr // mmap.PAGESIZE) * mmap.PAGESIZE

@@ -15,20 +15,7 @@ import os
 
 import numpy as np
 
-from infer.quant.tensor import QTensor
-
-
-def _file_offset(raw: np.ndarray) -> tuple[str, int] | None:
-    """(file name, offset of raw's first byte) if raw views a read-only np.memmap of a file."""
-    base, a = None, raw
-    while isinstance(a, np.ndarray):  # the outermost memmap: a slice of one is a memmap too, but
-        if isinstance(a, np.memmap):  # keeps the whole map's offset
-            base = a
-        a = a.base
-    if base is None or getattr(base, "mode", None) != "r" or not getattr(base, "filename", None):
-        return None
-    delta = raw.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    return base.filename, int(base.offset) + delta
+from infer.quant.tensor import QTensor, file_offset
 
 
 class RowReader:
@@ -37,7 +24,7 @@ class RowReader:
     def __init__(self, t: QTensor):
         self.raw = t.raw
         self.row_bytes = t.raw.shape[1]
-        where = _file_offset(t.raw) if hasattr(os, "preadv") and t.raw.flags.c_contiguous else None
+        where = file_offset(t.raw) if hasattr(os, "preadv") and t.raw.flags.c_contiguous else None
         self._file = open(where[0], "rb", buffering=0) if where else None  # closed with the reader (__del__)
         self._offset = where[1] if where else 0
 

@@ -5,14 +5,13 @@ beyond (models/weights.py Model.for_context), and cos/sin scaled by rope.scaling
 Their sliding window is ignored, as llama.cpp (this version) does: it disables Phi's SWA."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..hf_files import ConvertError, Kvs
+from ..hf_files import ConvertError, Kvs, read_json
 from .hf_keys import head_counts, need, rope_scaling, rope_theta
 from .spec import Architecture
 
@@ -21,7 +20,7 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     """llama.cpp's Phi3MiniModel keys and LongRoPE tensors, for the folders infer converts: a
     GPT2Tokenizer vocabulary (Phi-4, Phi-4-mini; Phi-3's SentencePiece one has its own rules there)."""
     tok_cfg = path.parent / "tokenizer_config.json"
-    tok_class = json.loads(tok_cfg.read_text()).get("tokenizer_class") if tok_cfg.is_file() else None
+    tok_class = read_json(tok_cfg, "tokenizer config").get("tokenizer_class") if tok_cfg.is_file() else None
     if tok_class != "GPT2Tokenizer":
         raise ConvertError(f"{path}: phi3 folders with a SentencePiece tokenizer (Phi-3) are not converted yet; "
                            "Phi-4's (GPT2Tokenizer) are")

@@ -80,15 +80,34 @@ def test_batched_equals_alone_tiny(tiny_path, cache_type):
     assert all(len(t) > 0 for t in together)
 
 
-def test_batched_equals_alone_moe(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama-moe"])
+def test_batched_equals_alone_moe(tmp_path, arch):
     # a mixture of experts groups the batch's tokens by expert (backends/cpu/moe.py): sequences run
-    # together must still get exactly the tokens they get alone
-    path = write_tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", seed=12)
+    # together must still get exactly the tokens they get alone (qwen3moe: expert by expert;
+    # llama-moe: every expert packed alike, one compiled loop)
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=12)
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
     prompts = tiny_prompts()
     together, widest = run_all(LLM.load(path, config), prompts)
     assert widest == 8
     assert together == alone(path, prompts, config)
+
+
+def test_grouped_experts_equal_expert_by_expert(tmp_path):
+    # moe.experts_ffn (experts packed alike) against primitives' expert-by-expert loop: the same rows
+    path = write_tiny_model(tmp_path / "tiny-llama-moe.gguf", "llama-moe", seed=13)
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=1)
+    llm = LLM.load(path, config)
+    runner = llm.engine.runner
+    assert all(ly.grouped is not None for ly in runner.layers)
+    tokens = np.array(tiny_prompts()[0], np.int32)
+    grouped = runner.forward(tokens, 0, runner.new_kv_cache(64), all_logits=True).copy()
+    for ly in runner.layers:
+        ly.grouped = None
+    each = runner.forward(tokens, 0, runner.new_kv_cache(64), all_logits=True)
+    np.testing.assert_array_equal(grouped, each)
+    mixed = LLM.load(write_tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", seed=13), config)
+    assert all(ly.grouped is None for ly in mixed.engine.runner.layers)  # gate Q4_K, up Q5_0
 
 
 def test_q8_0_cache_halves_the_pool(tiny_path):

@@ -161,6 +161,25 @@ def test_large_packed_arrays_ask_for_huge_pages():
     assert _in_anonymous_mapping(a) and not _in_anonymous_mapping(huge_empty((16, 16), np.float32))
 
 
+def test_arena_carves_aligned_arrays_that_do_not_overlap():
+    """A mixture's small expert matrices share one huge-page allocation (HugeArena): each array
+    64-byte aligned, its own bytes, and asking for more than the arena holds is an error."""
+    from infer.backends.cpu.hugepages import HugeArena
+
+    shapes = [((3, 5, 7), np.uint8), ((2, 9), np.uint16), ((0, 0, 0), np.uint8), ((4, 100), np.float32)]
+    arena = HugeArena(sum(HugeArena.span(*sd) for sd in shapes))
+    arrays = [arena.take(*sd) for sd in shapes]
+    for a, (shape, dtype) in zip(arrays, shapes):
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+        assert a.__array_interface__["data"][0] % HugeArena.ALIGN == 0
+    for i, a in enumerate(arrays):
+        a[...] = i + 1
+    assert [int(a.min()) if a.size else i + 1 for i, a in enumerate(arrays)] == [1, 2, 3, 4]
+    assert [int(a.max()) if a.size else i + 1 for i, a in enumerate(arrays)] == [1, 2, 3, 4]
+    with pytest.raises(MemoryError, match="cannot hold"):
+        arena.take((1,), np.uint8)
+
+
 def _in_anonymous_mapping(a) -> bool:
     import mmap
 

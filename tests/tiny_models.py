@@ -41,7 +41,10 @@ ARCH_TYPES = {
     "qwen3moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q4_K, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
                  "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q5_0, "ffn_down_exps": GT.Q8_0,
                  "token_embd": GT.Q8_0},
+    # experts packed alike (gate and up of one type): the cpu backend's one-loop path (moe.experts_ffn);
+    # qwen3moe's mixed gate/up types take its expert-by-expert path
     "llama-moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q5_K,
+                  "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q6_K,
                   "token_embd": GT.Q8_0, "output": GT.Q8_0},
 }
 # A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
@@ -192,7 +195,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
         if moe:  # the router and the experts' 3-D tensors
-            t = ARCH_TYPES["qwen3moe"]
+            t = types
             Fe = N_FF_EXP if arch == "qwen3moe" else F
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):

@@ -36,3 +36,32 @@ def huge_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     except OSError:  # THP compiled out or disabled: ordinary pages
         pass
     return buf[off:off + n].view(dtype).reshape(shape)
+
+
+class HugeArena:
+    """Many small arrays carved out of one huge_empty allocation: a mixture of experts' matrices
+    (a few MB each, below HUGE_MIN on their own) get huge pages too.  Each array starts on a
+    64-byte boundary, as np.empty's would for vector loads."""
+
+    ALIGN = 64
+
+    def __init__(self, nbytes: int):
+        self.buf = huge_empty((max(nbytes, 1),), np.uint8)
+        self.used = 0
+
+    @classmethod
+    def span(cls, shape: tuple[int, ...], dtype) -> int:
+        """Bytes an array of this shape and dtype takes in an arena, alignment included."""
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return -(-n // cls.ALIGN) * cls.ALIGN
+
+    def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array in the arena (like np.empty)."""
+        n = self.span(shape, dtype)
+        if self.used + n > self.buf.shape[0]:
+            raise MemoryError(f"arena of {self.buf.shape[0]} bytes cannot hold {n} more after {self.used}")
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        a = self.buf[self.used:self.used + size].view(dtype).reshape(shape)
+        self.used += n
+        return a

@@ -18,7 +18,7 @@ from infer.backends.batch import Batch
 from .attention import attention, qkv_post
 from .kv_pool import KVPool
 from .matmul import qmatmul
-from .moe import combine, gather_tokens, group, route, scatter_slots
+from .moe import combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
 
 
@@ -122,13 +122,29 @@ class CpuPrimitives:
     def moe(self, h: np.ndarray, ly: Any, il: int) -> np.ndarray:
         """The mixture of experts (moe.py): each expert the batch uses runs once, on its tokens."""
         cfg, ws, T, mm = self.cfg, self.ws, self.T, self.ws.mm
-        k, Fe = cfg.n_expert_used, cfg.n_ff_exp
+        k = cfg.n_expert_used
         logits, sel, wts = ws.router[:T], ws.sel[:T], ws.wts[:T]
         for w, col in ly.router:
             qmatmul(w, h, logits, mm, col)
         route(logits, k, cfg.architecture.moe_norm_weights, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
-        starts = ws.starts
+        if ly.grouped is not None:  # one compiled loop over the used experts
+            g, d = ly.grouped
+            xq = mm.xi if g.weights[0].int_kernel else mm.xq
+            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.gelu, _planes(g), _info(g), _planes(d), _info(d),
+                        xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
+        else:
+            self._each_expert(h, ly)
+        out = ws.o[:T]
+        combine(ws.slots[:T * k], wts, out)
+        if self.trace is not None:
+            self._seen("ffn_moe_out", il, out)
+        return out
+
+    def _each_expert(self, h: np.ndarray, ly: Any) -> None:
+        """experts_ffn's work expert by expert, for experts whose products are not packed alike
+        (types kept as they are, gate and up of different types)."""
+        ws, mm, k, starts = self.ws, self.ws.mm, self.cfg.n_expert_used, self.ws.starts
         for e in np.flatnonzero(starts[1:] - starts[:-1]).tolist():
             slots = ws.order[starts[e]:starts[e + 1]]
             n = slots.shape[0]
@@ -138,15 +154,10 @@ class CpuPrimitives:
             gu, act, y = ws.egu[:n], ws.eact[:n], ws.ey[:n]
             for w, col in gate_up:
                 qmatmul(w, x, gu, mm, col)
-            glu(gu, Fe, self.gelu, act)
+            glu(gu, self.cfg.n_ff_exp, self.gelu, act)
             for w, col in down:
                 qmatmul(w, act, y, mm, col)
             scatter_slots(y, slots, ws.slots)
-        out = ws.o[:T]
-        combine(ws.slots[:T * k], wts, out)
-        if self.trace is not None:
-            self._seen("ffn_moe_out", il, out)
-        return out
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The logits of batch.logit_rows, (R, V): a view of the runner's buffer."""
@@ -166,3 +177,14 @@ class CpuPrimitives:
         if cfg.final_logit_softcap > 0:
             softcap(logits, np.float32(cfg.final_logit_softcap))
         return logits
+
+
+def _planes(p) -> tuple:
+    """A PackedExperts' planes, as experts_ffn takes them."""
+    return p.lo, p.hi, p.s, p.m, p.sc
+
+
+def _info(p) -> tuple:
+    """A PackedExperts' (type_id, activation rounding, rows, lo_bits, hi_bits, group)."""
+    w, L = p.weights[0], p.weights[0].layout
+    return w.type_id, w.act, w.n, L.lo_bits, L.hi_bits, L.group

@@ -279,11 +279,25 @@ def use_int_kernel() -> bool:
     return INT_KERNEL and os.environ.get("INFER_PORTABLE_KERNEL", "") in ("", "0")
 
 
-def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> PackedWeight | None:
+def packed_shapes(ws) -> list[tuple[tuple[int, ...], type]]:
+    """The (shape, dtype) of lo, hi, s, m and sc of pack_stacked(ws) (ws stackable)."""
+    L, K = LAYOUTS[ws[0].type_id], ws[0].shape[-1]
+    nt = sum(-(-w.raw.shape[0] // NC) for w in ws)
+    nb, nsb = K // L.group, K // 256
+    legacy = L.scales == SC_F16
+    xs = nb if legacy else nsb  # s, m entries per row
+    ys = 1 if legacy else 12 * nsb if L.scales == SC_K4 else nb  # sc entries per row
+    return [((nt, nb, L.lo_bytes), np.uint8), ((nt, nb, L.hi_bytes) if L.hi_bits else (0, 0, 0), np.uint8),
+            ((nt, xs, NC), np.uint16), ((nt, xs, NC) if L.has_min else (0, 0, 0), np.uint16),
+            ((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)]
+
+
+def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, alloc=huge_empty) -> PackedWeight | None:
     """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be.
     int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs target.INT_KERNEL.
     release: drop each chunk's pages of a mapped file once packed (quant.tensor.release_mapped),
-    so a tensor and its packed copy are never resident together."""
+    so a tensor and its packed copy are never resident together.  alloc(shape, dtype): where the
+    planes go (np.empty-like; by default huge pages where the OS has them, see hugepages.py)."""
     ws = tuple(ws)
     if not stackable(ws):
         return None
@@ -293,16 +307,10 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
     type_id = ws[0].type_id
     L, K = LAYOUTS[type_id], ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
-    nt, nb, nsb = sum(nts), K // L.group, K // 256
     legacy = L.scales == SC_F16
-    xs = nb if legacy else nsb  # s, m entries per row
-    ys = 1 if legacy else 12 * nsb if L.scales == SC_K4 else nb  # sc entries per row
-    # what every decode step streams: in huge pages where the OS has them (hugepages.py)
-    lo = huge_empty((nt, nb, L.lo_bytes), np.uint8)
-    hi = huge_empty((nt, nb, L.hi_bytes) if L.hi_bits else (0, 0, 0), np.uint8)
-    s = huge_empty((nt, xs, NC), np.uint16)
-    m = huge_empty((nt, xs, NC) if L.has_min else (0, 0, 0), np.uint16)
-    sc = huge_empty((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)
+    # what every decode step streams
+    lo, hi, s, m, sc = (alloc(shape, dtype) for shape, dtype in packed_shapes(ws))
+    xs, ys = s.shape[1], (sc.shape[1] if not legacy else 1)
     n_chunks = min(16, max(nts))
     rq = np.empty((n_chunks, NC, K), np.uint8)
     rs = np.zeros((n_chunks, NC, xs), np.uint16)
@@ -322,3 +330,41 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False) -> P
                 release_mapped(rows)
         a += n
     return PackedWeight(type_id, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[type_id], int_kernel)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedExperts:
+    """A mixture's experts for one product, packed alike: each plane of PackedWeight with a leading
+    expert axis (lo: (E, NT, K//G, lo_bytes), ...), so one compiled loop can run any expert
+    (moe.experts_ffn).  weights[e] is expert e as a PackedWeight of views into these."""
+
+    weights: tuple
+    lo: np.ndarray
+    hi: np.ndarray
+    s: np.ndarray
+    m: np.ndarray
+    sc: np.ndarray
+
+    @staticmethod
+    def shapes(groups) -> list[tuple[tuple[int, ...], type]] | None:
+        """The planes' (shape, dtype) for groups (per expert, the QTensors stacked as its matrix),
+        or None where the experts cannot be packed alike."""
+        if not all(stackable(ws) for ws in groups):
+            return None
+        first = packed_shapes(groups[0])
+        if any(packed_shapes(ws) != first or ws[0].type_id != groups[0][0].type_id for ws in groups):
+            return None
+        return [((len(groups),) + shape, dtype) for shape, dtype in first]
+
+    @classmethod
+    def pack(cls, groups, alloc=huge_empty, release: bool = False) -> "PackedExperts | None":
+        """Every expert packed (pack_stacked) into the planes' expert slices, or None as shapes()."""
+        shapes = cls.shapes(groups)
+        if shapes is None:
+            return None
+        planes = [alloc(shape, dtype) for shape, dtype in shapes]
+        weights = []
+        for e, ws in enumerate(groups):
+            views = iter([p[e] for p in planes])
+            weights.append(pack_stacked(ws, release=release, alloc=lambda shape, dtype: next(views)))
+        return cls(tuple(weights), *planes)

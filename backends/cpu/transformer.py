@@ -19,11 +19,12 @@ import numpy as np
 from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor
 
+from .hugepages import HugeArena, huge_empty
 from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
-from .repack import PackedWeight, pack_stacked
+from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
 from .target import ISA
 
@@ -31,10 +32,10 @@ DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fe
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
 
 
-def _packed(ws):
+def _packed(ws, alloc=huge_empty):
     """pack_stacked(ws), the sources' pages of the mapped file released as they are packed (one
     copy of the weights in memory), or None."""
-    return pack_stacked(ws, release=True)
+    return pack_stacked(ws, release=True, alloc=alloc)
 
 
 def _in_memory(w: QTensor) -> QTensor:
@@ -44,23 +45,45 @@ def _in_memory(w: QTensor) -> QTensor:
     return copy
 
 
-def _pack(w, mmap: bool):
+def _pack(w, mmap: bool, alloc=huge_empty):
     """The repacked form of a QTensor, or for types kept as they are the QTensor itself (a copy
     in memory unless mmap)."""
-    return _packed((w,)) or (w if mmap else _in_memory(w))
+    return _packed((w,), alloc) or (w if mmap else _in_memory(w))
 
 
-def _products(ws, mmap: bool) -> list[tuple[object, int]]:
+def _products(ws, mmap: bool, alloc=huge_empty) -> list[tuple[object, int]]:
     """(weight, first output column) pairs computing the weights' products side by side: one
     stacked packed matrix if possible, else each weight (packed, or kept as it is) on its own."""
-    stacked = _packed(ws)
+    stacked = _packed(ws, alloc)
     if stacked is not None:
         return [(stacked, 0)]
     out, col = [], 0
     for w in ws:
-        out.append((_pack(w, mmap), col))
+        out.append((_pack(w, mmap, alloc), col))
         col += w.raw.shape[0]
     return out
+
+
+def _packed_span(ws) -> int:
+    """Bytes _products(ws) packs into a HugeArena."""
+    if stackable(ws):
+        return sum(HugeArena.span(*sd) for sd in packed_shapes(ws))
+    return sum(_packed_span((w,)) for w in ws if len(ws) > 1)
+
+
+def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
+    """Per expert (gate_up products, down products), and where every expert packs alike the two
+    products as PackedExperts (run by one compiled loop, moe.experts_ffn), else None.  All of a
+    layer's packed experts share one arena: an expert's matrices alone are too small for huge
+    pages, and a decode step reads ~8 of them per token per layer at scattered places."""
+    ups, downs = [(g, u) for g, u, _ in experts], [(d,) for _, _, d in experts]
+    shapes = [PackedExperts.shapes(ups), PackedExperts.shapes(downs)]
+    if None not in shapes:
+        arena = HugeArena(sum(HugeArena.span(*sd) for sh in shapes for sd in sh))
+        gu, dn = (PackedExperts.pack(groups, arena.take, release=True) for groups in (ups, downs))
+        return [([(g, 0)], [(d, 0)]) for g, d in zip(gu.weights, dn.weights)], (gu, dn)
+    arena = HugeArena(sum(_packed_span(ws) for ws in ups + downs))
+    return [(_products(u, mmap, arena.take), _products(d, mmap, arena.take)) for u, d in zip(ups, downs)], None
 
 
 def _arrays(w) -> list[np.ndarray]:
@@ -93,16 +116,18 @@ class _Layer:
     k_norm: np.ndarray
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
+    grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
         dense = lw.w_gate is not None
+        experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         return cls(
             qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=[(_pack(lw.wo, mmap), 0)],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
             router=[] if dense else [(_pack(lw.router, mmap), 0)],
-            experts=[(_products((g, u), mmap), [(_pack(d, mmap), 0)]) for g, u, d in lw.experts],
+            experts=experts, grouped=grouped,
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),

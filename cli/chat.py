@@ -41,6 +41,9 @@ def chat(
     seed: Optional[int] = opt.SEED,
     stop: List[str] = opt.STOP,
     system: Optional[str] = opt.SYSTEM,
+    fmt: Optional[str] = opt.FORMAT,
+    json_schema: Optional[str] = opt.JSON_SCHEMA,
+    grammar: Optional[str] = opt.GRAMMAR,
     ctx: int = opt.CTX,
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
@@ -61,7 +64,7 @@ def chat(
 
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            seed=seed, max_tokens=max_tokens, stop=tuple(stop),
+            seed=seed, max_tokens=max_tokens, stop=tuple(stop), grammar=opt.grammar(fmt, json_schema, grammar),
         )
         interactive = sys.stdin.isatty()
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,

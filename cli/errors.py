@@ -11,6 +11,7 @@ import typer
 def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.chat_template import ChatTemplateError
     from infer.engine.engine import EngineConfigError, PromptError
+    from infer.engine.grammar import GrammarError
     from infer.engine.llm import BackendError
     from infer.engine.sampler import InvalidSamplingParams
     from infer.engine.tokenizer import TokenizerError
@@ -25,7 +26,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.quant.recipe import RecipeError
     from infer.quant.types import UnsupportedQuantType
 
-    return (BackendError, ChatTemplateError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
+    return (BackendError, ChatTemplateError, GrammarError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
             GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, QuantizeError, ImatrixError,
             RecipeError, ConvertError, OSError)
 

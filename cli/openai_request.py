@@ -13,6 +13,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from infer.engine.chat_template import MessageError, validate_messages
+from infer.engine.grammar import Grammar, GrammarError
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -92,6 +93,51 @@ def stop_field(body: dict) -> tuple[str, ...]:
     return tuple(text_field(s, "stop") for s in items)
 
 
+def grammar_field(body: dict) -> tuple[Grammar | None, str | None]:
+    """What the output must follow: OpenAI's response_format (json_object, json_schema; llama.cpp
+    also takes a "schema" beside json_object), or llama.cpp's extra fields grammar (GBNF) and
+    json_schema; at most one of them.  Returns it and the field it came from.  Only the syntax is
+    checked here: compiling is the route's."""
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise APIError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                           "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}", "response_format",
+                           "invalid_value")
+        if fmt["type"] == "text":
+            fmt = None
+    given = [n for n, v in (("response_format", fmt), ("grammar", body.get("grammar")),
+                            ("json_schema", body.get("json_schema"))) if v is not None]
+    if len(given) > 1:
+        raise APIError(400, f"{' and '.join(repr(n) for n in given)} cannot be combined: give one", given[1],
+                       "invalid_value")
+    if not given:
+        return None, None
+    param = given[0]
+    return _grammar(body, fmt, param), param
+
+
+def _grammar(body: dict, fmt: dict | None, param: str) -> Grammar:
+    try:
+        if param == "grammar":
+            g = body["grammar"]
+            if not isinstance(g, str):
+                raise APIError(400, f"'grammar' must be a GBNF grammar as a string, got {kind(g)}", param, "invalid_type")
+            return Grammar("gbnf", text_field(g, param))
+        if param == "json_schema":
+            return Grammar.json_schema(body["json_schema"])
+        if fmt["type"] == "json_object":
+            return Grammar("json") if fmt.get("schema") is None else Grammar.json_schema(fmt["schema"])
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise APIError(400, "'response_format.json_schema' must be an object with a 'schema'",
+                           "response_format", "invalid_type")
+        schema = spec.get("schema")
+        return Grammar("json") if schema is None else Grammar.json_schema(schema)
+    except GrammarError as e:
+        raise APIError(400, str(e), param, "invalid_value") from None
+
+
 @dataclass(frozen=True)
 class Job:
     """A validated generation request, not yet tokenized."""
@@ -101,6 +147,7 @@ class Job:
     stream: bool
     include_usage: bool
     logprobs: bool
+    grammar_param: str | None = None  # the field params.grammar came from (for errors)
 
 
 def parse_job(body: dict, logprobs_k: int | None) -> Job:
@@ -135,6 +182,7 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
     # ignore_eos is llama.cpp's extension, for benchmarks that need a fixed number of tokens
     kw: dict[str, Any] = {"stop": stop_field(body), "seed": seed, "logprobs": logprobs_k,
                           "ignore_eos": bool_field(body, "ignore_eos")}
+    kw["grammar"], grammar_param = grammar_field(body)
     for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
         v = number_field(body, field)
         if v is not None:
@@ -147,7 +195,7 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
     except InvalidSamplingParams as e:
         param = str(e).split()[0]
         raise APIError(400, str(e), param if param in kw else None, "invalid_value") from None
-    return Job(params, max_tokens, stream, include_usage, logprobs_k is not None)
+    return Job(params, max_tokens, stream, include_usage, logprobs_k is not None, grammar_param)
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.engine import Event, PromptError
+from infer.engine.grammar import GrammarError
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
@@ -143,6 +144,17 @@ class OpenAIServer:
                            "the prompt", "max_tokens", "context_length_exceeded")
         return replace(job.params, max_tokens=job.max_tokens)
 
+    async def _compile(self, job: Job) -> None:
+        """Compile the job's grammar off the event loop (the first one hands the vocabulary to the
+        grammar engine: a second or two), so add_request finds it compiled; a bad one is a 400."""
+        g = job.params.grammar
+        if g is None:
+            return
+        try:
+            await asyncio.to_thread(self.engine.grammars.compile, g)
+        except GrammarError as e:
+            raise APIError(400, str(e), job.grammar_param, "invalid_grammar") from None
+
     async def _events(self, request: Request, prompt: list[int], params: SamplingParams) -> AsyncIterator[Event]:
         """The engine's events for one request, until its finish; the request is cancelled (its KV
         blocks freed) as soon as the client disconnects or the consumer stops early."""
@@ -156,7 +168,7 @@ class OpenAIServer:
         t0 = time.perf_counter()
         try:
             rid = self.engine.add_request(prompt, params, sink=lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
-        except PromptError as e:
+        except (PromptError, GrammarError) as e:
             raise APIError(400, str(e), None, "invalid_value") from None
 
         async def watch() -> None:
@@ -266,11 +278,8 @@ class OpenAIServer:
                 if body.get(unsupported):
                     raise APIError(400, f"'{unsupported}' is not supported by this server", unsupported,
                                    "unsupported_parameter")
-            fmt = body.get("response_format")
-            if fmt is not None and fmt != {"type": "text"}:
-                raise APIError(400, "'response_format' supports only {\"type\": \"text\"}", "response_format",
-                               "unsupported_parameter")
             job = parse_job(body, (top or 0) if want else None)
+            await self._compile(job)
             prompt = await self._encode(self.llm.encode_chat, messages)
             params = self._fit(job, prompt)
             events = self._events(request, prompt, params)
@@ -360,6 +369,7 @@ class OpenAIServer:
             if body.get("suffix"):
                 raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
             job = parse_job(body, k)
+            await self._compile(job)
             prompt = (await self._encode(self.llm.encode_raw, prompt_in)) if isinstance(prompt_in, str) else prompt_in
             params = self._fit(job, prompt)
             events = self._events(request, prompt, params)

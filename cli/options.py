@@ -21,3 +21,26 @@ MMAP = typer.Option(True, "--mmap/--no-mmap",
 MLOCK = typer.Option(False, "--mlock", help="Pin the weights in RAM so the OS never pages them out.")
 CACHE_TYPE_K = typer.Option("f16", "--cache-type-k", "-ctk", help="KV cache type for K: f16 or q8_0 (half the memory).")
 CACHE_TYPE_V = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type for V: f16 or q8_0 (half the memory).")
+FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object (as ollama's --format json).")
+JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
+GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
+
+
+def grammar(fmt: str | None, json_schema: str | None, gbnf: str | None):
+    """The Grammar that --format / --json-schema / --grammar ask for (at most one of them), or None."""
+    from pathlib import Path
+
+    from infer.engine.grammar import Grammar, GrammarError
+
+    given = [n for n, v in (("--format", fmt), ("--json-schema", json_schema), ("--grammar", gbnf)) if v is not None]
+    if len(given) > 1:
+        raise GrammarError(f"{' and '.join(given)} cannot be combined: give one")
+    if fmt is not None:
+        if fmt != "json":
+            raise GrammarError(f"--format takes json, got {fmt!r}")
+        return Grammar("json")
+    if json_schema is not None:
+        return Grammar.json_schema(Path(json_schema).read_text(encoding="utf-8"))
+    if gbnf is not None:
+        return Grammar("gbnf", Path(gbnf).read_text(encoding="utf-8"))
+    return None

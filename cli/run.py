@@ -25,6 +25,9 @@ def run(
     seed: Optional[int] = opt.SEED,
     stop: List[str] = opt.STOP,
     system: Optional[str] = opt.SYSTEM,
+    fmt: Optional[str] = opt.FORMAT,
+    json_schema: Optional[str] = opt.JSON_SCHEMA,
+    grammar: Optional[str] = opt.GRAMMAR,
     raw: bool = typer.Option(False, "--raw", help="No chat template: tokenize the prompt as is."),
     ctx: int = opt.CTX,
     threads: int = opt.THREADS,
@@ -50,7 +53,7 @@ def run(
 
         params = SamplingParams(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            seed=seed, max_tokens=max_tokens, stop=tuple(stop),
+            seed=seed, max_tokens=max_tokens, stop=tuple(stop), grammar=opt.grammar(fmt, json_schema, grammar),
         )
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v)

@@ -24,6 +24,7 @@ from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
+from .grammar import GrammarCompiler, GrammarMatcher
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
@@ -106,9 +107,10 @@ EventSink = Callable[[Event], None]
 
 class _Request:
     def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool,
-                 sink: EventSink | None = None):
+                 sink: EventSink | None = None, grammar: GrammarMatcher | None = None):
         self.seq = Sequence(rid, list(prompt), len(prompt))
         self.params = params
+        self.grammar = grammar
         self.sample = make_sampler(params)
         self.rng = make_rng(params.seed)
         self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
@@ -140,6 +142,7 @@ class Engine:
         budget = min(config.max_batch_tokens, runner.max_tokens)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids
+        self.grammars = GrammarCompiler(tokenizer)
         self._ids = itertools.count(1)
         self._requests: dict[int, _Request] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request) / ("cancel", id)
@@ -185,8 +188,11 @@ class Engine:
         called with each one from the stepping thread, so it must be quick and must not block
         (an asyncio server passes loop.call_soon_threadsafe with its queue's put_nowait)."""
         self.check_prompt(prompt)
+        # compiled here, in the caller's thread: a bad grammar is the caller's GrammarError
+        grammar = self.grammars.compile(params.grammar).matcher() if params.grammar is not None else None
         rid = next(self._ids)
-        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink)))
+        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink,
+                                         grammar)))
         self._wake.set()
         return rid
 
@@ -327,13 +333,24 @@ class Engine:
     def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> None:
         seq = req.seq
         n = seq.num_tokens
-        tok = int(req.sample(logits, req.history[:n], req.rng))
+        allowed = None
+        if req.grammar is not None:
+            allowed = req.grammar.allowed()
+            if allowed.size == 0:
+                self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
+                self._finish(req, "stop", events)
+                return
+            if req.logprobs is not None:
+                req.grammar.mask(logits, allowed)
+        tok = int(req.sample(logits, req.history[:n], req.rng, allowed))
         if not req.t_first:
             req.t_first = time.perf_counter()
         if tok in self.eog and not req.params.ignore_eos:
             self.scheduler.finish(seq)
             self._finish(req, "stop", events)
             return
+        if req.grammar is not None:
+            req.grammar.consume(tok)
         seq.tokens.append(tok)
         req.history[n] = tok
         if req.logprobs is not None:
@@ -344,6 +361,9 @@ class Engine:
         if stopped:
             self.scheduler.finish(seq)
             self._finish(req, "stop", events, flush=False)
+        elif req.grammar is not None and req.grammar.done:  # completed: only the end could follow
+            self.scheduler.finish(seq)
+            self._finish(req, "stop", events)
         elif len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
             self.scheduler.finish(seq)
             self._finish(req, "length", events)

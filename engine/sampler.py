@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .grammar import Grammar
+
 # A candidate set: parallel arrays of token ids and their logits.
 Candidates = tuple[np.ndarray, np.ndarray]
 Stage = Callable[[np.ndarray, np.ndarray], Candidates]
-# sample(logits (V,), history (n,) of previous token ids, rng) -> token id
-Sampler = Callable[[np.ndarray, np.ndarray, "np.random.Generator | None"], int]
+# sample(logits (V,), history (n,) of previous token ids, rng[, allowed (n,) int64 ascending ids]) -> token id
+Sampler = Callable[..., int]
 
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
@@ -55,6 +57,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     logprobs: int | None = None  # None: off; k: each token's logprob and the k likeliest alternatives
+    grammar: Grammar | None = None  # constrained output (grammar.py): masks the logits before every stage
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:
@@ -91,6 +94,8 @@ class SamplingParams:
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise InvalidSamplingParams(f"stop strings must be non-empty strings, got {s!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InvalidSamplingParams(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
         # Lists are accepted for convenience but stored as a tuple so the params stay hashable.
         object.__setattr__(self, "stop", stop)
 
@@ -300,11 +305,16 @@ def make_sampler(params: SamplingParams) -> Sampler:
         stages.append(lambda i, x: apply_min_p(i, x, params.min_p))
     stages.append(lambda i, x: apply_temperature(i, x, params.temperature))
 
-    def sample(logits: np.ndarray, history: np.ndarray, rng: np.random.Generator | None) -> int:
+    def sample(logits: np.ndarray, history: np.ndarray, rng: np.random.Generator | None,
+               allowed: np.ndarray | None = None) -> int:
         logits = np.asarray(logits).reshape(-1)
         if logits.size == 0:
             raise InvalidSamplingParams("cannot sample from an empty logits vector")
-        ids = np.arange(logits.size, dtype=np.int64)
+        if allowed is not None:  # a grammar's allowed ids, ascending: the others have probability 0
+            ids = allowed
+            logits = logits[ids]
+        else:
+            ids = np.arange(logits.size, dtype=np.int64)
         ids, logits = penalize(ids, logits, history)
         if params.temperature <= 0.0:
             return greedy(ids, logits)

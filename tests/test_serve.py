@@ -340,7 +340,39 @@ BAD = {
     "echo": (COMP, j(prompt="hi", echo=True), 400),
     "prompt over the context": (COMP, j(prompt="hello " * 2000), 400),
     "prompt + max_tokens over the context": (COMP, j(prompt="hello", max_tokens=CTX), 400),
+    "response_format unknown type": (CHAT, j(messages=OK_MSGS, response_format={"type": "yaml"}), 400),
+    "response_format a string": (CHAT, j(messages=OK_MSGS, response_format="json"), 400),
+    "json_schema without an object": (CHAT, j(messages=OK_MSGS, response_format={"type": "json_schema",
+                                                                                   "json_schema": 5}), 400),
+    "invalid schema": (CHAT, j(messages=OK_MSGS, response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nonsense"}}}), 400),
+    "grammar syntax error": (COMP, j(prompt="hi", grammar='root ::= "('), 400),
+    "grammar not a string": (COMP, j(prompt="hi", grammar=["root"]), 400),
+    "grammar and json_schema": (COMP, j(prompt="hi", grammar='root ::= "a"', json_schema={"type": "object"}), 400),
+    "tools": (CHAT, j(messages=OK_MSGS, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
 }
+
+
+def test_structured_output(client):
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, seed=4, response_format=fmt)
+    value = json.loads(r.choices[0].message.content)
+    assert value["colour"] in ("red", "green", "blue") and 1 <= value["count"] <= 9 and set(value) == set(schema["required"])
+    parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=60, seed=4, response_format=fmt, stream=True) if c.choices]
+    assert "".join(parts) == r.choices[0].message.content  # streamed: the same tokens
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].message.content.lstrip().startswith("{")
+    r = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=10, seed=1,
+                                  extra_body={"grammar": 'root ::= " " ("yes" | "no")'})
+    assert r.choices[0].text in (" yes", " no")
+    r = client.completions.create(model=MODEL, prompt="Colour:", max_tokens=30, seed=2,
+                                  extra_body={"json_schema": {"enum": ["red", "blue"]}})
+    assert json.loads(r.choices[0].text) in ("red", "blue")
 
 
 @pytest.mark.parametrize("case", list(BAD))

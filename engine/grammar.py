@@ -1,0 +1,212 @@
+"""Constrained decoding: a request's output held to a JSON schema, a grammar or a regex.
+
+The grammar engine is llguidance (MIT; a Rust wheel without dependencies, and llama.cpp's own
+optional grammar backend): it compiles JSON Schema, Lark, llama.cpp's GBNF (through its own
+converter) and regular expressions, and after each token gives the set of tokens that can follow
+as a bitmask over the vocabulary.  We give it the model's vocabulary as bytes per token (our
+tokenizer's pieces, control tokens marked special), so it works for every GGUF we load.
+
+Per sequence a GrammarMatcher gives the tokens allowed next; sampling starts from those alone
+(the others have probability 0) before any stage -- penalties, top-k, top-p, min-p,
+temperature -- as llama.cpp applies its grammar sampler first; then it consumes the sampled token.  When the grammar has been completed only
+end-of-generation tokens are allowed; when nothing at all can follow, the sequence stops.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
+# Whitespace JSON output may have between tokens: llama.cpp's json-schema-to-grammar SPACE_RULE
+# (nothing, a space, or one or two newlines and up to 20 spaces or tabs), not llguidance's default
+# of any run of whitespace, with which a small model can indent forever.
+JSON_OPTIONS = {"whitespace_pattern": r"( |\n{1,2}[ \t]{0,20})?"}
+
+
+class GrammarError(ValueError):
+    """A schema, grammar or regex that cannot be compiled (the message names the problem)."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match.  kind: "json" (any JSON object, source unused),
+    "json_schema" (source: the schema as JSON text), "gbnf" (llama.cpp's grammar syntax),
+    "lark" (llguidance's Lark syntax) or "regex"."""
+
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r} (choose from {', '.join(KINDS)})")
+        if not isinstance(self.source, str):
+            raise GrammarError(f"a {self.kind} grammar must be text, got {type(self.source).__name__}")
+        if self.kind != "json" and not self.source.strip():
+            raise GrammarError(f"the {self.kind} grammar is empty")
+
+    @classmethod
+    def json_schema(cls, schema: Any) -> "Grammar":
+        """From a schema given as a dict (an API's JSON) or as JSON text (a file)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema))
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:  # a dependency of the package; only a broken install lacks it
+        raise GrammarError("constrained output needs the llguidance package: pip install llguidance") from None
+    return llguidance
+
+
+def _lark(grammar: Grammar) -> str:
+    """The grammar in llguidance's form (not yet checked)."""
+    llg = _llguidance()
+    M = llg.LLMatcher
+    if grammar.kind == "json":
+        return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if grammar.kind == "json_schema":
+        try:
+            return M.grammar_from_json_schema(grammar.source, defaults=JSON_OPTIONS)
+        except ValueError as e:
+            raise GrammarError(f"invalid JSON schema: {e}") from None
+    if grammar.kind == "regex":
+        return M.grammar_from_regex(grammar.source)
+    if grammar.kind == "gbnf":
+        try:
+            return M.grammar_from_lark(llg.gbnf_to_lark.any_to_lark(grammar.source))
+        except Exception as e:  # the converter raises plain exceptions on syntax errors
+            raise GrammarError(f"invalid GBNF grammar: {_one_line(e)}") from None
+    return M.grammar_from_lark(grammar.source)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _Vocabulary:
+    """What llguidance's TokenizerWrapper reads from a tokenizer: every token's bytes (control
+    tokens spelled out and listed as special, so a grammar can never produce them as text),
+    the EOS/BOS ids, and a callable that tokenizes text."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        n = tok.vocab_size
+        self.tokens = [tok.token_to_piece(i, special=True) for i in range(n)]
+        self.special_token_ids = [i for i in range(n) if tok.is_control(i)]
+        eos = tok.eos_id if tok.eos_id is not None else tok.eot_id
+        self.eos_token_id = eos if eos is not None else 0
+        self.bos_token_id = tok.bos_id
+
+    def __call__(self, text) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tok.encode(text, add_special=False, parse_special=False)
+
+
+class GrammarCompiler:
+    """Compiles Grammars for one tokenizer; the vocabulary is handed to llguidance once, on first
+    use (1-2 s for a 150-260k vocabulary), and the last few grammars are kept compiled (clients
+    send the same schema with every request).  Safe to call from several threads."""
+
+    CACHED = 32
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._ll = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[Grammar, CompiledGrammar] = OrderedDict()
+
+    def _lltokenizer(self):
+        if self._ll is None:
+            llg = _llguidance()
+            tok = self._tokenizer
+            eog = sorted(i for i in range(tok.vocab_size) if tok.is_eog(i))
+            wrapper = llg.TokenizerWrapper(_Vocabulary(tok))
+            self._ll = llg.LLTokenizer(wrapper, n_vocab=tok.vocab_size, eos_token=eog or None)
+        return self._ll
+
+    def compile(self, grammar: Grammar) -> "CompiledGrammar":
+        """Check the grammar against the vocabulary; raises GrammarError naming the problem."""
+        if not isinstance(grammar, Grammar):
+            raise GrammarError(f"expected a Grammar, got {type(grammar).__name__}")
+        with self._lock:
+            compiled = self._cache.get(grammar)
+            if compiled is None:
+                compiled = self._compile(grammar)
+                self._cache[grammar] = compiled
+                while len(self._cache) > self.CACHED:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(grammar)
+            return compiled
+
+    def _compile(self, grammar: Grammar) -> "CompiledGrammar":
+        text = _lark(grammar)
+        llg = _llguidance()
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, self._lltokenizer())
+        if is_error:
+            raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(messages[0]))}")
+        return CompiledGrammar(text, self._lltokenizer(), self._tokenizer.vocab_size)
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledGrammar:
+    """A checked grammar, ready to start matchers (one per sequence)."""
+
+    text: str
+    lltokenizer: Any
+    vocab_size: int
+
+    def matcher(self) -> "GrammarMatcher":
+        return GrammarMatcher(self)
+
+
+class GrammarMatcher:
+    """One sequence's place in its grammar: masks the next token's logits, then follows it."""
+
+    def __init__(self, compiled: CompiledGrammar):
+        llg = _llguidance()
+        self._m = llg.LLMatcher(compiled.lltokenizer, compiled.text, log_level=0)
+        if self._m.is_error():
+            raise GrammarError(_one_line(Exception(self._m.get_error())))
+        self.vocab_size = compiled.vocab_size
+        self._words = np.zeros((compiled.vocab_size + 31) // 32, np.int32)  # the allowed-token bitmask
+
+    def allowed(self) -> np.ndarray:
+        """The token ids the grammar allows next, ascending (int64; empty: nothing can follow).
+        From the bitmask's nonzero words only: in most states of a grammar few tokens fit."""
+        self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        words = self._words.view(np.uint32)
+        nz = np.flatnonzero(words)
+        rows, bits = np.nonzero(np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(-1, 32))
+        ids = nz[rows] * 32 + bits
+        return ids[ids < self.vocab_size]
+
+    @staticmethod
+    def mask(logits: np.ndarray, allowed: np.ndarray) -> None:
+        """Set the logits (V,) of the tokens not in allowed to -inf, in place (so logprobs report
+        the constrained distribution)."""
+        kept = logits[allowed]
+        logits.fill(-np.inf)
+        logits[allowed] = kept
+
+    def consume(self, token: int) -> None:
+        if not self._m.consume_token(int(token)):
+            raise GrammarError(f"token {token} does not follow the grammar: {self._m.get_error()}")
+
+    @property
+    def done(self) -> bool:
+        """Whether nothing but end of generation can follow (the grammar has been completed)."""
+        return self._m.is_stopped()

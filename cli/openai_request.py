@@ -226,9 +226,32 @@ def chat_messages(body: dict) -> list[dict]:
         elif not isinstance(content, str):
             raise APIError(400, f"'{p}.content' must be a string or an array of text parts, got {kind(content)}",
                            f"{p}.content", "invalid_type")
-        out.append({"role": "system" if role == "developer" else role, "content": text_field(content, f"{p}.content")})
+        msg = {"role": "system" if role == "developer" else role, "content": text_field(content, f"{p}.content")}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        if role == "tool" and m.get("tool_call_id") is not None:
+            if not isinstance(m["tool_call_id"], str):
+                raise APIError(400, f"'{p}.tool_call_id' must be a string", f"{p}.tool_call_id", "invalid_type")
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
     try:
         return validate_messages(out)
     except MessageError as e:
         raise APIError(400, str(e), "messages", "invalid_value") from None
 
+
+
+def _tool_calls(calls: Any, p: str) -> list[dict]:
+    """An assistant message's earlier tool calls, as OpenAI sends them."""
+    if not isinstance(calls, list):
+        raise APIError(400, f"'{p}' must be an array, got {kind(calls)}", p, "invalid_type")
+    out = []
+    for i, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments", ""),
+                                                                                      (str, dict)):
+            raise APIError(400, f"'{p}[{i}]' must be {{\"id\", \"type\": \"function\", \"function\": "
+                           "{\"name\", \"arguments\"}}", f"{p}[{i}]", "invalid_value")
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": f["name"], "arguments": f.get("arguments", "")}})
+    return out

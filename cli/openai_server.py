@@ -27,9 +27,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.engine import Event, PromptError
 from infer.engine.grammar import GrammarError
+from infer.engine.reasoning import opened_in_prompt
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
+from . import openai_chat
 from .openai_request import (MIN_LOGPROB, APIError, Job, bool_field, chat_messages, int_field, kind, parse_job,
                              text_field)
 from .server_metrics import Metrics
@@ -44,6 +46,7 @@ class ServerConfig:
     max_queue: int = 64  # requests that would wait for a running slot beyond this many get 503
     max_body: int = 8 * 2**20
     cors_origins: tuple[str, ...] = ()
+    reasoning_format: str = "deepseek"  # --reasoning-format: "deepseek" splits <think> off as reasoning_content
 
 
 class _ClientGone(Exception):
@@ -274,13 +277,16 @@ class OpenAIServer:
             if top is not None and not 0 <= top <= MAX_LOGPROBS:
                 raise APIError(400, f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs",
                                "invalid_value")
-            for unsupported in ("tools", "functions"):
-                if body.get(unsupported):
-                    raise APIError(400, f"'{unsupported}' is not supported by this server", unsupported,
-                                   "unsupported_parameter")
+            if body.get("functions"):
+                raise APIError(400, "'functions' is not supported: send 'tools'", "functions", "unsupported_parameter")
             job = parse_job(body, (top or 0) if want else None)
+            chat, tool_grammar = openai_chat.plan(body, messages, self.llm.template.source,
+                                                  self.config.reasoning_format, job, self.tokenizer.token_id)
+            if tool_grammar is not None or chat.family:  # markers may be control tokens: spell them out
+                job = replace(job, params=replace(job.params, grammar=tool_grammar or job.params.grammar,
+                                                  special=True))
             await self._compile(job)
-            prompt = await self._encode(self.llm.encode_chat, messages)
+            prompt = await self._encode(lambda m: self.llm.encode_chat(m, **chat.variables), chat.messages)
             params = self._fit(job, prompt)
             events = self._events(request, prompt, params)
             first = await anext(events)  # surfaces a 503 or a cancelled request before any header goes out
@@ -291,17 +297,23 @@ class OpenAIServer:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "system_fingerprint": self.fingerprint}
+        # a reply that starts inside a <think> the prompt opened, unless a tool call is forced
+        # (its grammar leaves no room to think)
+        reply = openai_chat.ChatReply(chat, chat.reasoning and tool_grammar is None and opened_in_prompt(
+            self.tokenizer.decode(prompt[-16:], special=True)))
         if job.stream:
-            return self._sse(self._chat_chunks(head, first, events, job))
+            return self._sse(self._chat_chunks(head, first, events, job, reply))
         try:
             text, lps, ev = await self._collect(first, events)
         except APIError as e:
             return e.response()
         except _ClientGone:
             return Response(status_code=499)
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+        r1, c1 = reply.feed(text)
+        r2, c2, calls = reply.finish()
+        choice = {"index": 0, "message": openai_chat.message(r1 + r2, c1 + c2, calls),
                   "logprobs": {"content": self._chat_logprobs(lps), "refusal": None} if job.logprobs else None,
-                  "finish_reason": ev.finish_reason}
+                  "finish_reason": "tool_calls" if calls else ev.finish_reason}
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
 
     @staticmethod
@@ -316,7 +328,7 @@ class OpenAIServer:
                 return "".join(parts), lps, ev
             ev = await anext(events)
 
-    async def _chat_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job):
+    async def _chat_chunks(self, head: dict, first: Event, events: AsyncIterator[Event], job: Job, reply):
         head = {**head, "object": "chat.completion.chunk"}
         tail = {"usage": None} if job.include_usage else {}  # OpenAI's chunks but the last have a null usage
 
@@ -325,16 +337,29 @@ class OpenAIServer:
             return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                     **tail}
 
+        def deltas(reasoning: str, content: str, lps=None):
+            if reasoning:
+                yield chunk({"reasoning_content": reasoning}, lps=lps)
+                lps = None
+            if content or lps:
+                yield chunk({"content": content}, lps=lps)
+
         try:
             yield chunk({"role": "assistant", "content": "", "refusal": None})
             ev = first
             while True:
                 if ev.text or ev.logprobs:
-                    yield chunk({"content": ev.text}, lps=ev.logprobs)
+                    for c in deltas(*reply.feed(ev.text), lps=ev.logprobs):
+                        yield c
                 if ev.finish_reason is not None:
                     break
                 ev = await anext(events)
-            yield chunk({}, ev.finish_reason)
+            reasoning, content, calls = reply.finish()
+            for c in deltas(reasoning, content):
+                yield c
+            for d in openai_chat.call_deltas(calls):
+                yield chunk(d)
+            yield chunk({}, "tool_calls" if calls else ev.finish_reason)
             if job.include_usage:
                 yield {**head, "choices": [], "usage": _usage(ev)}
         finally:

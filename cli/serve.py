@@ -37,7 +37,12 @@ def serve(
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
+    reasoning_format: str = typer.Option("deepseek", "--reasoning-format",
+                                         help="deepseek: a thinking model's <think>...</think> as reasoning_content; "
+                                              "none: left in the content."),
 ) -> None:
+    if reasoning_format not in ("none", "deepseek"):
+        raise typer.BadParameter(f"--reasoning-format takes none or deepseek, got {reasoning_format!r}")
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"--port must be in 0..65535, got {port}")
     if max_queue < 0:
@@ -61,7 +66,8 @@ def serve(
         path = llm.model.path
         aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
         server_config = ServerConfig(model_id=path.stem, model_aliases=aliases, api_key=api_key or None,
-                                     max_queue=max_queue, max_body=body_limit, cors_origins=tuple(cors))
+                                     max_queue=max_queue, max_body=body_limit, cors_origins=tuple(cors),
+                                     reasoning_format=reasoning_format)
         kv = llm.engine.usage()
         sys.stderr.write(
             f"infer serve: {path.stem} on http://{host}:{sock.getsockname()[1]}/v1 · parallel {parallel} · "

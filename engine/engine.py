@@ -115,7 +115,7 @@ class _Request:
         self.rng = make_rng(params.seed)
         self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
         self.history[:len(prompt)] = prompt
-        self.detok = tokenizer.detokenizer()
+        self.detok = tokenizer.detokenizer(special=params.special)
         self.stop = StopMatcher(tuple(params.stop))
         self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if keep and sink is None else None
         self.sink = sink

@@ -59,7 +59,28 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema))
+        return cls("json_schema", json.dumps(as_llama_cpp(schema)))
+
+
+INT_LIMIT = 10**16 - 1  # llama.cpp's JSON integers: at most 16 digits
+
+
+def as_llama_cpp(schema: Any) -> Any:
+    """The schema read as llama.cpp's json-schema-to-grammar reads it, where JSON Schema's defaults
+    would let a small model run on until max_tokens: an object that lists properties and says
+    nothing of others takes no others ("additionalProperties": false), and an integer without
+    bounds has at most 16 digits."""
+    if isinstance(schema, list):
+        return [as_llama_cpp(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: as_llama_cpp(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and out.get("type", "object") == "object":
+        out["additionalProperties"] = False
+    if out.get("type") == "integer":
+        out.setdefault("minimum", -INT_LIMIT)
+        out.setdefault("maximum", INT_LIMIT)
+    return out
 
 
 def _llguidance():
@@ -113,7 +134,32 @@ class _Vocabulary:
     def __call__(self, text) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tok.encode(text, add_special=False, parse_special=False)
+        ids = self._tok.encode(text, add_special=False, parse_special=False)
+        if b"".join(self.tokens[i] for i in ids) == text.encode("utf-8"):
+            return ids
+        # a tokenization that does not spell the text back (SentencePiece reads a literal U+2581
+        # as its space mark): the runs between such characters as usual, those characters as bytes
+        out, run = [], ""
+        for ch in text:
+            bytes_ = self._as_bytes(ch)
+            if bytes_ is None:
+                run += ch
+                continue
+            if run:
+                out += self._tok.encode(run, add_special=False, parse_special=False)
+                run = ""
+            out += bytes_
+        if run:
+            out += self._tok.encode(run, add_special=False, parse_special=False)
+        return out
+
+    def _as_bytes(self, ch: str) -> list[int] | None:
+        """The byte tokens of a character that does not spell itself back alone, else None."""
+        ids = self._tok.encode(ch, add_special=False, parse_special=False)
+        if b"".join(self.tokens[i] for i in ids) == ch.encode("utf-8"):
+            return None
+        byte_ids = [self._tok.token_id(f"<0x{b:02X}>") for b in ch.encode("utf-8")]
+        return None if None in byte_ids else byte_ids
 
 
 class GrammarCompiler:

@@ -49,9 +49,10 @@ class LLM:
     def load(cls, path: str | Path, config: EngineConfig = EngineConfig()) -> "LLM":
         return cls(load_model(path), config)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Render messages with the chat template and tokenize, special tokens parsed."""
-        text = self.template.render(messages, add_generation_prompt=True)
+    def encode_chat(self, messages: list[dict], **variables) -> list[int]:
+        """Render messages with the chat template and tokenize, special tokens parsed; variables
+        (tools=..., enable_thinking=...) go to the template."""
+        text = self.template.render(messages, add_generation_prompt=True, **variables)
         tok = self.tokenizer
         ids = tok.encode(text, add_special=True, parse_special=True)
         # Templates usually write BOS themselves; llama.cpp would then have two.

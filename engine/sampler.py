@@ -58,6 +58,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past end-of-generation tokens (benchmarks)
     logprobs: int | None = None  # None: off; k: each token's logprob and the k likeliest alternatives
     grammar: Grammar | None = None  # constrained output (grammar.py): masks the logits before every stage
+    special: bool = False  # spell special tokens out in the text (tool-call markers that are control tokens)
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:

@@ -84,10 +84,10 @@ def _spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int, hd: int) -> None:
+def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int, hd: int, n_ctx: int = 256) -> None:
     """The hyperparameters every tiny test model writes the same way."""
     w.add_name(f"tiny-{arch}")
-    w.add_context_length(256)
+    w.add_context_length(n_ctx)
     w.add_embedding_length(D)
     w.add_block_count(n_layer)
     w.add_feed_forward_length(F)
@@ -111,10 +111,12 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
     w.add_eos_token_id(2)
 
 
-def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0) -> Path:
+def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
+                     chat_template: str | None = None, n_ctx: int = 256) -> Path:
     """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout);
     split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
-    PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first)."""
+    PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first); chat_template:
+    its tokenizer.chat_template; n_ctx: its training context."""
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe")
     types = ARCH_TYPES[arch]
@@ -122,8 +124,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
+    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd, n_ctx)
     w.add_rope_dimension_count(hd)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
     w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
     if arch.startswith("gemma"):

@@ -1,0 +1,88 @@
+"""A chat completion's tools and reasoning: the request's tools turned into the prompt and a grammar
+(engine/tool_calls.py), and the reply's text split into content, reasoning_content and tool_calls
+(engine/reasoning.py), whole or as stream deltas."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infer.engine.reasoning import ThinkStream, thinks
+from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
+from infer.engine.tool_calls import parse_tools, prepare
+
+from .openai_request import APIError, Job, kind
+
+REASONING_FORMATS = ("none", "deepseek")
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """How one chat request is rendered and its reply read."""
+
+    messages: list[dict]
+    variables: dict  # template variables (tools)
+    family: str | None  # the tool-call syntax read from the reply (None: no tools in play)
+    reasoning: bool  # split <think>...</think> off as reasoning_content
+    tools: list[Tool] = field(default_factory=list)
+
+
+def plan(body: dict, messages: list[dict], template_source: str, reasoning_format: str, job: Job, token_id):
+    """The ChatPlan of a request, and the grammar its tools need (or None); 400 on bad tools.
+    token_id(text): the vocabulary's token spelled text (tool-call markers that are one token)."""
+    try:
+        tools = parse_tools(body["tools"]) if body.get("tools") is not None else []
+        mode, name = parse_tool_choice(body.get("tool_choice"), tools)
+    except ToolError as e:
+        raise APIError(400, str(e), "tools" if "tool_choice" not in str(e) else "tool_choice", "invalid_value") from None
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError(400, f"'parallel_tool_calls' must be true or false, got {kind(parallel)}",
+                       "parallel_tool_calls", "invalid_type")
+    active = bool(tools) and mode != "none"
+    fam = family(template_source) if active or any(m.get("tool_calls") for m in messages) else None
+    msgs, variables = prepare(messages, tools, fam, mode) if fam else (messages, {})
+    g = grammar(tools, fam, mode, name, parallel, token_id) if active else None
+    if g is not None and job.params.grammar is not None:
+        raise APIError(400, f"'tools' with tool_choice {mode!r} cannot be combined with '{job.grammar_param}'",
+                       job.grammar_param, "invalid_value")
+    reasoning = reasoning_format == "deepseek" and thinks(template_source)
+    return ChatPlan(msgs, variables, fam if active else None, reasoning, tools), g
+
+
+class ChatReply:
+    """One reply's text, split as it arrives: reasoning, content, and tool calls at the end."""
+
+    def __init__(self, plan: ChatPlan, opened: bool):
+        self.think = ThinkStream(opened) if plan.reasoning else None
+        self.calls = ReplyStream(plan.family) if plan.family else None
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) that can go out now."""
+        reasoning, content = self.think.feed(text) if self.think else ("", text)
+        if self.calls:
+            content = self.calls.feed(content)
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str, list[ToolCall]]:
+        """(reasoning, content, tool calls) left at the end."""
+        reasoning, content = self.think.finish() if self.think else ("", "")
+        calls: list[ToolCall] = []
+        if self.calls:
+            content = self.calls.feed(content)
+            tail, calls = self.calls.finish()
+            content += tail
+        return reasoning, content, calls
+
+
+def message(reasoning: str, content: str, calls: list[ToolCall]) -> dict:
+    """The assistant message of a whole reply."""
+    msg: dict = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = [c.as_openai() for c in calls]
+    return msg
+
+
+def call_deltas(calls: list[ToolCall]) -> list[dict]:
+    """Stream deltas of the tool calls, one per call (its id, name and whole arguments)."""
+    return [{"tool_calls": [{"index": i, **c.as_openai()}]} for i, c in enumerate(calls)]

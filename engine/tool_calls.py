@@ -1,0 +1,368 @@
+"""Tool calling: OpenAI's tools through a model's own chat template, and its replies parsed back.
+
+Models write tool calls in their family's syntax, which their chat template also renders:
+- hermes (Qwen2.5, Qwen3, Hermes): <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
+- llama3 (Llama 3.1-3.3): a JSON object {"name": ..., "parameters": {...}} as the whole reply,
+  after an optional <|python_tag|>
+- mistral (Mistral Nemo, Small): [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]
+- deepseek (DeepSeek-R1 distills, V3): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+  \\n```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+- generic, for templates that know no tools (llama.cpp's generic format): the tools are described
+  in the system prompt and the whole reply is JSON, {"tool_calls": [{"name", "arguments"}]} or
+  {"response": "..."}, held to that schema by a grammar, so it always parses.
+The family is read from the template's source (the markers it writes).  With tool_choice
+"required" or a named function every family is held to a grammar that forces the call; with
+"auto" the native families are left free and their reply is parsed (text that only looks like a
+call stays content).  The reply needs the special tokens spelled out (SamplingParams.special):
+several families' markers are control tokens.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .grammar import JSON_OPTIONS, Grammar, as_llama_cpp
+
+FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
+DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
+DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
+# where a call starts in each family's reply (llama3 and generic: the reply itself)
+MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+           "llama3": ("<|python_tag|>", "{"), "generic": ("{",)}
+
+
+class ToolError(ValueError):
+    """A malformed tools list or tool_choice (the message names the problem)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict
+
+    def as_openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str
+
+    def as_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def parse_tools(tools: Any) -> list[Tool]:
+    """OpenAI's tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]."""
+    if not isinstance(tools, list):
+        raise ToolError(f"'tools' must be an array, got {type(tools).__name__}")
+    out, seen = [], set()
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(f, dict):
+            raise ToolError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
+        name = f.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolError(f"tools[{i}].function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}"[:200])
+        if name in seen:
+            raise ToolError(f"tools[{i}]: two tools are named {name!r}")
+        seen.add(name)
+        desc = f.get("description", "")
+        params = f.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(desc, str) or not isinstance(params, dict):
+            raise ToolError(f"tools[{i}].function: 'description' must be a string and 'parameters' an object")
+        out.append(Tool(name, desc, params))
+    return out
+
+
+def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
+    """("auto" | "none" | "required", the function a named choice forces)."""
+    if choice is None:
+        return ("auto" if tools else "none"), None
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise ToolError("'tool_choice' is \"required\" but there are no tools")
+        return choice, None
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in {t.name for t in tools}:
+            raise ToolError(f"'tool_choice' names the function {name!r}, which is not among the tools"[:200])
+        return "required", name
+    raise ToolError("'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                    "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+
+
+def family(template_source: str) -> str:
+    """The tool-call syntax a chat template writes (generic: it writes none)."""
+    if "<tool_call>" in template_source:
+        return "hermes"
+    if "[TOOL_CALLS]" in template_source:
+        return "mistral"
+    if "tool▁calls▁begin" in template_source:
+        return "deepseek"
+    if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
+        return "llama3"
+    return "generic"
+
+
+# ---------------------------------------------------------------- the prompt
+
+
+def prepare(messages: list[dict], tools: list[Tool], fam: str, mode: str) -> tuple[list[dict], dict]:
+    """Messages and template variables for a conversation with tools: assistant tool calls'
+    arguments as objects (what templates index), and for the generic family the tools described in
+    the system message and earlier calls and results written as the JSON it uses."""
+    msgs = [dict(m) for m in messages]
+    for m in msgs:
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+    if fam != "generic":
+        return msgs, ({"tools": [t.as_openai() for t in tools]} if tools and mode != "none" else {})
+    out = []
+    for m in msgs:
+        if m["role"] == "tool":
+            out.append({"role": "user", "content": json.dumps(
+                {"tool_response": {"tool_call_id": m.get("tool_call_id", ""), "content": m["content"]}})})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls})})
+        else:
+            out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    if tools and mode != "none":
+        text = ("You can call these tools to answer the user's requests:\n"
+                + json.dumps([t.as_openai() for t in tools], indent=2)
+                + '\n\nReply with JSON only: {"tool_calls": [{"name": "tool_name", "arguments": {...}}]} to call '
+                  'tools, or {"response": "your answer"} to answer directly.')
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + text}
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return _merge_users(out), {}
+
+
+def _template_call(call: Any) -> dict:
+    """An assistant message's tool call with its arguments as an object, as HF templates expect."""
+    f = call.get("function", {}) if isinstance(call, dict) else {}
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            pass  # a template can still print the text
+    return {**call, "function": {**f, "arguments": args}}
+
+
+def _merge_users(msgs: list[dict]) -> list[dict]:
+    """Adjacent user messages (tool results turned into user text) joined, for templates that
+    require the roles to alternate."""
+    out: list[dict] = []
+    for m in msgs:
+        if out and m["role"] == out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(m)
+    return out
+
+
+# ---------------------------------------------------------------- the grammar
+
+
+def _call_schema(tools: list[Tool], fam: str) -> dict:
+    key = "parameters" if fam == "llama3" else "arguments"
+    extra = {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}} if fam == "mistral" else {}  # Mistral's call ids
+    return as_llama_cpp({"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters,
+                                                                       **extra},
+                                    "required": ["name", key], "additionalProperties": False} for t in tools]})
+
+
+def _lark_json(schema: dict) -> str:
+    """A schema inside a Lark grammar, with the JSON options Grammar.json_schema uses."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+
+
+def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool,
+            token_id=lambda text: None) -> Grammar | None:
+    """What holds the reply: the generic family always (it must be JSON); the others only when a
+    call is required (a named function: that one alone).  token_id(text): the vocabulary's token
+    spelled exactly text, if any: a marker that is one (special) token is written as that token."""
+    if mode == "none" or not tools:
+        return None
+    chosen = [t for t in tools if name is None or t.name == name]
+    call = _call_schema(chosen, fam)
+    if fam == "generic":
+        calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
+                                                                  **({} if parallel else {"maxItems": 1})}},
+                 "required": ["tool_calls"], "additionalProperties": False}
+        if mode == "required":
+            return Grammar.json_schema(calls)
+        answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                  "additionalProperties": False}
+        return Grammar.json_schema({"anyOf": [calls, answer]})
+    if mode != "required":
+        return None
+    one = _lark_json(call)
+
+    def lit(text: str) -> str:
+        tid = token_id(text)
+        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+    if fam == "hermes":
+        more = ' ("\\n" call)*' if parallel else ""
+        body = f'start: call{more}\ncall: {lit("<tool_call>")} "\\n" args "\\n" {lit("</tool_call>")}\nargs: {one}'
+    elif fam == "mistral":
+        schema = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        body = f'start: {lit("[TOOL_CALLS]")} args\nargs: {_lark_json(schema)}'
+    elif fam == "deepseek":  # the name outside the JSON: one alternative per tool
+        rules = [f'call_{i}: {lit(DS_CALL)} "function" {lit(DS_SEP)} {json.dumps(t.name + chr(10) + "```json" + chr(10))} '
+                 f'args_{i} {json.dumps(chr(10) + "```")} {lit(DS_CALL_END)}\n'
+                 f'args_{i}: {_lark_json(as_llama_cpp(t.parameters))}' for i, t in enumerate(chosen)]
+        body = (f'start: {lit(DS_BEGIN)} call{"+" if parallel else ""} {lit(DS_END)}\n'
+                f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
+    else:  # llama3
+        body = f"start: args\nargs: {one}"
+    return Grammar("lark", body)
+
+
+# ---------------------------------------------------------------- the reply
+
+
+def new_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _json_at(text: str, i: int) -> tuple[Any, int] | None:
+    try:
+        return json.JSONDecoder().raw_decode(text, i)
+    except json.JSONDecodeError:
+        return None
+
+
+def _calls(items: Any, key: str = "arguments") -> list[ToolCall] | None:
+    """ToolCalls from [{"name", key}] objects, or None if they are not all well formed."""
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        return None
+    out = []
+    for it in items:
+        if not (isinstance(it, dict) and isinstance(it.get("name"), str)):
+            return None
+        args = it.get(key, it.get("arguments", it.get("parameters", {})))
+        out.append(ToolCall(it["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                            new_id()))
+    return out
+
+
+def parse_reply(fam: str, text: str) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply; a reply that does not parse as calls is content."""
+    if fam == "generic":
+        got = _json_at(text.strip(), 0)
+        value = got[0] if got else None
+        if isinstance(value, dict) and "tool_calls" in value:
+            calls = _calls(value["tool_calls"])
+            if calls:
+                return "", calls
+        if isinstance(value, dict) and isinstance(value.get("response"), str):
+            return value["response"], []
+        return text, []
+    if fam == "hermes":
+        calls, content = [], text
+        for m in re.finditer(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.S):
+            got = _calls(_json_at(m.group(1), 0)[0] if _json_at(m.group(1), 0) else None)
+            if got is None:
+                return text, []
+            calls += got
+        if calls:
+            content = text[:text.index("<tool_call>")].strip()
+        return content, calls
+    if fam == "mistral":
+        i = text.find("[TOOL_CALLS]")
+        got = _json_at(text, i + len("[TOOL_CALLS]")) if i >= 0 else None
+        calls = _calls(got[0]) if got else None
+        return (text[:i].strip(), calls) if calls else (text, [])
+    if fam == "deepseek":
+        found = re.findall(re.escape(DS_CALL) + r"function" + re.escape(DS_SEP) + r"(.*?)\n```json\n(.*?)\n```"
+                           + re.escape(DS_CALL_END), text, re.S)
+        calls = []
+        for name, args in found:
+            got = _json_at(args, 0)
+            if got is None:
+                return text, []
+            calls.append(ToolCall(name.strip(), json.dumps(got[0], ensure_ascii=False), new_id()))
+        return (text[:text.index(DS_BEGIN)].strip() if DS_BEGIN in text else "", calls) if calls else (text, [])
+    # llama3: the whole reply is the call
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):].strip()
+    got = _json_at(body, 0) if body.startswith("{") else None
+    calls = _calls(got[0], "parameters") if got and not body[got[1]:].strip() else None
+    return ("", calls) if calls else (text, [])
+
+
+class ReplyStream:
+    """A streamed reply split as it arrives: text is passed on until something that may start a
+    tool call shows up; from there it is held, and parsed when the reply ends."""
+
+    def __init__(self, fam: str):
+        self.fam = fam
+        self.sent = ""  # content passed on
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        """Content that can go out now."""
+        if self.held or not text:
+            self.held += text
+            return ""
+        pending = text
+        cut = _first_marker(self.fam, self.sent, pending)
+        if cut is None:
+            # keep back a tail that could be the beginning of a marker
+            keep = _partial_marker(self.fam, pending)
+            out, self.held = pending[:len(pending) - keep], pending[len(pending) - keep:]
+            self.sent += out
+            return out
+        out, self.held = pending[:cut], pending[cut:]
+        self.sent += out
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(content not yet passed on, tool calls) at the end of the reply."""
+        content, calls = parse_reply(self.fam, self.sent + self.held)
+        if calls:
+            return "", calls
+        if self.fam == "generic" and not self.sent:  # all held: the answer inside {"response": ...}
+            return content, []
+        return self.held, []
+
+
+def _first_marker(fam: str, sent: str, text: str) -> int | None:
+    if fam in ("llama3", "generic"):  # a call is the reply itself: it can only start it
+        if sent.strip():
+            return None
+        stripped = len(text) - len(text.lstrip())
+        rest = text[stripped:]
+        return stripped if rest and any(rest.startswith(m) for m in MARKERS[fam]) else None
+    hits = [text.find(m) for m in MARKERS[fam] if m in text]
+    return min(hits) if hits else None
+
+
+def _partial_marker(fam: str, text: str) -> int:
+    """Length of the longest tail of text that begins a marker (so it is not sent too early)."""
+    if fam in ("llama3", "generic"):
+        return 0
+    best = 0
+    for m in MARKERS[fam]:
+        for n in range(1, len(m)):
+            if text.endswith(m[:n]):
+                best = max(best, n)
+    return best

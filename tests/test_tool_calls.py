@@ -1,0 +1,195 @@
+"""Tool calls (engine/tool_calls.py) and reasoning (engine/reasoning.py): each family's replies
+parsed whole and streamed in pieces, each family's forcing grammar run on a real model, and the
+tools rendered through templates."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from infer.engine.chat_template import ChatTemplate
+from infer.engine.engine import EngineConfig
+from infer.engine.llm import LLM
+from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
+from infer.engine.sampler import SamplingParams
+from infer.engine.tool_calls import (DS_BEGIN, DS_CALL, DS_CALL_END, DS_END, DS_SEP, FAMILIES, ReplyStream, ToolError,
+                                     family, grammar, parse_reply, parse_tool_choice, parse_tools, prepare)
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["a", "b"]}}}
+
+# what each family's model writes (from the families' chat templates and model cards)
+REPLIES = {
+    "hermes": ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "Let me check."),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}, '
+                '{"name": "add", "arguments": {"a": 1, "b": 2}}]', ""),
+    "deepseek": (f'{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Paris"}}\n```{DS_CALL_END}'
+                 f'{DS_CALL}function{DS_SEP}add\n```json\n{{"a": 1, "b": 2}}\n```{DS_CALL_END}{DS_END}', ""),
+    "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "add", "arguments": {"a": 1, "b": 2}}]}', ""),
+}
+TWO_CALLS = [("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+
+
+@pytest.mark.parametrize("fam", list(REPLIES))
+def test_replies_parse_whole_and_streamed(fam):
+    text, content = REPLIES[fam]
+    got_content, calls = parse_reply(fam, text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == TWO_CALLS
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+    for size in (1, 3, 7):  # streamed in pieces: the same calls, the content before them passed on
+        s = ReplyStream(fam)
+        sent = "".join(s.feed(text[i:i + size]) for i in range(0, len(text), size))
+        tail, calls = s.finish()
+        assert (sent + tail).strip() == content and [(c.name, json.loads(c.arguments)) for c in calls] == TWO_CALLS
+
+
+def test_llama3_and_plain_replies():
+    content, calls = parse_reply("llama3", '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}')
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+    for fam in FAMILIES:  # text that is no call stays content, whole and streamed
+        for text in ("The weather is fine.", "Use <tool_call> tags, e.g. {not json}.", '{"name": 3}'):
+            if fam == "generic" and text.startswith("{"):
+                continue
+            assert parse_reply(fam, text) == (text, [])
+            s = ReplyStream(fam)
+            sent = "".join(s.feed(ch) for ch in text)
+            tail, calls = s.finish()
+            assert sent + tail == text and calls == []
+    assert parse_reply("generic", '{"response": "Hello!"}') == ("Hello!", [])
+
+
+def test_family_from_the_template():
+    assert family("{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert family("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
+    assert family("<｜tool▁calls▁begin｜>") == "deepseek"
+    assert family('<|start_header_id|>{{ tools }} "parameters"') == "llama3"
+    assert family("{{ '<start_of_turn>' }}") == "generic"
+
+
+def test_bad_tools_and_choices():
+    tools = parse_tools([WEATHER, ADD])
+    assert [t.name for t in tools] == ["get_weather", "add"]
+    for bad, msg in [("x", "must be an array"), ([{"type": "function"}], "tools[0] must be"),
+                     ([{"type": "function", "function": {"name": ""}}], "name must be"),
+                     ([WEATHER, WEATHER], "two tools are named"),
+                     ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], "'parameters' an object")]:
+        with pytest.raises(ToolError, match=re.escape(msg)):
+            parse_tools(bad)
+    assert parse_tool_choice(None, tools) == ("auto", None)
+    assert parse_tool_choice({"type": "function", "function": {"name": "add"}}, tools) == ("required", "add")
+    for bad, msg in [("sometimes", "must be"), ({"type": "function", "function": {"name": "nope"}}, "not among"),
+                     ("required", "no tools")]:
+        with pytest.raises(ToolError, match=re.escape(msg)):
+            parse_tool_choice(bad, tools if bad != "required" else [])
+
+
+@pytest.fixture(scope="module")
+def llm(gemma_path):
+    return LLM.load(gemma_path, EngineConfig(n_ctx=1024, n_threads=2, max_seqs=2))
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_forcing_grammars_give_calls_that_parse(llm, fam):
+    """tool_choice "required" / a named function: whatever the model would write, the grammar
+    makes it one call in that family's syntax (the grammar then ends the reply), which parses, with
+    arguments that fit the schema."""
+    tools = parse_tools([WEATHER, ADD])
+    for name, seed in ((None, 1), ("add", 2), (None, 3)):
+        g = grammar(tools, fam, "required", name, False, llm.tokenizer.token_id)
+        params = SamplingParams(temperature=0.8, seed=seed, max_tokens=200, grammar=g, special=True)
+        prompt = llm.encode_chat([{"role": "user", "content": "What is the weather in Paris, and 2 + 3?"}])
+        events = list(llm.engine.generate(prompt, params))
+        text = "".join(e.text for e in events)
+        assert events[-1].finish_reason == "stop", text
+        _, calls = parse_reply(fam, text)
+        assert len(calls) == 1, text
+        args = json.loads(calls[0].arguments)
+        assert calls[0].name in ("get_weather", "add") and (name is None or calls[0].name == name)
+        assert set(args) == ({"city"} if calls[0].name == "get_weather" else {"a", "b"})
+
+
+@pytest.mark.parametrize("fam", list(REPLIES))
+def test_parallel_grammars_take_several_calls(llm, fam):
+    """With parallel_tool_calls the forcing grammar takes the family's two-call reply; without,
+    it refuses the second call."""
+    tools = parse_tools([WEATHER, ADD])
+    text = REPLIES[fam][0].split("\n", 1)[1] if fam == "hermes" else REPLIES[fam][0]  # no content first
+    for parallel in (True, False):
+        g = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
+        compiled = llm.engine.grammars.compile(g)
+        # tokens that spell the text back (Gemma's SentencePiece would read DeepSeek's U+2581 as spaces)
+        ids = compiled.lltokenizer.tokenize_bytes(text.encode())
+        m = compiled.matcher()
+        ok = True
+        for t in ids:
+            if t not in set(m.allowed().tolist()):
+                ok = False
+                break
+            m.consume(t)
+        assert ok == parallel and (not parallel or m.done or llm.tokenizer.eos_id in m.allowed()), (fam, parallel)
+
+
+QWEN_LIKE = """{%- if tools %}<|im_start|>system
+You may call functions. <tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_tools_and_earlier_calls_reach_the_template():
+    tools = parse_tools([WEATHER])
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+    prepared, variables = prepare(msgs, tools, "hermes", "auto")
+    text = ChatTemplate(QWEN_LIKE).render(prepared, **variables)
+    assert '"name": "get_weather"' in text and '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
+    assert "<tool_response>\nSunny\n</tool_response>" in text
+    # a template that knows no tools: described in the system turn, calls and results as JSON text
+    prepared, variables = prepare(msgs, tools, "generic", "auto")
+    assert variables == {} and prepared[0]["role"] == "system" and "get_weather" in prepared[0]["content"]
+    assert json.loads(prepared[2]["content"]) == {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}
+    assert json.loads(prepared[3]["content"])["tool_response"]["content"] == "Sunny"
+
+
+def test_thinking_is_split_off():
+    def run(chunks, inside=False):
+        t, r, c = ThinkStream(inside), "", ""
+        for ch in chunks:
+            a, b = t.feed(ch)
+            r, c = r + a, c + b
+        a, b = t.finish()
+        return r + a, c + b
+
+    text = "<think>\nThe user wants colours. </think>\n\nRed, green and blue."
+    for size in (1, 2, 5, len(text)):
+        assert run([text[i:i + size] for i in range(0, len(text), size)]) == (
+            "\nThe user wants colours. ", "Red, green and blue.")
+    assert run(["Just an answer."]) == ("", "Just an answer.")
+    assert run(["still thinking"], inside=True) == ("still thinking", "")
+    assert run(["so", "</think>Done"], inside=True) == ("so", "Done")
+    assert thinks("{{ '<think>\\n' }}") and not thinks("{{ messages }}")
+    assert opened_in_prompt("<｜Assistant｜><think>\n") and not opened_in_prompt("<|im_start|>assistant\n")

@@ -17,6 +17,7 @@ HELP = """Commands:
   /help                 this list
   /system TEXT          set the system prompt
   /set NAME VALUE       temperature, top_p, top_k, min_p, max_tokens, seed, repeat_penalty
+  /set think on|off     let a thinking model think (where its template can turn it off, as Qwen3's)
   /show                 model, parameters, context use
   /clear                start a new conversation (the system prompt stays)
   /save FILE            save the conversation as JSON
@@ -157,6 +158,9 @@ def _repl(llm, conv, params, verbose: bool) -> None:
         atexit.register(lambda: readline.write_history_file(hist))
     except OSError:
         pass  # a read-only home: chat without saved history
+    from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
+
+    thinking = thinks(llm.template.source)  # a model that thinks: its thoughts shown dimmed, apart
     engine = llm.engine
     engine.start()  # Ctrl-C then lands in this thread, never inside an engine step
     name = llm.model.config.name or llm.model.path.name
@@ -178,9 +182,13 @@ def _repl(llm, conv, params, verbose: bool) -> None:
                 continue
             st = TurnStats()
             try:
+                think = None
                 for ev in conv.turn(text, params, st):
-                    if ev.text:
-                        console.print(ev.text, end="", markup=False, soft_wrap=True)
+                    if think is None:  # the prompt is rendered by now: did it open a <think>?
+                        think = ThinkStream(opened_in_prompt(conv.prompt_text)) if thinking else False
+                    _show(console, think.feed(ev.text) if think else ("", ev.text))
+                if think:
+                    _show(console, think.finish())
                 console.print()
             except KeyboardInterrupt:
                 console.print("\n[dim](stopped)[/]")
@@ -197,6 +205,15 @@ def _repl(llm, conv, params, verbose: bool) -> None:
         engine.stop()
 
 
+def _show(console, parts: tuple[str, str]) -> None:
+    """A piece of a reply: (thinking, answer), the thinking dimmed."""
+    reasoning, content = parts
+    if reasoning:
+        console.print(reasoning, end="", markup=False, soft_wrap=True, style="dim")
+    if content:
+        console.print(content, end="", markup=False, soft_wrap=True)
+
+
 def _command(text: str, llm, conv, params, last, console):
     """Run a slash command; returns "bye", new sampling params, or None."""
     from infer.engine.conversation import ConversationError
@@ -211,6 +228,15 @@ def _command(text: str, llm, conv, params, last, console):
     elif cmd == "/system":
         conv.system = arg or None
         console.print("system prompt set" if arg else "system prompt cleared")
+    elif cmd == "/set" and arg.split(" ")[0] == "think":
+        value = arg.partition(" ")[2].strip()
+        if value not in ("on", "off"):
+            console.print("usage: /set think on|off")
+        elif "enable_thinking" not in llm.template.source:
+            console.print("this model's chat template has no switch for thinking")
+        else:
+            conv.variables["enable_thinking"] = value == "on"
+            console.print(f"thinking {value}")
     elif cmd == "/set":
         name, _, value = arg.partition(" ")
         if name not in SETTABLE or not value.strip():

@@ -38,6 +38,7 @@ class Conversation:
     system: str | None = None
     messages: list[dict] = field(default_factory=list)  # user and assistant turns, no system
     reserve: int = 256  # tokens kept free for the reply when fitting the prompt
+    variables: dict = field(default_factory=dict)  # template variables (enable_thinking=...)
     # what the engine computed last turn: the prompt's text and ids, then the reply's text and ids
     _last: tuple[str, list[int]] | None = field(default=None, repr=False)
     _prompt: tuple[str, list[int]] = field(default=("", []), repr=False)  # this turn's, as fitted
@@ -51,11 +52,11 @@ class Conversation:
         reply, the ids do too: the reply's tokens as generated (re-tokenizing its text could split
         it differently), then the new text's, so the prefix cache finds every earlier block."""
         llm = self.llm
-        text = llm.template.render(self.full_messages(), add_generation_prompt=True)
+        text = llm.template.render(self.full_messages(), add_generation_prompt=True, **self.variables)
         if self._last is not None and text.startswith(self._last[0]):
             tail = llm.tokenizer.encode(text[len(self._last[0]):], add_special=False, parse_special=True)
             return text, self._last[1] + tail
-        return text, llm.encode_chat(self.full_messages())
+        return text, llm.encode_chat(self.full_messages(), **self.variables)
 
     def fit(self) -> tuple[list[int], int]:
         """The prompt of the conversation, dropping the oldest turns until it fits; (ids, turns dropped)."""
@@ -104,6 +105,11 @@ class Conversation:
                 yield ev
         finally:
             self.messages.append({"role": "assistant", "content": "".join(parts)})
+
+    @property
+    def prompt_text(self) -> str:
+        """This turn's prompt as rendered (after turn() has started)."""
+        return self._prompt[0]
 
     def clear(self) -> None:
         self.messages.clear()

@@ -124,3 +124,33 @@ def test_piped_input_answers_once(env, gemma_path):
     assert plain.returncode == 0 and plain.stdout.strip() == out["reply"].strip()
     empty = subprocess.run(cmd, input="", capture_output=True, text=True, env=env, timeout=300)
     assert empty.returncode != 0 and "Traceback" not in empty.stderr
+
+
+THINKING = """{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}"""
+
+
+def test_thinking_is_dimmed_and_switchable(env, tmp_path):
+    # a template that opens <think> (as DeepSeek-R1's and Qwen3's do); a grammar makes the tiny
+    # random model think a few words, close the thought and answer
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "thinker.gguf", "qwen2", seed=5, chat_template=THINKING, n_ctx=1024)
+    grammar = tmp_path / "think.gbnf"
+    grammar.write_text('root ::= [a-z ]{3,12} "</think>" "\\n\\n" "yes"')
+    child = spawn(dict(env, TERM="xterm-256color"), path, "--grammar", str(grammar), "--max-tokens", "60")
+    out = say(child, "hi")
+    assert re.search(r"\x1b\[2m[a-z ]{3,12}\x1b\[0m", out), repr(out)  # the thought, dimmed
+    assert out.rstrip().endswith("yes") and "</think>" not in out
+    assert "thinking off" in say(child, "/set think off")
+    assert "usage: /set think on|off" in say(child, "/set think maybe")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)

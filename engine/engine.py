@@ -336,11 +336,14 @@ class Engine:
         allowed = None
         if req.grammar is not None:
             allowed = req.grammar.allowed()
-            if allowed.size == 0:
+            if req.grammar.none_allowed(allowed):
                 self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
                 self._finish(req, "stop", events)
                 return
-            if req.logprobs is not None:
+            if allowed.dtype == np.bool_:  # nearly all allowed: the few others to -inf, sampled as usual
+                req.grammar.mask(logits, allowed)
+                allowed = None
+            elif req.logprobs is not None:
                 req.grammar.mask(logits, allowed)
         tok = int(req.sample(logits, req.history[:n], req.rng, allowed))
         if not req.t_first:

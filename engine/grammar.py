@@ -231,19 +231,34 @@ class GrammarMatcher:
         self._words = np.zeros((compiled.vocab_size + 31) // 32, np.int32)  # the allowed-token bitmask
 
     def allowed(self) -> np.ndarray:
-        """The token ids the grammar allows next, ascending (int64; empty: nothing can follow).
-        From the bitmask's nonzero words only: in most states of a grammar few tokens fit."""
+        """The tokens the grammar allows next: in most states of a grammar few fit, and then their
+        ids, ascending (int64; empty: nothing can follow); where nearly all fit (inside a string) a
+        (V,) bool mask, which costs less than a quarter million ids."""
         self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         words = self._words.view(np.uint32)
         nz = np.flatnonzero(words)
+        if nz.size * 8 > words.size:
+            return np.unpackbits(words.view(np.uint8), bitorder="little")[:self.vocab_size].view(np.bool_)
         rows, bits = np.nonzero(np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(-1, 32))
         ids = nz[rows] * 32 + bits
         return ids[ids < self.vocab_size]
 
+    def allowed_ids(self) -> np.ndarray:
+        """allowed(), always as ids."""
+        a = self.allowed()
+        return np.flatnonzero(a) if a.dtype == np.bool_ else a
+
+    @staticmethod
+    def none_allowed(allowed: np.ndarray) -> bool:
+        return not allowed.any() if allowed.dtype == np.bool_ else allowed.size == 0
+
     @staticmethod
     def mask(logits: np.ndarray, allowed: np.ndarray) -> None:
-        """Set the logits (V,) of the tokens not in allowed to -inf, in place (so logprobs report
-        the constrained distribution)."""
+        """Set the logits (V,) of the tokens not allowed to -inf, in place (so logprobs report the
+        constrained distribution)."""
+        if allowed.dtype == np.bool_:
+            np.putmask(logits, ~allowed, -np.inf)
+            return
         kept = logits[allowed]
         logits.fill(-np.inf)
         logits[allowed] = kept

@@ -154,7 +154,7 @@ def test_allowed_tokens_agree_with_llama_cpp(llm, gemma_path, case):
     matcher = llm.engine.grammars.compile(Grammar("gbnf", text)).matcher()
     states = 0
     for t in tok.encode(path_text, add_special=False) + [None]:
-        ours, theirs = matcher.allowed(), np.flatnonzero(reference())
+        ours, theirs = matcher.allowed_ids(), np.flatnonzero(reference())
         assert spell(ours) == spell(theirs), (case, states)
         states += 1
         if t is None:
@@ -163,3 +163,25 @@ def test_allowed_tokens_agree_with_llama_cpp(llm, gemma_path, case):
         matcher.consume(t)
     assert states > 3
     llama_cpp.llama_sampler_free(smpl)
+
+
+@pytest.mark.parametrize("fraction", [0.0005, 0.97])
+def test_sampling_from_allowed_equals_sampling_masked_logits(fraction):
+    """Sampling from a grammar's allowed ids draws exactly what the whole vocabulary with the
+    others at -inf draws, for every stage (the engine masks wide sets so; few tokens: ids)."""
+    from infer.engine.sampler import make_rng, make_sampler
+
+    rng = np.random.default_rng(0)
+    V = 5000
+    for trial in range(20):
+        logits = rng.normal(size=V).astype(np.float32) * 3
+        mask = rng.random(V) < fraction
+        mask[rng.integers(V)] = True
+        masked = np.where(mask, logits, np.float32(-np.inf))
+        history = rng.integers(0, V, 30).astype(np.int32)
+        for params in (SamplingParams(temperature=0.0, repeat_penalty=1.3),
+                       SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=trial)):
+            s = make_sampler(params)
+            want = s(masked, history, make_rng(trial))
+            assert mask[want]
+            assert s(logits, history, make_rng(trial), np.flatnonzero(mask)) == want

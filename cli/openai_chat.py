@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infer.engine.chat_template import ChatTemplateError
 from infer.engine.reasoning import ThinkStream, thinks
 from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
-from infer.engine.tool_calls import parse_tools, prepare
+from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
 
 from .openai_request import APIError, Job, kind
 
@@ -46,6 +47,17 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
                        job.grammar_param, "invalid_value")
     reasoning = reasoning_format == "deepseek" and thinks(template_source)
     return ChatPlan(msgs, variables, fam if active else None, reasoning, tools), g
+
+
+def encode(llm, plan: ChatPlan) -> list[int]:
+    """The prompt's tokens: tool calls' arguments as objects (what most templates index), or as
+    JSON text where the template only takes strings (DeepSeek-R1's)."""
+    try:
+        return llm.encode_chat(plan.messages, **plan.variables)
+    except ChatTemplateError:
+        if not any(m.get("tool_calls") for m in plan.messages):
+            raise
+        return llm.encode_chat(with_text_arguments(plan.messages), **plan.variables)
 
 
 class ChatReply:

@@ -286,7 +286,7 @@ class OpenAIServer:
                 job = replace(job, params=replace(job.params, grammar=tool_grammar or job.params.grammar,
                                                   special=True))
             await self._compile(job)
-            prompt = await self._encode(lambda m: self.llm.encode_chat(m, **chat.variables), chat.messages)
+            prompt = await self._encode(lambda c: openai_chat.encode(self.llm, c), chat)
             params = self._fit(job, prompt)
             events = self._events(request, prompt, params)
             first = await anext(events)  # surfaces a 503 or a cancelled request before any header goes out

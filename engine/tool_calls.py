@@ -108,7 +108,7 @@ def family(template_source: str) -> str:
         return "hermes"
     if "[TOOL_CALLS]" in template_source:
         return "mistral"
-    if "tool▁calls▁begin" in template_source:
+    if "tool▁call" in template_source:  # tool▁calls▁begin, tool▁call▁begin
         return "deepseek"
     if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
         return "llama3"
@@ -160,6 +160,20 @@ def _template_call(call: Any) -> dict:
         except json.JSONDecodeError:
             pass  # a template can still print the text
     return {**call, "function": {**f, "arguments": args}}
+
+
+def with_text_arguments(messages: list[dict]) -> list[dict]:
+    """The messages with their tool calls' arguments as JSON text, for templates that write them
+    as strings (DeepSeek-R1's concatenates them) and fail on objects."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": c["function"]["arguments"]
+                                                        if isinstance(c["function"]["arguments"], str)
+                                                        else json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
+                                     for c in m["tool_calls"]]}
+        out.append(m)
+    return out
 
 
 def _merge_users(msgs: list[dict]) -> list[dict]:
@@ -221,7 +235,7 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
         body = f'start: call{more}\ncall: {lit("<tool_call>")} "\\n" args "\\n" {lit("</tool_call>")}\nargs: {one}'
     elif fam == "mistral":
         schema = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-        body = f'start: {lit("[TOOL_CALLS]")} args\nargs: {_lark_json(schema)}'
+        body = f'start: {lit("[TOOL_CALLS]")} " "? args\nargs: {_lark_json(schema)}'
     elif fam == "deepseek":  # the name outside the JSON: one alternative per tool
         rules = [f'call_{i}: {lit(DS_CALL)} "function" {lit(DS_SEP)} {json.dumps(t.name + chr(10) + "```json" + chr(10))} '
                  f'args_{i} {json.dumps(chr(10) + "```")} {lit(DS_CALL_END)}\n'
@@ -287,7 +301,8 @@ def parse_reply(fam: str, text: str) -> tuple[str, list[ToolCall]]:
         return content, calls
     if fam == "mistral":
         i = text.find("[TOOL_CALLS]")
-        got = _json_at(text, i + len("[TOOL_CALLS]")) if i >= 0 else None
+        j = i + len("[TOOL_CALLS]")
+        got = _json_at(text, j + len(text[j:]) - len(text[j:].lstrip())) if i >= 0 else None
         calls = _calls(got[0]) if got else None
         return (text[:i].strip(), calls) if calls else (text, [])
     if fam == "deepseek":

@@ -193,3 +193,37 @@ def test_thinking_is_split_off():
     assert run(["so", "</think>Done"], inside=True) == ("so", "Done")
     assert thinks("{{ '<think>\\n' }}") and not thinks("{{ messages }}")
     assert opened_in_prompt("<｜Assistant｜><think>\n") and not opened_in_prompt("<|im_start|>assistant\n")
+
+
+DS_LIKE = ("{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+           "{% elif m.tool_calls %}{% for c in m.tool_calls %}<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+           "{{ c.function.name + '\\n```json\\n' + c.function.arguments + '\\n```' }}<｜tool▁call▁end｜>{% endfor %}"
+           "{% elif m.role == 'tool' %}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>{% endif %}"
+           "{% endfor %}<｜Assistant｜><think>\n")
+
+
+def test_templates_that_take_arguments_as_text():
+    """DeepSeek-R1's template concatenates the arguments as a string: objects fail to render
+    there, so the call is rendered again with the arguments as JSON text."""
+    from infer.cli.openai_chat import ChatPlan, encode
+
+    class Stub:
+        template = ChatTemplate(DS_LIKE)
+
+        def encode_chat(self, messages, **variables):
+            return [self.template.render(messages, **variables)]
+
+    msgs = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+    prepared, variables = prepare(msgs, parse_tools([WEATHER]), family(DS_LIKE), "auto")
+    assert family(DS_LIKE) == "deepseek" and isinstance(prepared[1]["tool_calls"][0]["function"]["arguments"], dict)
+    (text,) = encode(Stub(), ChatPlan(prepared, variables, "deepseek", True))
+    assert 'get_weather\n```json\n{"city": "Paris"}\n```' in text and text.endswith("<think>")
+
+
+def test_mistral_space_before_the_array():
+    # Mistral Small 3.1's template writes "[TOOL_CALLS] [" with a space, and its models do too
+    content, calls = parse_reply("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1, "b": 2}}]')
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]

@@ -24,6 +24,7 @@ class ChatPlan:
     family: str | None  # the tool-call syntax read from the reply (None: no tools in play)
     reasoning: bool  # split <think>...</think> off as reasoning_content
     tools: list[Tool] = field(default_factory=list)
+    triggers: tuple[str, ...] = ()  # where the tools' grammar starts ("auto": at a call)
 
 
 def plan(body: dict, messages: list[dict], template_source: str, reasoning_format: str, job: Job, token_id):
@@ -41,12 +42,14 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
     active = bool(tools) and mode != "none"
     fam = family(template_source) if active or any(m.get("tool_calls") for m in messages) else None
     msgs, variables = prepare(messages, tools, fam, mode) if fam else (messages, {})
-    g = grammar(tools, fam, mode, name, parallel, token_id) if active else None
+    g, triggers = grammar(tools, fam, mode, name, parallel, token_id) if active else (None, ())
+    if triggers and job.params.grammar is not None:  # "auto" beside a response format: that format holds
+        g, triggers = None, ()
     if g is not None and job.params.grammar is not None:
         raise APIError(400, f"'tools' with tool_choice {mode!r} cannot be combined with '{job.grammar_param}'",
                        job.grammar_param, "invalid_value")
     reasoning = reasoning_format == "deepseek" and thinks(template_source)
-    return ChatPlan(msgs, variables, fam if active else None, reasoning, tools), g
+    return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers), g
 
 
 def encode(llm, plan: ChatPlan) -> list[int]:

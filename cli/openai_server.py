@@ -284,7 +284,7 @@ class OpenAIServer:
                                                   self.config.reasoning_format, job, self.tokenizer.token_id)
             if tool_grammar is not None or chat.family:  # markers may be control tokens: spell them out
                 job = replace(job, params=replace(job.params, grammar=tool_grammar or job.params.grammar,
-                                                  special=True))
+                                                  grammar_triggers=chat.triggers, special=True))
             await self._compile(job)
             prompt = await self._encode(lambda c: openai_chat.encode(self.llm, c), chat)
             params = self._fit(job, prompt)
@@ -299,7 +299,8 @@ class OpenAIServer:
                 "system_fingerprint": self.fingerprint}
         # a reply that starts inside a <think> the prompt opened, unless a tool call is forced
         # (its grammar leaves no room to think)
-        reply = openai_chat.ChatReply(chat, chat.reasoning and tool_grammar is None and opened_in_prompt(
+        forced = tool_grammar is not None and not chat.triggers
+        reply = openai_chat.ChatReply(chat, chat.reasoning and not forced and opened_in_prompt(
             self.tokenizer.decode(prompt[-16:], special=True)))
         if job.stream:
             return self._sse(self._chat_chunks(head, first, events, job, reply))

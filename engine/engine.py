@@ -110,7 +110,9 @@ class _Request:
                  sink: EventSink | None = None, grammar: GrammarMatcher | None = None):
         self.seq = Sequence(rid, list(prompt), len(prompt))
         self.params = params
-        self.grammar = grammar
+        # a lazy grammar waits (in `waiting`) until the reply shows one of its triggers
+        self.grammar, self.waiting = (None, grammar) if params.grammar_triggers else (grammar, None)
+        self.reply = ""  # the reply's text so far, while a lazy grammar waits
         self.sample = make_sampler(params)
         self.rng = make_rng(params.seed)
         self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
@@ -358,7 +360,10 @@ class Engine:
         req.history[n] = tok
         if req.logprobs is not None:
             req.logprobs.append(token_logprob(logits, tok, req.params.logprobs))
-        text, stopped = req.stop.feed(req.detok.add(tok))
+        piece = req.detok.add(tok)
+        if req.waiting is not None:
+            self._trigger(req, piece)
+        text, stopped = req.stop.feed(piece)
         if text:
             events.append(Event(seq.id, text, tok, logprobs=self._take_logprobs(req)))
         if stopped:
@@ -370,6 +375,23 @@ class Engine:
         elif len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
             self.scheduler.finish(seq)
             self._finish(req, "length", events)
+
+    @staticmethod
+    def _trigger(req: _Request, piece: str) -> None:
+        """Start a lazy grammar once the reply shows a trigger: the reply from the trigger on is
+        fed to it, so the rest must follow it."""
+        req.reply += piece
+        for trig in req.params.grammar_triggers:
+            if trig.startswith("^"):
+                body = req.reply.lstrip()
+                at = len(req.reply) - len(body) if body.startswith(trig[1:]) else -1
+            else:
+                at = req.reply.find(trig)
+            if at >= 0:
+                matcher, req.waiting = req.waiting, None
+                if matcher.follow(req.reply[at:]):
+                    req.grammar = matcher
+                return  # text the grammar refuses (a near miss): the reply stays free
 
     def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True) -> None:
         seq = req.seq

@@ -204,7 +204,9 @@ class GrammarCompiler:
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, self._lltokenizer())
         if is_error:
             raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(messages[0]))}")
-        return CompiledGrammar(text, self._lltokenizer(), self._tokenizer.vocab_size)
+        tok = self._tokenizer
+        return CompiledGrammar(text, self._lltokenizer(), tok.vocab_size,
+                               lambda t: tok.encode(t, add_special=False, parse_special=True))
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,6 +216,7 @@ class CompiledGrammar:
     text: str
     lltokenizer: Any
     vocab_size: int
+    encode: Any  # text -> token ids, special tokens parsed (GrammarMatcher.follow)
 
     def matcher(self) -> "GrammarMatcher":
         return GrammarMatcher(self)
@@ -224,6 +227,8 @@ class GrammarMatcher:
 
     def __init__(self, compiled: CompiledGrammar):
         llg = _llguidance()
+        self._ll = compiled.lltokenizer
+        self._encode = compiled.encode
         self._m = llg.LLMatcher(compiled.lltokenizer, compiled.text, log_level=0)
         if self._m.is_error():
             raise GrammarError(_one_line(Exception(self._m.get_error())))
@@ -262,6 +267,16 @@ class GrammarMatcher:
         kept = logits[allowed]
         logits.fill(-np.inf)
         logits[allowed] = kept
+
+    def follow(self, text: str) -> bool:
+        """Feed text already written; False if the grammar refuses it.  The text is tokenized with
+        special tokens read as such (a marker the grammar names as one token), else spelled out."""
+        for ids in (self._encode(text), self._ll.tokenize_bytes(text.encode("utf-8"))):
+            m = self._m.deep_copy()
+            if all(m.consume_token(int(t)) for t in ids):
+                self._m = m
+                return True
+        return False
 
     def consume(self, token: int) -> None:
         if not self._m.consume_token(int(token)):

@@ -59,6 +59,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k: each token's logprob and the k likeliest alternatives
     grammar: Grammar | None = None  # constrained output (grammar.py): masks the logits before every stage
     special: bool = False  # spell special tokens out in the text (tool-call markers that are control tokens)
+    # lazy grammar: free until the reply shows one of these texts ("^text": only at its start, after
+    # whitespace); from there on the grammar holds, starting at that text
+    grammar_triggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:
@@ -97,6 +100,10 @@ class SamplingParams:
                 raise InvalidSamplingParams(f"stop strings must be non-empty strings, got {s!r}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise InvalidSamplingParams(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+        if self.grammar_triggers and (self.grammar is None or not all(
+                isinstance(t, str) and t.lstrip("^") for t in self.grammar_triggers)):
+            raise InvalidSamplingParams("grammar_triggers need a grammar and non-empty texts")
+        object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
         # Lists are accepted for convenience but stored as a tuple so the params stay hashable.
         object.__setattr__(self, "stop", stop)
 

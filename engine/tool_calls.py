@@ -34,6 +34,11 @@ MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek":
            "llama3": ("<|python_tag|>", "{"), "generic": ("{",)}
 
 
+# where a call starts in "auto" mode ("^": only at the start of the reply)
+TRIGGERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN,),
+            "llama3": ("<|python_tag|>", "^{")}
+
+
 class ToolError(ValueError):
     """A malformed tools list or tool_choice (the message names the problem)."""
 
@@ -205,12 +210,14 @@ def _lark_json(schema: dict) -> str:
 
 
 def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool,
-            token_id=lambda text: None) -> Grammar | None:
-    """What holds the reply: the generic family always (it must be JSON); the others only when a
-    call is required (a named function: that one alone).  token_id(text): the vocabulary's token
-    spelled exactly text, if any: a marker that is one (special) token is written as that token."""
+            token_id=lambda text: None) -> tuple[Grammar | None, tuple[str, ...]]:
+    """What holds the reply, and the texts that start it (SamplingParams.grammar_triggers; none:
+    from the first token).  The generic family: always, from the start (the reply must be JSON).
+    The others: with a call required (a named function: that one alone) from the start; with
+    "auto" the model is free until it starts a call, which from there must parse.  token_id(text):
+    the vocabulary's token spelled exactly text, if any: a marker that is one token is written as it."""
     if mode == "none" or not tools:
-        return None
+        return None, ()
     chosen = [t for t in tools if name is None or t.name == name]
     call = _call_schema(chosen, fam)
     if fam == "generic":
@@ -218,12 +225,10 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
                                                                   **({} if parallel else {"maxItems": 1})}},
                  "required": ["tool_calls"], "additionalProperties": False}
         if mode == "required":
-            return Grammar.json_schema(calls)
+            return Grammar.json_schema(calls), ()
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
                   "additionalProperties": False}
-        return Grammar.json_schema({"anyOf": [calls, answer]})
-    if mode != "required":
-        return None
+        return Grammar.json_schema({"anyOf": [calls, answer]}), ()
     one = _lark_json(call)
 
     def lit(text: str) -> str:
@@ -243,8 +248,9 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
         body = (f'start: {lit(DS_BEGIN)} call{"+" if parallel else ""} {lit(DS_END)}\n'
                 f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
     else:  # llama3
-        body = f"start: args\nargs: {one}"
-    return Grammar("lark", body)
+        body = f'start: {lit("<|python_tag|>")}? args\nargs: {one}'
+    triggers = () if mode == "required" else TRIGGERS[fam]
+    return Grammar("lark", body), triggers
 
 
 # ---------------------------------------------------------------- the reply

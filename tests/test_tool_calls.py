@@ -103,7 +103,8 @@ def test_forcing_grammars_give_calls_that_parse(llm, fam):
     arguments that fit the schema."""
     tools = parse_tools([WEATHER, ADD])
     for name, seed in ((None, 1), ("add", 2), (None, 3)):
-        g = grammar(tools, fam, "required", name, False, llm.tokenizer.token_id)
+        g, triggers = grammar(tools, fam, "required", name, False, llm.tokenizer.token_id)
+        assert triggers == ()
         params = SamplingParams(temperature=0.8, seed=seed, max_tokens=200, grammar=g, special=True)
         prompt = llm.encode_chat([{"role": "user", "content": "What is the weather in Paris, and 2 + 3?"}])
         events = list(llm.engine.generate(prompt, params))
@@ -123,7 +124,7 @@ def test_parallel_grammars_take_several_calls(llm, fam):
     tools = parse_tools([WEATHER, ADD])
     text = REPLIES[fam][0].split("\n", 1)[1] if fam == "hermes" else REPLIES[fam][0]  # no content first
     for parallel in (True, False):
-        g = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
+        g, _ = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
         compiled = llm.engine.grammars.compile(g)
         # tokens that spell the text back (Gemma's SentencePiece would read DeepSeek's U+2581 as spaces)
         ids = compiled.lltokenizer.tokenize_bytes(text.encode())
@@ -227,3 +228,36 @@ def test_mistral_space_before_the_array():
     # Mistral Small 3.1's template writes "[TOOL_CALLS] [" with a space, and its models do too
     content, calls = parse_reply("mistral", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1, "b": 2}}]')
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+
+
+@pytest.mark.parametrize("fam, before, call", [
+    ("hermes", "Let me look that up. ", '<tool_call>\n{"name": "add", "arguments": {"a": 1'),
+    ("mistral", "", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1'),
+    ("llama3", "  ", '{"name": "add", "parameters": {"a": 1'),
+])
+def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
+    """tool_choice "auto": no grammar until the reply shows the family's call marker; from there the
+    call must parse (the text written so far is fed to the grammar, which then masks the rest)."""
+    from infer.engine.engine import Engine
+
+    tools = parse_tools([WEATHER, ADD])
+    g, triggers = grammar(tools, fam, "auto", None, True, llm.tokenizer.token_id)
+    assert triggers
+    params = SamplingParams(grammar=g, grammar_triggers=triggers, special=True)
+
+    class Req:  # what Engine._trigger reads and sets
+        def __init__(self):
+            self.params, self.reply, self.grammar = params, "", None
+            self.waiting = llm.engine.grammars.compile(g).matcher()
+
+    req = Req()
+    Engine._trigger(req, before)
+    assert req.grammar is None and req.waiting is not None  # still free
+    Engine._trigger(req, call)
+    assert req.grammar is not None and req.waiting is None
+    allowed = {llm.tokenizer.token_to_piece(int(i), special=True) for i in req.grammar.allowed_ids()}
+    # after {"a": 1 only digits, a separator, whitespace or the end of the object can follow
+    assert allowed and all(p.strip(b" \t\n")[:1] in b"0123456789,}" for p in allowed), allowed
+    near_miss = Req()  # a marker followed by what no call can be: the reply stays free
+    Engine._trigger(near_miss, (before + call).replace('"name"', '"nom"'))
+    assert near_miss.grammar is None and near_miss.waiting is None

@@ -32,7 +32,8 @@ from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
 from . import openai_chat
-from .openai_request import (MIN_LOGPROB, APIError, Job, bool_field, chat_messages, int_field, kind, parse_job,
+from .openai_logprobs import chat_logprobs, completion_logprobs
+from .openai_request import (APIError, Job, bool_field, chat_messages, int_field, kind, parse_job,
                              text_field)
 from .server_metrics import Metrics
 
@@ -222,34 +223,6 @@ class OpenAIServer:
         except (ChatTemplateError, TokenizerError) as e:
             raise APIError(400, str(e).splitlines()[0], None, "invalid_value") from None
 
-    # -- logprobs ---------------------------------------------------------------------------------
-
-    def _piece(self, tid: int) -> tuple[str, list[int]]:
-        b = self.tokenizer.token_to_piece(tid, special=True)
-        return b.decode("utf-8", errors="replace"), list(b)
-
-    def _chat_logprobs(self, lps: list[TokenLogprob]) -> list[dict]:
-        out = []
-        for lp in lps:
-            text, raw = self._piece(lp.token_id)
-            top = []
-            for tid, v in lp.top:
-                t, b = self._piece(tid)
-                top.append({"token": t, "logprob": max(v, MIN_LOGPROB), "bytes": b})
-            out.append({"token": text, "logprob": max(lp.logprob, MIN_LOGPROB), "bytes": raw, "top_logprobs": top})
-        return out
-
-    def _completion_logprobs(self, lps: list[TokenLogprob], offset: int) -> dict:
-        tokens, values, tops, offsets = [], [], [], []
-        for lp in lps:
-            text, _ = self._piece(lp.token_id)
-            tokens.append(text)
-            values.append(max(lp.logprob, MIN_LOGPROB))
-            tops.append({self._piece(tid)[0]: max(v, MIN_LOGPROB) for tid, v in lp.top})
-            offsets.append(offset)
-            offset += len(text)
-        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
-
     # -- routes -----------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -313,7 +286,7 @@ class OpenAIServer:
         r1, c1 = reply.feed(text)
         r2, c2, calls = reply.finish()
         choice = {"index": 0, "message": openai_chat.message(r1 + r2, c1 + c2, calls),
-                  "logprobs": {"content": self._chat_logprobs(lps), "refusal": None} if job.logprobs else None,
+                  "logprobs": {"content": chat_logprobs(self.tokenizer, lps), "refusal": None} if job.logprobs else None,
                   "finish_reason": "tool_calls" if calls else ev.finish_reason}
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
 
@@ -334,7 +307,7 @@ class OpenAIServer:
         tail = {"usage": None} if job.include_usage else {}  # OpenAI's chunks but the last have a null usage
 
         def chunk(delta: dict, finish: str | None = None, lps: list[TokenLogprob] | None = None) -> dict:
-            logprobs = {"content": self._chat_logprobs(lps or []), "refusal": None} if job.logprobs and lps else None
+            logprobs = {"content": chat_logprobs(self.tokenizer, lps or []), "refusal": None} if job.logprobs and lps else None
             return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
                     **tail}
 
@@ -415,7 +388,7 @@ class OpenAIServer:
         except _ClientGone:
             return Response(status_code=499)
         choice = {"text": text, "index": 0,
-                  "logprobs": self._completion_logprobs(lps, 0) if job.logprobs else None,
+                  "logprobs": completion_logprobs(self.tokenizer, lps, 0) if job.logprobs else None,
                   "finish_reason": ev.finish_reason}
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
 
@@ -426,7 +399,7 @@ class OpenAIServer:
             ev = first
             while True:
                 if ev.text or ev.logprobs or ev.finish_reason is not None:
-                    lps = self._completion_logprobs(ev.logprobs or [], offset) if job.logprobs else None
+                    lps = completion_logprobs(self.tokenizer, ev.logprobs or [], offset) if job.logprobs else None
                     offset += len(ev.text)
                     yield {**head, "choices": [{"text": ev.text, "index": 0, "logprobs": lps,
                                                 "finish_reason": ev.finish_reason}], **tail}

@@ -24,7 +24,7 @@ from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
-from .grammar import GrammarCompiler, GrammarMatcher
+from .grammar import GrammarCompiler, LazyGrammar
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
@@ -107,12 +107,12 @@ EventSink = Callable[[Event], None]
 
 class _Request:
     def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool,
-                 sink: EventSink | None = None, grammar: GrammarMatcher | None = None):
+                 sink: EventSink | None = None, grammar=None):
         self.seq = Sequence(rid, list(prompt), len(prompt))
         self.params = params
-        # a lazy grammar waits (in `waiting`) until the reply shows one of its triggers
-        self.grammar, self.waiting = (None, grammar) if params.grammar_triggers else (grammar, None)
-        self.reply = ""  # the reply's text so far, while a lazy grammar waits
+        # the matcher holding the reply now; a lazy grammar's waits for its trigger
+        self.grammar, self.waiting = (None, LazyGrammar(grammar, params.grammar_triggers)) \
+            if params.grammar_triggers else (grammar, None)
         self.sample = make_sampler(params)
         self.rng = make_rng(params.seed)
         self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
@@ -361,8 +361,8 @@ class Engine:
         if req.logprobs is not None:
             req.logprobs.append(token_logprob(logits, tok, req.params.logprobs))
         piece = req.detok.add(tok)
-        if req.waiting is not None:
-            self._trigger(req, piece)
+        if req.waiting is not None and req.waiting.seen(piece):
+            req.grammar, req.waiting = req.waiting.started, None
         text, stopped = req.stop.feed(piece)
         if text:
             events.append(Event(seq.id, text, tok, logprobs=self._take_logprobs(req)))
@@ -375,23 +375,6 @@ class Engine:
         elif len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
             self.scheduler.finish(seq)
             self._finish(req, "length", events)
-
-    @staticmethod
-    def _trigger(req: _Request, piece: str) -> None:
-        """Start a lazy grammar once the reply shows a trigger: the reply from the trigger on is
-        fed to it, so the rest must follow it."""
-        req.reply += piece
-        for trig in req.params.grammar_triggers:
-            if trig.startswith("^"):
-                body = req.reply.lstrip()
-                at = len(req.reply) - len(body) if body.startswith(trig[1:]) else -1
-            else:
-                at = req.reply.find(trig)
-            if at >= 0:
-                matcher, req.waiting = req.waiting, None
-                if matcher.follow(req.reply[at:]):
-                    req.grammar = matcher
-                return  # text the grammar refuses (a near miss): the reply stays free
 
     def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True) -> None:
         seq = req.seq

@@ -286,3 +286,35 @@ class GrammarMatcher:
     def done(self) -> bool:
         """Whether nothing but end of generation can follow (the grammar has been completed)."""
         return self._m.is_stopped()
+
+
+class LazyGrammar:
+    """A grammar that waits until the reply shows one of its triggers (a tool call's marker;
+    "^text": only at the reply's start, after whitespace): then the reply from the trigger on is
+    fed to it, and it holds the rest.  Text it refuses at the trigger (a near miss) leaves the
+    reply free for good."""
+
+    def __init__(self, matcher: GrammarMatcher, triggers: tuple[str, ...]):
+        self.matcher, self.triggers = matcher, triggers
+        self.reply = ""  # the reply so far
+        self.started: GrammarMatcher | None = None
+        self.given_up = False
+
+    def seen(self, piece: str) -> bool:
+        """Take the reply's next text; True once the grammar holds (then use .started)."""
+        if self.given_up or self.started is not None:
+            return self.started is not None
+        self.reply += piece
+        for trig in self.triggers:
+            if trig.startswith("^"):
+                body = self.reply.lstrip()
+                at = len(self.reply) - len(body) if body.startswith(trig[1:]) else -1
+            else:
+                at = self.reply.find(trig)
+            if at >= 0:
+                if self.matcher.follow(self.reply[at:]):
+                    self.started = self.matcher
+                    return True
+                self.given_up = True
+                return False
+        return False

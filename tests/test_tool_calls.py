@@ -238,26 +238,17 @@ def test_mistral_space_before_the_array():
 def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     """tool_choice "auto": no grammar until the reply shows the family's call marker; from there the
     call must parse (the text written so far is fed to the grammar, which then masks the rest)."""
-    from infer.engine.engine import Engine
+    from infer.engine.grammar import LazyGrammar
 
     tools = parse_tools([WEATHER, ADD])
     g, triggers = grammar(tools, fam, "auto", None, True, llm.tokenizer.token_id)
     assert triggers
-    params = SamplingParams(grammar=g, grammar_triggers=triggers, special=True)
-
-    class Req:  # what Engine._trigger reads and sets
-        def __init__(self):
-            self.params, self.reply, self.grammar = params, "", None
-            self.waiting = llm.engine.grammars.compile(g).matcher()
-
-    req = Req()
-    Engine._trigger(req, before)
-    assert req.grammar is None and req.waiting is not None  # still free
-    Engine._trigger(req, call)
-    assert req.grammar is not None and req.waiting is None
-    allowed = {llm.tokenizer.token_to_piece(int(i), special=True) for i in req.grammar.allowed_ids()}
+    lazy = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
+    assert not lazy.seen(before)  # still free
+    assert lazy.seen(call)
+    allowed = {llm.tokenizer.token_to_piece(int(i), special=True) for i in lazy.started.allowed_ids()}
     # after {"a": 1 only digits, a separator, whitespace or the end of the object can follow
     assert allowed and all(p.strip(b" \t\n")[:1] in b"0123456789,}" for p in allowed), allowed
-    near_miss = Req()  # a marker followed by what no call can be: the reply stays free
-    Engine._trigger(near_miss, (before + call).replace('"name"', '"nom"'))
-    assert near_miss.grammar is None and near_miss.waiting is None
+    near_miss = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
+    assert not near_miss.seen((before + call).replace('"name"', '"nom"'))  # a marker, then no call: free
+    assert not near_miss.seen('{"name": "add"}') and near_miss.given_up

@@ -185,7 +185,9 @@ def _repl(llm, conv, params, verbose: bool) -> None:
                 think = None
                 for ev in conv.turn(text, params, st):
                     if think is None:  # the prompt is rendered by now: did it open a <think>?
-                        think = ThinkStream(opened_in_prompt(conv.prompt_text)) if thinking else False
+                        # JSON held from the first token leaves no room to think (--format, --json-schema)
+                        forced = params.grammar is not None and params.grammar.kind in ("json", "json_schema")
+                        think = ThinkStream(opened_in_prompt(conv.prompt_text) and not forced) if thinking else False
                     _show(console, think.feed(ev.text) if think else ("", ev.text))
                 if think:
                     _show(console, think.finish())

@@ -3,7 +3,7 @@
 (engine/reasoning.py), whole or as stream deltas."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.reasoning import ThinkStream, thinks
@@ -11,9 +11,6 @@ from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, fami
 from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
 
 from .openai_request import APIError, Job, kind
-
-REASONING_FORMATS = ("none", "deepseek")
-
 
 @dataclass(frozen=True)
 class ChatPlan:
@@ -50,6 +47,21 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
                        job.grammar_param, "invalid_value")
     reasoning = reasoning_format == "deepseek" and thinks(template_source)
     return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers), g
+
+
+def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job, bool]:
+    """The job with its tools' grammar (the reply detokenized with special tokens spelled out:
+    several families' markers are control tokens), and whether the reply starts inside a <think>
+    the prompt opened: not where a grammar holds JSON from the first token (a forced tool call, a
+    JSON response format), which leaves no room to think; a GBNF grammar is the client's whole reply."""
+    params = job.params
+    if tool_grammar is not None or plan.family:
+        params = replace(params, grammar=tool_grammar or params.grammar, grammar_triggers=plan.triggers, special=True)
+        if tool_grammar is not None:
+            job = replace(job, grammar_param="tools")
+    g = params.grammar
+    opened = opened and not (g is not None and not params.grammar_triggers and g.kind in ("json", "json_schema", "lark"))
+    return replace(job, params=replace(params, thinking=opened)), opened
 
 
 def encode(llm, plan: ChatPlan) -> list[int]:

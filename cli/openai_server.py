@@ -148,18 +148,20 @@ class OpenAIServer:
                            "the prompt", "max_tokens", "context_length_exceeded")
         return replace(job.params, max_tokens=job.max_tokens)
 
-    async def _compile(self, job: Job) -> None:
-        """Compile the job's grammar off the event loop (the first one hands the vocabulary to the
-        grammar engine: a second or two), so add_request finds it compiled; a bad one is a 400."""
+    async def _compile(self, job: Job):
+        """The job's grammar compiled off the event loop (the first one hands the vocabulary to the
+        grammar engine, a second or two; a large grammar takes up to a second to build), for
+        add_request; a bad one is a 400."""
         g = job.params.grammar
         if g is None:
-            return
+            return None
         try:
-            await asyncio.to_thread(self.engine.grammars.compile, g)
+            return await asyncio.to_thread(self.engine.grammars.compile, g)
         except GrammarError as e:
             raise APIError(400, str(e), job.grammar_param, "invalid_grammar") from None
 
-    async def _events(self, request: Request, prompt: list[int], params: SamplingParams) -> AsyncIterator[Event]:
+    async def _events(self, request: Request, prompt: list[int], params: SamplingParams,
+                      compiled=None) -> AsyncIterator[Event]:
         """The engine's events for one request, until its finish; the request is cancelled (its KV
         blocks freed) as soon as the client disconnects or the consumer stops early."""
         eng = self.engine
@@ -171,7 +173,8 @@ class OpenAIServer:
         q: asyncio.Queue[Event | None] = asyncio.Queue()
         t0 = time.perf_counter()
         try:
-            rid = self.engine.add_request(prompt, params, sink=lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
+            rid = self.engine.add_request(prompt, params, sink=lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev),
+                                          compiled=compiled)
         except (PromptError, GrammarError) as e:
             raise APIError(400, str(e), None, "invalid_value") from None
 
@@ -255,13 +258,12 @@ class OpenAIServer:
             job = parse_job(body, (top or 0) if want else None)
             chat, tool_grammar = openai_chat.plan(body, messages, self.llm.template.source,
                                                   self.config.reasoning_format, job, self.tokenizer.token_id)
-            if tool_grammar is not None or chat.family:  # markers may be control tokens: spell them out
-                job = replace(job, params=replace(job.params, grammar=tool_grammar or job.params.grammar,
-                                                  grammar_triggers=chat.triggers, special=True))
-            await self._compile(job)
             prompt = await self._encode(lambda c: openai_chat.encode(self.llm, c), chat)
+            opened = chat.reasoning and opened_in_prompt(self.tokenizer.decode(prompt[-16:], special=True))
+            job, opened = openai_chat.constrain(job, chat, tool_grammar, opened)
+            compiled = await self._compile(job)
             params = self._fit(job, prompt)
-            events = self._events(request, prompt, params)
+            events = self._events(request, prompt, params, compiled)
             first = await anext(events)  # surfaces a 503 or a cancelled request before any header goes out
         except APIError as e:
             return e.response()
@@ -270,11 +272,7 @@ class OpenAIServer:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "system_fingerprint": self.fingerprint}
-        # a reply that starts inside a <think> the prompt opened, unless a tool call is forced
-        # (its grammar leaves no room to think)
-        forced = tool_grammar is not None and not chat.triggers
-        reply = openai_chat.ChatReply(chat, chat.reasoning and not forced and opened_in_prompt(
-            self.tokenizer.decode(prompt[-16:], special=True)))
+        reply = openai_chat.ChatReply(chat, opened)
         if job.stream:
             return self._sse(self._chat_chunks(head, first, events, job, reply))
         try:
@@ -368,10 +366,10 @@ class OpenAIServer:
             if body.get("suffix"):
                 raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
             job = parse_job(body, k)
-            await self._compile(job)
+            compiled = await self._compile(job)
             prompt = (await self._encode(self.llm.encode_raw, prompt_in)) if isinstance(prompt_in, str) else prompt_in
             params = self._fit(job, prompt)
-            events = self._events(request, prompt, params)
+            events = self._events(request, prompt, params, compiled)
             first = await anext(events)
         except APIError as e:
             return e.response()

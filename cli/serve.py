@@ -41,8 +41,10 @@ def serve(
                                          help="deepseek: a thinking model's <think>...</think> as reasoning_content; "
                                               "none: left in the content."),
 ) -> None:
-    if reasoning_format not in ("none", "deepseek"):
-        raise typer.BadParameter(f"--reasoning-format takes none or deepseek, got {reasoning_format!r}")
+    from infer.engine.reasoning import FORMATS
+
+    if reasoning_format not in FORMATS:
+        raise typer.BadParameter(f"--reasoning-format takes {' or '.join(FORMATS)}, got {reasoning_format!r}")
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"--port must be in 0..65535, got {port}")
     if max_queue < 0:

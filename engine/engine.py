@@ -24,7 +24,7 @@ from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
-from .grammar import GrammarCompiler, LazyGrammar
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarError, LazyGrammar
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
@@ -111,7 +111,7 @@ class _Request:
         self.seq = Sequence(rid, list(prompt), len(prompt))
         self.params = params
         # the matcher holding the reply now; a lazy grammar's waits for its trigger
-        self.grammar, self.waiting = (None, LazyGrammar(grammar, params.grammar_triggers)) \
+        self.grammar, self.waiting = (None, LazyGrammar(grammar, params.grammar_triggers, params.thinking)) \
             if params.grammar_triggers else (grammar, None)
         self.sample = make_sampler(params)
         self.rng = make_rng(params.seed)
@@ -184,14 +184,17 @@ class Engine:
             )
 
     def add_request(self, prompt: list[int], params: SamplingParams, keep_events: bool = True,
-                    sink: EventSink | None = None) -> int:
+                    sink: EventSink | None = None, compiled: CompiledGrammar | None = None) -> int:
         """Queue a request; returns its id.  Events go to stream(id) unless keep_events is False
         (then only step()'s return value carries them) or a sink is given: then sink(event) is
         called with each one from the stepping thread, so it must be quick and must not block
-        (an asyncio server passes loop.call_soon_threadsafe with its queue's put_nowait)."""
+        (an asyncio server passes loop.call_soon_threadsafe with its queue's put_nowait).
+        compiled: params.grammar compiled already (grammars.compile, which can take a second);
+        else it is compiled here, in the caller's thread: a bad grammar is the caller's GrammarError."""
         self.check_prompt(prompt)
-        # compiled here, in the caller's thread: a bad grammar is the caller's GrammarError
-        grammar = self.grammars.compile(params.grammar).matcher() if params.grammar is not None else None
+        if params.grammar is not None and compiled is None:
+            compiled = self.grammars.compile(params.grammar)
+        grammar = compiled.matcher() if params.grammar is not None else None
         rid = next(self._ids)
         self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink,
                                          grammar)))
@@ -342,7 +345,7 @@ class Engine:
                 self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
                 self._finish(req, "stop", events)
                 return
-            if allowed.dtype == np.bool_:  # nearly all allowed: the few others to -inf, sampled as usual
+            if allowed.dtype == np.bool_:  # a wide mask (an eighth of the vocabulary or more): the rest to -inf
                 req.grammar.mask(logits, allowed)
                 allowed = None
             elif req.logprobs is not None:
@@ -355,7 +358,12 @@ class Engine:
             self._finish(req, "stop", events)
             return
         if req.grammar is not None:
-            req.grammar.consume(tok)
+            try:
+                req.grammar.consume(tok)
+            except GrammarError:  # the grammar engine refused its own choice (one of its limits): this request ends
+                self.scheduler.finish(seq)
+                self._finish(req, "stop", events)
+                return
         seq.tokens.append(tok)
         req.history[n] = tok
         if req.logprobs is not None:

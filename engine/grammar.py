@@ -17,15 +17,19 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
+from .reasoning import CLOSE as THINK_CLOSE
+from .reasoning import OPEN as THINK_OPEN
 
 KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
 # Whitespace JSON output may have between tokens: llama.cpp's json-schema-to-grammar SPACE_RULE
 # (nothing, a space, or one or two newlines and up to 20 spaces or tabs), not llguidance's default
 # of any run of whitespace, with which a small model can indent forever.
-JSON_OPTIONS = {"whitespace_pattern": r"( |\n{1,2}[ \t]{0,20})?"}
+JSON_OPTIONS = MappingProxyType({"whitespace_pattern": r"( |\n{1,2}[ \t]{0,20})?"})
 
 
 class GrammarError(ValueError):
@@ -96,10 +100,10 @@ def _lark(grammar: Grammar) -> str:
     llg = _llguidance()
     M = llg.LLMatcher
     if grammar.kind == "json":
-        return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        return M.grammar_from_json_schema({"type": "object"}, defaults=dict(JSON_OPTIONS))
     if grammar.kind == "json_schema":
         try:
-            return M.grammar_from_json_schema(grammar.source, defaults=JSON_OPTIONS)
+            return M.grammar_from_json_schema(grammar.source, defaults=dict(JSON_OPTIONS))
         except ValueError as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
     if grammar.kind == "regex":
@@ -172,48 +176,57 @@ class GrammarCompiler:
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self._ll = None
-        self._lock = threading.Lock()
+        self._ll_lock = threading.Lock()  # the vocabulary is handed over once
+        self._lock = threading.Lock()  # the cache; compiling runs outside it
         self._cache: OrderedDict[Grammar, CompiledGrammar] = OrderedDict()
 
     def _lltokenizer(self):
-        if self._ll is None:
-            llg = _llguidance()
-            tok = self._tokenizer
-            eog = sorted(i for i in range(tok.vocab_size) if tok.is_eog(i))
-            wrapper = llg.TokenizerWrapper(_Vocabulary(tok))
-            self._ll = llg.LLTokenizer(wrapper, n_vocab=tok.vocab_size, eos_token=eog or None)
-        return self._ll
+        with self._ll_lock:
+            if self._ll is None:
+                llg = _llguidance()
+                tok = self._tokenizer
+                eog = sorted(i for i in range(tok.vocab_size) if tok.is_eog(i))
+                wrapper = llg.TokenizerWrapper(_Vocabulary(tok))
+                self._ll = llg.LLTokenizer(wrapper, n_vocab=tok.vocab_size, eos_token=eog or None)
+            return self._ll
 
     def compile(self, grammar: Grammar) -> "CompiledGrammar":
-        """Check the grammar against the vocabulary; raises GrammarError naming the problem."""
+        """Check the grammar against the vocabulary and build it (up to a second for a large one);
+        raises GrammarError naming the problem."""
         if not isinstance(grammar, Grammar):
             raise GrammarError(f"expected a Grammar, got {type(grammar).__name__}")
         with self._lock:
             compiled = self._cache.get(grammar)
-            if compiled is None:
-                compiled = self._compile(grammar)
-                self._cache[grammar] = compiled
-                while len(self._cache) > self.CACHED:
-                    self._cache.popitem(last=False)
-            self._cache.move_to_end(grammar)
-            return compiled
+            if compiled is not None:
+                self._cache.move_to_end(grammar)
+                return compiled
+        compiled = self._compile(grammar)
+        with self._lock:
+            self._cache[grammar] = compiled
+            while len(self._cache) > self.CACHED:
+                self._cache.popitem(last=False)
+        return compiled
 
     def _compile(self, grammar: Grammar) -> "CompiledGrammar":
         text = _lark(grammar)
         llg = _llguidance()
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, self._lltokenizer())
+        ll = self._lltokenizer()
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, ll)
         if is_error:
             raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(messages[0]))}")
+        prototype = llg.LLMatcher(ll, text, log_level=0)
+        if prototype.is_error():
+            raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(prototype.get_error()))}")
         tok = self._tokenizer
-        return CompiledGrammar(text, self._lltokenizer(), tok.vocab_size,
+        return CompiledGrammar(prototype, ll, tok.vocab_size,
                                lambda t: tok.encode(t, add_special=False, parse_special=True))
 
 
 @dataclass(frozen=True, eq=False)
 class CompiledGrammar:
-    """A checked grammar, ready to start matchers (one per sequence)."""
+    """A checked, built grammar: matchers (one per sequence) are copies of its prototype."""
 
-    text: str
+    prototype: Any  # an llguidance LLMatcher at the grammar's start, never advanced
     lltokenizer: Any
     vocab_size: int
     encode: Any  # text -> token ids, special tokens parsed (GrammarMatcher.follow)
@@ -226,12 +239,9 @@ class GrammarMatcher:
     """One sequence's place in its grammar: masks the next token's logits, then follows it."""
 
     def __init__(self, compiled: CompiledGrammar):
-        llg = _llguidance()
         self._ll = compiled.lltokenizer
         self._encode = compiled.encode
-        self._m = llg.LLMatcher(compiled.lltokenizer, compiled.text, log_level=0)
-        if self._m.is_error():
-            raise GrammarError(_one_line(Exception(self._m.get_error())))
+        self._m = compiled.prototype.deep_copy()
         self.vocab_size = compiled.vocab_size
         self._words = np.zeros((compiled.vocab_size + 31) // 32, np.int32)  # the allowed-token bitmask
 
@@ -290,29 +300,41 @@ class GrammarMatcher:
 
 class LazyGrammar:
     """A grammar that waits until the reply shows one of its triggers (a tool call's marker;
-    "^text": only at the reply's start, after whitespace): then the reply from the trigger on is
-    fed to it, and it holds the rest.  Text it refuses at the trigger (a near miss) leaves the
-    reply free for good."""
+    "^text": only at the start of the answer, after whitespace): then the reply from the trigger on
+    is fed to it, and it holds the rest; if it refuses that text, the reply stays free for good.
+    A model's thinking (up to </think>, from a <think> it opens or the prompt opened: `thinking`)
+    is not searched: a call written while thinking is not the answer's."""
 
-    def __init__(self, matcher: GrammarMatcher, triggers: tuple[str, ...]):
-        self.matcher, self.triggers = matcher, triggers
+    def __init__(self, matcher: GrammarMatcher, triggers: tuple[str, ...], thinking: bool = False):
+        self.matcher, self.triggers, self.thinking = matcher, triggers, thinking
         self.reply = ""  # the reply so far
         self.started: GrammarMatcher | None = None
         self.given_up = False
+
+    def _answer_start(self) -> int | None:
+        """Where the answer starts in the reply so far (None: still thinking)."""
+        if not (self.thinking or self.reply.lstrip().startswith(THINK_OPEN)):
+            return 0
+        end = self.reply.find(THINK_CLOSE)
+        return None if end < 0 else end + len(THINK_CLOSE)
 
     def seen(self, piece: str) -> bool:
         """Take the reply's next text; True once the grammar holds (then use .started)."""
         if self.given_up or self.started is not None:
             return self.started is not None
         self.reply += piece
+        start = self._answer_start()
+        if start is None:
+            return False
+        answer = self.reply[start:]
         for trig in self.triggers:
             if trig.startswith("^"):
-                body = self.reply.lstrip()
-                at = len(self.reply) - len(body) if body.startswith(trig[1:]) else -1
+                body = answer.lstrip()
+                at = len(answer) - len(body) if body.startswith(trig[1:]) else -1
             else:
-                at = self.reply.find(trig)
+                at = answer.find(trig)
             if at >= 0:
-                if self.matcher.follow(self.reply[at:]):
+                if self.matcher.follow(answer[at:]):
                     self.started = self.matcher
                     return True
                 self.given_up = True

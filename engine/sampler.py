@@ -62,6 +62,7 @@ class SamplingParams:
     # lazy grammar: free until the reply shows one of these texts ("^text": only at its start, after
     # whitespace); from there on the grammar holds, starting at that text
     grammar_triggers: tuple[str, ...] = ()
+    thinking: bool = False  # the reply starts inside a <think> the prompt opened (lazy grammars wait past it)
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:

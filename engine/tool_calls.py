@@ -12,9 +12,9 @@ Models write tool calls in their family's syntax, which their chat template also
   {"response": "..."}, held to that schema by a grammar, so it always parses.
 The family is read from the template's source (the markers it writes).  With tool_choice
 "required" or a named function every family is held to a grammar that forces the call; with
-"auto" the native families are left free and their reply is parsed (text that only looks like a
-call stays content).  The reply needs the special tokens spelled out (SamplingParams.special):
-several families' markers are control tokens.
+"auto" a native family's model is free until it writes its call marker, and from there the call is
+held to the same grammar (a lazy grammar: SamplingParams.grammar_triggers).  The reply needs the
+special tokens spelled out (SamplingParams.special): several families' markers are control tokens.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .grammar import JSON_OPTIONS, Grammar, as_llama_cpp
@@ -30,13 +31,13 @@ FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply (llama3 and generic: the reply itself)
-MARKERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
-           "llama3": ("<|python_tag|>", "{"), "generic": ("{",)}
+MARKERS = MappingProxyType({"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+                           "llama3": ("<|python_tag|>", "{"), "generic": ("{",)})
 
 
 # where a call starts in "auto" mode ("^": only at the start of the reply)
-TRIGGERS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN,),
-            "llama3": ("<|python_tag|>", "^{")}
+TRIGGERS = MappingProxyType({"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN,),
+            "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"')})
 
 
 class ToolError(ValueError):
@@ -100,7 +101,7 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
         return choice, None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if name not in {t.name for t in tools}:
+        if not isinstance(name, str) or name not in {t.name for t in tools}:
             raise ToolError(f"'tool_choice' names the function {name!r}, which is not among the tools"[:200])
         return "required", name
     raise ToolError("'tool_choice' must be \"auto\", \"none\", \"required\" or "
@@ -108,12 +109,12 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
 
 
 def family(template_source: str) -> str:
-    """The tool-call syntax a chat template writes (generic: it writes none)."""
-    if "<tool_call>" in template_source:
+    """The tool-call syntax a chat template writes (generic: none, or one not read here)."""
+    if "<tool_call>" in template_source and "<function=" not in template_source:  # not Qwen3-Coder's XML
         return "hermes"
-    if "[TOOL_CALLS]" in template_source:
+    if "[TOOL_CALLS]" in template_source and "[ARGS]" not in template_source:  # not Mistral Small 3.2's
         return "mistral"
-    if "tool▁call" in template_source:  # tool▁calls▁begin, tool▁call▁begin
+    if "tool▁call" in template_source and "```json" in template_source:  # R1's fenced JSON, not V3.1's
         return "deepseek"
     if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
         return "llama3"
@@ -196,17 +197,51 @@ def _merge_users(msgs: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- the grammar
 
 
-def _call_schema(tools: list[Tool], fam: str) -> dict:
+def _call_schema(tools: list[Tool], fam: str) -> tuple[dict, dict]:
+    """The schema of one call of any of the tools, and the definitions its references need at the
+    root of whatever schema holds it (each tool's $defs renamed apart: t0_Name, t1_Name, ...)."""
     key = "parameters" if fam == "llama3" else "arguments"
     extra = {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}} if fam == "mistral" else {}  # Mistral's call ids
-    return as_llama_cpp({"anyOf": [{"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters,
-                                                                       **extra},
-                                    "required": ["name", key], "additionalProperties": False} for t in tools]})
+    defs: dict = {}
+    alternatives = []
+    for i, t in enumerate(tools):
+        params, own = _own_defs(t.parameters, f"t{i}_")
+        defs.update(own)
+        alternatives.append({"type": "object", "properties": {"name": {"const": t.name}, key: params, **extra},
+                             "required": ["name", key], "additionalProperties": False})
+    return as_llama_cpp({"anyOf": alternatives}), as_llama_cpp(defs)
+
+
+def _own_defs(schema: dict, prefix: str) -> tuple[dict, dict]:
+    """A tool's parameters without their $defs / definitions, their references renamed with prefix,
+    and those definitions under the new names (Pydantic writes schemas so)."""
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    if not isinstance(defs, dict) or not defs:
+        return schema, {}
+
+    def rename(x):
+        if isinstance(x, list):
+            return [rename(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        out = {k: rename(v) for k, v in x.items() if k not in ("$defs", "definitions") or x is not schema}
+        ref = out.get("$ref")
+        if isinstance(ref, str):
+            for root in ("#/$defs/", "#/definitions/"):
+                if ref.startswith(root):
+                    out["$ref"] = "#/$defs/" + prefix + ref[len(root):]
+        return out
+
+    return rename(schema), {prefix + k: rename(v) for k, v in defs.items()}
+
+
+def _with_defs(schema: dict, defs: dict) -> dict:
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def _lark_json(schema: dict) -> str:
     """A schema inside a Lark grammar, with the JSON options Grammar.json_schema uses."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+    return "%json " + json.dumps({**schema, "x-guidance": dict(JSON_OPTIONS)})
 
 
 def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool,
@@ -219,17 +254,17 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
     if mode == "none" or not tools:
         return None, ()
     chosen = [t for t in tools if name is None or t.name == name]
-    call = _call_schema(chosen, fam)
+    call, defs = _call_schema(chosen, fam)
     if fam == "generic":
         calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
                                                                   **({} if parallel else {"maxItems": 1})}},
                  "required": ["tool_calls"], "additionalProperties": False}
         if mode == "required":
-            return Grammar.json_schema(calls), ()
+            return Grammar.json_schema(_with_defs(calls, defs)), ()
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
                   "additionalProperties": False}
-        return Grammar.json_schema({"anyOf": [calls, answer]}), ()
-    one = _lark_json(call)
+        return Grammar.json_schema(_with_defs({"anyOf": [calls, answer]}, defs)), ()
+    one = _lark_json(_with_defs(call, defs))
 
     def lit(text: str) -> str:
         tid = token_id(text)
@@ -239,7 +274,8 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
         more = ' ("\\n" call)*' if parallel else ""
         body = f'start: call{more}\ncall: {lit("<tool_call>")} "\\n" args "\\n" {lit("</tool_call>")}\nargs: {one}'
     elif fam == "mistral":
-        schema = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        schema = _with_defs({"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})},
+                            defs)
         body = f'start: {lit("[TOOL_CALLS]")} " "? args\nargs: {_lark_json(schema)}'
     elif fam == "deepseek":  # the name outside the JSON: one alternative per tool
         rules = [f'call_{i}: {lit(DS_CALL)} "function" {lit(DS_SEP)} {json.dumps(t.name + chr(10) + "```json" + chr(10))} '
@@ -256,8 +292,9 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
 # ---------------------------------------------------------------- the reply
 
 
-def new_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+def new_id(fam: str = "") -> str:
+    """A call id: OpenAI's shape, or the 9 letters and digits Mistral's templates require."""
+    return uuid.uuid4().hex[:9] if fam == "mistral" else "call_" + uuid.uuid4().hex[:24]
 
 
 def _json_at(text: str, i: int) -> tuple[Any, int] | None:
@@ -267,8 +304,9 @@ def _json_at(text: str, i: int) -> tuple[Any, int] | None:
         return None
 
 
-def _calls(items: Any, key: str = "arguments") -> list[ToolCall] | None:
-    """ToolCalls from [{"name", key}] objects, or None if they are not all well formed."""
+def _calls(items: Any, key: str = "arguments", fam: str = "") -> list[ToolCall] | None:
+    """ToolCalls from [{"name", key}] objects, or None if they are not all well formed (a Mistral
+    model's own 9-character ids are kept)."""
     if isinstance(items, dict):
         items = [items]
     if not isinstance(items, list) or not items:
@@ -278,8 +316,9 @@ def _calls(items: Any, key: str = "arguments") -> list[ToolCall] | None:
         if not (isinstance(it, dict) and isinstance(it.get("name"), str)):
             return None
         args = it.get(key, it.get("arguments", it.get("parameters", {})))
-        out.append(ToolCall(it["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-                            new_id()))
+        own = it.get("id")
+        cid = own if fam == "mistral" and isinstance(own, str) and re.fullmatch(r"[A-Za-z0-9]{9}", own) else new_id(fam)
+        out.append(ToolCall(it["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False), cid))
     return out
 
 
@@ -309,7 +348,7 @@ def parse_reply(fam: str, text: str) -> tuple[str, list[ToolCall]]:
         i = text.find("[TOOL_CALLS]")
         j = i + len("[TOOL_CALLS]")
         got = _json_at(text, j + len(text[j:]) - len(text[j:].lstrip())) if i >= 0 else None
-        calls = _calls(got[0]) if got else None
+        calls = _calls(got[0], fam="mistral") if got else None
         return (text[:i].strip(), calls) if calls else (text, [])
     if fam == "deepseek":
         found = re.findall(re.escape(DS_CALL) + r"function" + re.escape(DS_SEP) + r"(.*?)\n```json\n(.*?)\n```"
@@ -337,22 +376,24 @@ class ReplyStream:
     def __init__(self, fam: str):
         self.fam = fam
         self.sent = ""  # content passed on
-        self.held = ""
+        self.held = ""  # text held back: a call from its marker on, or a tail that may begin a marker
+        self.in_call = False
 
     def feed(self, text: str) -> str:
         """Content that can go out now."""
-        if self.held or not text:
+        if self.in_call:
             self.held += text
             return ""
-        pending = text
+        pending, self.held = self.held + text, ""
+        if not pending:
+            return ""
         cut = _first_marker(self.fam, self.sent, pending)
         if cut is None:
-            # keep back a tail that could be the beginning of a marker
+            # keep back a tail that could be the beginning of a marker, until it cannot be
             keep = _partial_marker(self.fam, pending)
             out, self.held = pending[:len(pending) - keep], pending[len(pending) - keep:]
-            self.sent += out
-            return out
-        out, self.held = pending[:cut], pending[cut:]
+        else:
+            out, self.held, self.in_call = pending[:cut], pending[cut:], True
         self.sent += out
         return out
 
@@ -361,7 +402,7 @@ class ReplyStream:
         content, calls = parse_reply(self.fam, self.sent + self.held)
         if calls:
             return "", calls
-        if self.fam == "generic" and not self.sent:  # all held: the answer inside {"response": ...}
+        if self.fam == "generic" and not self.sent.strip():  # all held: the answer inside {"response": ...}
             return content, []
         return self.held, []
 

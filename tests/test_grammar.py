@@ -185,3 +185,28 @@ def test_sampling_from_allowed_equals_sampling_masked_logits(fraction):
             want = s(masked, history, make_rng(trial))
             assert mask[want]
             assert s(logits, history, make_rng(trial), np.flatnonzero(mask)) == want
+
+
+def test_a_grammar_failing_mid_reply_ends_only_its_request(llm, monkeypatch):
+    # llguidance may refuse mid-reply (one of its limits): that request stops, the others go on
+    from infer.engine import grammar as gm
+
+    real, seen = gm.GrammarMatcher.consume, []
+
+    def flaky(self, token):
+        seen.append(token)
+        if len(seen) == 3:
+            raise GrammarError("a limit was hit")
+        return real(self, token)
+
+    monkeypatch.setattr(gm.GrammarMatcher, "consume", flaky)
+    eng = llm.engine
+    prompt = llm.encode_chat([{"role": "user", "content": "Name three colours."}])
+    ids = [eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)),
+           eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=10,
+                                                  grammar=Grammar("regex", "[A-Za-z ,.]{1,80}")))]
+    while eng.has_work():
+        eng.step()
+    free, held = (list(eng.stream(i))[-1] for i in ids)
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+    assert held.finish_reason == "stop" and len(held.token_ids) == 2

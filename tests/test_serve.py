@@ -466,6 +466,12 @@ def test_tool_calls_hermes_and_reasoning(tiny_server):
     thought = "".join(ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in chunks)
     said = "".join(ch.choices[0].delta.content or "" for ch in chunks)
     assert (thought, said) == (m.model_extra["reasoning_content"], "yes")
+    # JSON held from the first token (a response format) leaves no room to think: it is the content
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=300, seed=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    m = r.choices[0].message
+    assert json.loads(m.content)["n"] in range(10) and not (m.model_extra or {}).get("reasoning_content")
 
 
 @pytest.mark.parametrize("case", list(BAD))

@@ -21,6 +21,10 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -
 
 
 
+class ClientGone(Exception):
+    """The client disconnected while its request ran."""
+
+
 class APIError(Exception):
     """A request the server refuses, rendered in OpenAI's error shape."""
 

@@ -32,8 +32,10 @@ from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
 from . import openai_chat
+from .ollama_api import OllamaAPI
+from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
-from .openai_request import (APIError, Job, bool_field, chat_messages, int_field, kind, parse_job,
+from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, int_field, kind, parse_job,
                              text_field)
 from .server_metrics import Metrics
 
@@ -50,12 +52,9 @@ class ServerConfig:
     reasoning_format: str = "deepseek"  # --reasoning-format: "deepseek" splits <think> off as reasoning_content
 
 
-class _ClientGone(Exception):
-    pass
-
-
 class _FrontDoor:
-    """ASGI middleware: the API key on /v1 routes, and a request count by route and status."""
+    """ASGI middleware: the API key on the /v1 and ollama /api routes, and a request count by route
+    and status."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics):
         self.app, self.api_key, self.metrics = app, api_key, metrics
@@ -70,10 +69,12 @@ class _FrontDoor:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key and path.startswith("/v1") and not self._authorized(scope):
+        if self.api_key and path.startswith(("/v1", "/api/")) and not self._authorized(scope):
             err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            return await err.response()(scope, receive, counted)
+            response = err.response() if path.startswith("/v1") else JSONResponse(
+                {"error": err.message}, status_code=401, headers=err.headers)  # ollama's error shape
+            return await response(scope, receive, counted)
         await self.app(scope, receive, counted)
 
     def _authorized(self, scope: Scope) -> bool:
@@ -99,7 +100,7 @@ class OpenAIServer:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    async def _json_body(self, request: Request) -> dict:
+    async def json_body(self, request: Request) -> dict:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.config.max_body:
             raise self._too_large()
@@ -132,7 +133,7 @@ class OpenAIServer:
                            "model", "model_not_found")
         return self.config.model_id
 
-    def _fit(self, job: Job, prompt: list[int]) -> SamplingParams:
+    def fit(self, job: Job, prompt: list[int]) -> SamplingParams:
         """The job's params with max_tokens checked against (or defaulted to) the room left."""
         n_ctx, n = self.engine.n_ctx, len(prompt)
         if n == 0:
@@ -148,7 +149,7 @@ class OpenAIServer:
                            "the prompt", "max_tokens", "context_length_exceeded")
         return replace(job.params, max_tokens=job.max_tokens)
 
-    async def _compile(self, job: Job):
+    async def compile_grammar(self, job: Job):
         """The job's grammar compiled off the event loop (the first one hands the vocabulary to the
         grammar engine, a second or two; a large grammar takes up to a second to build), for
         add_request; a bad one is a 400."""
@@ -160,7 +161,7 @@ class OpenAIServer:
         except GrammarError as e:
             raise APIError(400, str(e), job.grammar_param, "invalid_grammar") from None
 
-    async def _events(self, request: Request, prompt: list[int], params: SamplingParams,
+    async def events(self, request: Request, prompt: list[int], params: SamplingParams,
                       compiled=None) -> AsyncIterator[Event]:
         """The engine's events for one request, until its finish; the request is cancelled (its KV
         blocks freed) as soon as the client disconnects or the consumer stops early."""
@@ -193,7 +194,7 @@ class OpenAIServer:
             while True:
                 ev = await q.get()
                 if ev is None:
-                    raise _ClientGone
+                    raise ClientGone
                 now = time.perf_counter()
                 if last is None and (ev.token_id is not None or (ev.finish_reason and ev.usage.completion_tokens)):
                     self.metrics.ttft.observe(now - t0)
@@ -220,7 +221,7 @@ class OpenAIServer:
             if not done:
                 self.engine.cancel(rid)
 
-    async def _encode(self, fn, arg) -> list[int]:
+    async def encode(self, fn, arg) -> list[int]:
         try:
             return await asyncio.to_thread(fn, arg)
         except (ChatTemplateError, TokenizerError) as e:
@@ -243,7 +244,7 @@ class OpenAIServer:
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = await self._json_body(request)
+            body = await self.json_body(request)
             model = self._check_model(body)
             messages = chat_messages(body)
             want = bool_field(body, "logprobs")
@@ -258,16 +259,16 @@ class OpenAIServer:
             job = parse_job(body, (top or 0) if want else None)
             chat, tool_grammar = openai_chat.plan(body, messages, self.llm.template.source,
                                                   self.config.reasoning_format, job, self.tokenizer.token_id)
-            prompt = await self._encode(lambda c: openai_chat.encode(self.llm, c), chat)
+            prompt = await self.encode(lambda c: openai_chat.encode(self.llm, c), chat)
             opened = chat.reasoning and opened_in_prompt(self.tokenizer.decode(prompt[-16:], special=True))
             job, opened = openai_chat.constrain(job, chat, tool_grammar, opened)
-            compiled = await self._compile(job)
-            params = self._fit(job, prompt)
-            events = self._events(request, prompt, params, compiled)
+            compiled = await self.compile_grammar(job)
+            params = self.fit(job, prompt)
+            events = self.events(request, prompt, params, compiled)
             first = await anext(events)  # surfaces a 503 or a cancelled request before any header goes out
         except APIError as e:
             return e.response()
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
@@ -276,10 +277,10 @@ class OpenAIServer:
         if job.stream:
             return self._sse(self._chat_chunks(head, first, events, job, reply))
         try:
-            text, lps, ev = await self._collect(first, events)
+            text, lps, ev = await self.collect(first, events)
         except APIError as e:
             return e.response()
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         r1, c1 = reply.feed(text)
         r2, c2, calls = reply.finish()
@@ -289,7 +290,7 @@ class OpenAIServer:
         return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
 
     @staticmethod
-    async def _collect(first: Event, events: AsyncIterator[Event]) -> tuple[str, list[TokenLogprob], Event]:
+    async def collect(first: Event, events: AsyncIterator[Event]) -> tuple[str, list[TokenLogprob], Event]:
         """A whole non-streamed reply: (text, logprobs, the finish event)."""
         parts, lps = [], []
         ev = first
@@ -339,7 +340,7 @@ class OpenAIServer:
 
     async def completions(self, request: Request) -> Response:
         try:
-            body = await self._json_body(request)
+            body = await self.json_body(request)
             model = self._check_model(body)
             prompt_in = body.get("prompt")
             if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
@@ -366,24 +367,24 @@ class OpenAIServer:
             if body.get("suffix"):
                 raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
             job = parse_job(body, k)
-            compiled = await self._compile(job)
-            prompt = (await self._encode(self.llm.encode_raw, prompt_in)) if isinstance(prompt_in, str) else prompt_in
-            params = self._fit(job, prompt)
-            events = self._events(request, prompt, params, compiled)
+            compiled = await self.compile_grammar(job)
+            prompt = (await self.encode(self.llm.encode_raw, prompt_in)) if isinstance(prompt_in, str) else prompt_in
+            params = self.fit(job, prompt)
+            events = self.events(request, prompt, params, compiled)
             first = await anext(events)
         except APIError as e:
             return e.response()
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "system_fingerprint": self.fingerprint}
         if job.stream:
             return self._sse(self._completion_chunks(head, first, events, job))
         try:
-            text, lps, ev = await self._collect(first, events)
+            text, lps, ev = await self.collect(first, events)
         except APIError as e:
             return e.response()
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         choice = {"text": text, "index": 0,
                   "logprobs": completion_logprobs(self.tokenizer, lps, 0) if job.logprobs else None,
@@ -414,7 +415,7 @@ class OpenAIServer:
             try:
                 async for c in chunks:
                     yield b"data: " + json.dumps(c, ensure_ascii=False).encode() + b"\n\n"
-            except _ClientGone:
+            except ClientGone:
                 return  # the finally of _events has cancelled the request; nobody is listening
             except APIError as e:  # the headers are out: the error goes in the stream, as OpenAI's do
                 err = {"message": e.message, "type": e.type, "param": e.param, "code": e.code}
@@ -441,11 +442,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     msg = f"{request.method} {request.url.path}: {exc.detail}"
+    if request.url.path.startswith("/api/"):  # ollama's error shape
+        return JSONResponse({"error": msg[:300]}, status_code=exc.status_code, headers=exc.headers)
     return APIError(exc.status_code, msg[:300], None, code, headers=exc.headers).response()
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    # A bug of ours: the client still gets OpenAI's error shape, and the server keeps serving.
+    # A bug of ours: the client still gets its API's error shape, and the server keeps serving.
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
     return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error").response()
 
 
@@ -461,6 +466,7 @@ def create_app(llm, config: ServerConfig) -> Starlette:
             llm.engine.stop()
 
     routes = [
+        *ollama_routes(OllamaAPI(server)),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),

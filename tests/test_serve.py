@@ -32,7 +32,8 @@ class Server:
     def __init__(self, gemma_path, tmp_path, *args: str, env_extra: dict | None = None):
         self.port = free_port()
         self.log = open(tmp_path / f"serve-{self.port}.log", "w+")
-        env = dict(os.environ, HF_HUB_OFFLINE="1", INFER_HOME=os.environ.get("INFER_HOME", ""), **(env_extra or {}))
+        env = dict(os.environ, HF_HUB_OFFLINE="1", INFER_HOME=os.environ.get("INFER_HOME", ""))
+        env.update(env_extra or {})
         if not env["INFER_HOME"]:
             del env["INFER_HOME"]
         self.proc = subprocess.Popen(

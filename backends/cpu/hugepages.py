@@ -46,7 +46,11 @@ class HugeArena:
     ALIGN = 64
 
     def __init__(self, nbytes: int):
-        self.buf = huge_empty((max(nbytes, 1),), np.uint8)
+        # ALIGN more than asked, so the first array starts aligned where np.empty's 16 bytes are all
+        # a small arena gets (a huge-page one starts on its 2 MiB boundary)
+        raw = huge_empty((max(nbytes, 1) + self.ALIGN,), np.uint8)
+        off = -raw.ctypes.data % self.ALIGN
+        self.buf = raw[off:off + max(nbytes, 1)]
         self.used = 0
 
     @classmethod

@@ -1,0 +1,406 @@
+"""ollama's native API on the same server and port as the OpenAI one: /api/chat, /api/generate
+(NDJSON streams by default), /api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete,
+and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
+clients can use `infer serve`.  Errors take ollama's shape, {"error": "..."} with a 4xx status.
+
+The server runs one model (the others ollama would load on demand are another issue's work): a
+request names it by any name that resolves to it (the CLI's resolver: a pulled name, its path,
+the embedded default's name) and gets a 404 for any other model.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from infer.engine.grammar import Grammar, GrammarError
+from infer.engine.reasoning import opened_in_prompt
+from infer.engine.sampler import InvalidSamplingParams, SamplingParams
+
+from . import openai_chat
+from .openai_request import APIError, ClientGone, Job, chat_messages, kind
+
+API_VERSION = "0.12.0"  # the ollama API level these routes follow (clients compare it with their minimums)
+OPTIONS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repeat_penalty": float,
+           "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float, "seed": int}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class OllamaAPI:
+    """The ollama routes over an OpenAIServer's engine, request checks and event streams."""
+
+    def __init__(self, server):
+        self.server = server
+        self.llm = server.llm
+        self.loaded_at = time.time()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def _model(self, body: dict) -> str:
+        """The served model's name when the body's "model" names it; 404 for any other."""
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, "'model' is required")
+        cfg = self.server.config
+        if name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
+            return name
+        from infer.models.resolve import ModelNotFoundError, resolve_model
+        try:
+            if resolve_model(name).resolve() == self.llm.model.path.resolve():
+                return name
+        except (ModelNotFoundError, OSError, ValueError):
+            pass
+        raise APIError(404, f"model '{name[:200]}' not found; this server has '{cfg.model_id}'")
+
+    def _params(self, body: dict) -> tuple[Job, bool]:
+        """Sampling parameters from ollama's options, format and stream fields; (job, stream)."""
+        opts = body.get("options")
+        opts = {} if opts is None else opts
+        if not isinstance(opts, dict):
+            raise APIError(400, f"'options' must be an object, got {kind(opts)}")
+        kw: dict[str, Any] = {}
+        for name, typ in OPTIONS.items():
+            v = opts.get(name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
+                raise APIError(400, f"option '{name}' must be a number, got {kind(v)}")
+            kw[name] = typ(v)
+        stop = opts.get("stop")
+        if stop is not None:
+            if isinstance(stop, str):
+                stop = [stop]
+            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+                raise APIError(400, "option 'stop' must be a list of non-empty strings")
+            kw["stop"] = tuple(stop)
+        fmt = body.get("format")
+        if fmt == "json":
+            kw["grammar"] = Grammar("json")
+        elif isinstance(fmt, dict):
+            try:
+                kw["grammar"] = Grammar.json_schema(fmt)
+            except GrammarError as e:
+                raise APIError(400, str(e)) from None
+        elif fmt not in (None, ""):
+            raise APIError(400, f"'format' must be \"json\" or a JSON schema, got {kind(fmt)}")
+        n = opts.get("num_predict")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+            raise APIError(400, f"option 'num_predict' must be an integer, got {kind(n)}")
+        stream = body.get("stream", True)
+        if not isinstance(stream, bool):
+            raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
+        try:
+            params = SamplingParams(**kw)
+        except InvalidSamplingParams as e:
+            raise APIError(400, str(e)) from None
+        # ollama: num_predict -1 (or absent) generates until the end of the context
+        return Job(params, n if n is not None and n > 0 else None, stream, False, False, "format"), stream
+
+    # -- routes -----------------------------------------------------------------------------------
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": API_VERSION})
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await self.server.json_body(request)
+            model = self._model(body)
+            msgs = chat_messages({"messages": [self._message(m) for m in body["messages"]]}) \
+                if body.get("messages") else []
+            job, stream = self._params(body)
+            if not msgs:  # ollama: an empty chat loads the model
+                return JSONResponse({"model": model, "created_at": _now(), "message": {"role": "assistant",
+                                     "content": ""}, "done_reason": "load", "done": True})
+            think = body.get("think")
+            if think is not None and not isinstance(think, (bool, str)):
+                raise APIError(400, f"'think' must be true or false, got {kind(think)}")
+            src = self.llm.template.source
+            plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False else "deepseek", job,
+                                                  self.llm.tokenizer.token_id)
+            if think is False and "enable_thinking" in src:
+                plan = replace(plan, variables={**plan.variables, "enable_thinking": False})
+            prompt = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)
+            opened = plan.reasoning and opened_in_prompt(self.llm.tokenizer.decode(prompt[-16:], special=True))
+            job, opened = openai_chat.constrain(job, plan, tool_grammar, opened)
+            compiled = await self.server.compile_grammar(job)
+        except APIError as e:
+            return _error(e.status, e.message)
+        return await self._run(request, model, prompt, job, compiled, stream, openai_chat.ChatReply(plan, opened))
+
+    async def generate(self, request: Request) -> Response:
+        try:
+            body = await self.server.json_body(request)
+            model = self._model(body)
+            prompt_in = body.get("prompt", "")
+            if not isinstance(prompt_in, str):
+                raise APIError(400, f"'prompt' must be a string, got {kind(prompt_in)}")
+            job, stream = self._params(body)
+            if not prompt_in:  # ollama: an empty prompt loads the model
+                return JSONResponse({"model": model, "created_at": _now(), "response": "", "done_reason": "load",
+                                     "done": True})
+            if body.get("raw"):
+                prompt = await self.server.encode(self.llm.encode_raw, prompt_in)
+            else:
+                system = body.get("system")
+                if system is not None and not isinstance(system, str):
+                    raise APIError(400, f"'system' must be a string, got {kind(system)}")
+                msgs = ([{"role": "system", "content": system}] if system else []) + \
+                    [{"role": "user", "content": prompt_in}]
+                prompt = await self.server.encode(self.llm.encode_chat, msgs)
+            compiled = await self.server.compile_grammar(job)
+        except APIError as e:
+            return _error(e.status, e.message)
+        return await self._run(request, model, prompt, job, compiled, stream, None)
+
+    @staticmethod
+    def _message(m: Any) -> dict:
+        if isinstance(m, dict) and m.get("images"):
+            raise APIError(400, "images are not supported: this server reads text only")
+        return m
+
+    async def _run(self, request: Request, model: str, prompt: list[int], job: Job, compiled, stream: bool,
+                   reply) -> Response:
+        """Generate and answer in ollama's shapes: NDJSON pieces then a done line with the timings,
+        or one object.  reply: a chat's ChatReply (thinking, content and tool calls apart), None for
+        /api/generate."""
+        t0 = time.perf_counter_ns()
+        chat = reply is not None
+        try:
+            params = self.server.fit(job, prompt)
+            events = self.server.events(request, prompt, params, compiled)
+            first = await anext(events)
+        except APIError as e:
+            return _error(e.status, e.message)
+        except ClientGone:
+            return Response(status_code=499)
+
+        def piece(thinking: str, content: str, calls=()) -> dict:
+            base = {"model": model, "created_at": _now(), "done": False}
+            if not chat:
+                return {**base, "response": content}
+            msg = {"role": "assistant", "content": content}
+            if thinking:
+                msg["thinking"] = thinking
+            if calls:  # ollama's calls: arguments as an object
+                msg["tool_calls"] = [{"function": {"name": c.name, "arguments": _object(c.arguments)}} for c in calls]
+            return {**base, "message": msg}
+
+        def done(ev, parts=("", "", ())) -> dict:
+            u = ev.usage
+            total = time.perf_counter_ns() - t0
+            prompt_ns = int(u.ttft_ms * 1e6)
+            out = {**piece(*parts), "done": True,
+                   "done_reason": "stop" if ev.finish_reason in ("stop", "cancelled") else ev.finish_reason,
+                   "total_duration": total, "load_duration": 0,
+                   "prompt_eval_count": u.prompt_tokens - u.cached_tokens, "prompt_eval_duration": prompt_ns,
+                   "eval_count": u.completion_tokens, "eval_duration": max(total - prompt_ns, 0)}
+            if not chat:
+                out["context"] = prompt + list(ev.token_ids)
+            return out
+
+        def split(text: str) -> tuple[str, str]:
+            return reply.feed(text) if chat else ("", text)
+
+        if not stream:
+            try:
+                text, _, ev = await self.server.collect(first, events)
+            except APIError as e:
+                return _error(e.status, e.message)
+            except ClientGone:
+                return Response(status_code=499)
+            thinking, content = split(text)
+            t2, c2, calls = reply.finish() if chat else ("", "", [])
+            return JSONResponse(done(ev, (thinking + t2, content + c2, calls)))
+
+        def line(obj: dict) -> bytes:
+            return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+        async def lines() -> AsyncIterator[bytes]:
+            ev = first
+            try:
+                while True:
+                    thinking, content = split(ev.text) if ev.text else ("", "")
+                    if thinking or content:
+                        yield line(piece(thinking, content))
+                    if ev.finish_reason is not None:
+                        if chat:
+                            thinking, content, calls = reply.finish()
+                            if thinking or content or calls:
+                                yield line(piece(thinking, content, calls))
+                        yield line(done(ev))
+                        return
+                    ev = await anext(events)
+            except ClientGone:
+                return
+            except APIError as e:  # the status is out: the error goes in the stream, as ollama's do
+                yield line({"error": e.message})
+            finally:
+                await events.aclose()
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    # -- models -----------------------------------------------------------------------------------
+
+    def _details(self) -> dict:
+        from infer.models.describe import describe_model
+
+        info = describe_model(str(self.llm.model.path))
+        return {"parent_model": "", "format": info.format, "family": info.architecture,
+                "families": [info.architecture], "parameter_size": _size_label(info.parameters),
+                "quantization_level": info.quantization or "F16"}
+
+    def _entry(self, name: str, path, size: int, modified: float) -> dict:
+        return {"name": name, "model": name, "modified_at": datetime.fromtimestamp(modified, timezone.utc)
+                .isoformat().replace("+00:00", "Z"), "size": size, "digest": _digest(path)}
+
+    async def tags(self, request: Request) -> Response:
+        """The models this server can answer with: the one it runs (under its names), then the
+        store's other pulled models are not listed, as a request for them would get a 404."""
+        return JSONResponse({"models": [self._served()]})
+
+    def _served(self) -> dict:
+        path = self.llm.model.path
+        st = path.stat()
+        return {**self._entry(self.server.config.model_id, path, st.st_size, st.st_mtime),
+                "details": self._details()}
+
+    async def ps(self, request: Request) -> Response:
+        served = self._served()
+        expires = datetime.now(timezone.utc) + timedelta(days=3650)  # kept while the server runs
+        kv = self.llm.engine.usage()
+        return JSONResponse({"models": [{**served, "size": served["size"] + kv.bytes_total,
+                                         "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                                         "size_vram": 0, "context_length": self.llm.engine.n_ctx}]})
+
+    async def show(self, request: Request) -> Response:
+        from infer.models.describe import describe_model
+
+        try:
+            body = await self.server.json_body(request)
+            if "name" in body and "model" not in body:  # older clients
+                body = {**body, "model": body["name"]}
+            self._model(body)
+        except APIError as e:
+            return _error(e.status, e.message)
+        info = describe_model(str(self.llm.model.path))
+        caps = ["completion"] + (["tools"] if "tools" in (info.chat_template or "") else []) + \
+            (["thinking"] if "<think>" in (info.chat_template or "") else [])
+        return JSONResponse({
+            "modelfile": f"FROM {self.llm.model.path}\n", "parameters": "", "template": info.chat_template or "",
+            "details": self._details(), "capabilities": caps, "modified_at": _now(),
+            "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
+                           f"{info.architecture}.context_length": info.context_length}})
+
+    async def pull(self, request: Request) -> Response:
+        """Pull through the same code as `infer pull`, progress as ollama's NDJSON status lines."""
+        from infer.models.hub import PullError, pull
+
+        try:
+            body = await self.server.json_body(request)
+            name = body.get("model", body.get("name"))
+            if not isinstance(name, str) or not name:
+                raise APIError(400, "'model' is required")
+            stream = body.get("stream", True)
+        except APIError as e:
+            return _error(e.status, e.message)
+        queue: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def report(file: str, done_bytes: int, total: int | None) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, {"status": f"pulling {file}", "digest": file,
+                                                         "total": total or 0, "completed": done_bytes})
+
+        async def run() -> dict:
+            try:
+                await asyncio.to_thread(pull, name, progress=report)
+                return {"status": "success"}
+            except (PullError, ValueError, OSError) as e:
+                return {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+            finally:
+                queue.put_nowait(None)
+
+        task = asyncio.ensure_future(run())
+        if not stream:
+            while await queue.get() is not None:
+                pass
+            result = await task
+            return JSONResponse(result, status_code=400 if "error" in result else 200)
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield b'{"status": "pulling manifest"}\n'
+            while (item := await queue.get()) is not None:
+                yield json.dumps(item).encode() + b"\n"
+            yield json.dumps(await task).encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def delete(self, request: Request) -> Response:
+        from infer.models.store import ModelNotFoundError, ModelStore
+
+        try:
+            body = await self.server.json_body(request)
+            name = body.get("model", body.get("name"))
+            if not isinstance(name, str) or not name:
+                raise APIError(400, "'model' is required")
+        except APIError as e:
+            return _error(e.status, e.message)
+        try:  # the running model, if it is this one, keeps its open file until the server stops
+            await asyncio.to_thread(ModelStore().remove, name)
+        except ModelNotFoundError:
+            return _error(404, f"model '{name[:200]}' not found")
+        return Response(status_code=200)
+
+
+def _object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+def _size_label(n: int | None) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _digest(path) -> str:
+    """A stable id for the file (ollama sends a sha256 of the blob; hashing a multi-GB file on every
+    listing is too slow, so this is the sha256 of its path, size and modification time)."""
+    import hashlib
+
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def routes(api: OllamaAPI) -> list:
+    from starlette.routing import Route
+
+    return [
+        Route("/", api.root, methods=["GET", "HEAD"]),
+        Route("/api/version", api.version, methods=["GET"]),
+        Route("/api/chat", api.chat, methods=["POST"]),
+        Route("/api/generate", api.generate, methods=["POST"]),
+        Route("/api/tags", api.tags, methods=["GET"]),
+        Route("/api/ps", api.ps, methods=["GET"]),
+        Route("/api/show", api.show, methods=["POST"]),
+        Route("/api/pull", api.pull, methods=["POST"]),
+        Route("/api/delete", api.delete, methods=["DELETE"]),
+    ]
+

@@ -34,6 +34,7 @@ from infer.engine.tokenizer import TokenizerError
 from . import openai_chat
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
+from .tokenize_api import TokenizeAPI
 from .openai_logprobs import chat_logprobs, completion_logprobs
 from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, int_field, kind, parse_job,
                              text_field)
@@ -53,8 +54,8 @@ class ServerConfig:
 
 
 class _FrontDoor:
-    """ASGI middleware: the API key on the /v1 and ollama /api routes, and a request count by route
-    and status."""
+    """ASGI middleware: the API key on the /v1, ollama /api and (de)tokenize routes, and a request
+    count by route and status."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics):
         self.app, self.api_key, self.metrics = app, api_key, metrics
@@ -69,11 +70,11 @@ class _FrontDoor:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key and path.startswith(("/v1", "/api/")) and not self._authorized(scope):
+        if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize")) and not self._authorized(scope):
             err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            response = err.response() if path.startswith("/v1") else JSONResponse(
-                {"error": err.message}, status_code=401, headers=err.headers)  # ollama's error shape
+            response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
+                if path.startswith("/api/") else err.response()  # ollama's error shape, or OpenAI's
             return await response(scope, receive, counted)
         await self.app(scope, receive, counted)
 
@@ -467,6 +468,8 @@ def create_app(llm, config: ServerConfig) -> Starlette:
 
     routes = [
         *ollama_routes(OllamaAPI(server)),
+        Route("/tokenize", TokenizeAPI(server).tokenize, methods=["POST"]),
+        Route("/detokenize", TokenizeAPI(server).detokenize, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),

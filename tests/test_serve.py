@@ -364,6 +364,29 @@ BAD = {
 }
 
 
+def test_tokenize_and_detokenize(server, gemma_path):
+    # llama.cpp's server routes and shapes; ids as llama.cpp tokenizes (tests/test_tokenizer.py)
+    from infer.engine.llm import LLM
+
+    tok = LLM.load(gemma_path).tokenizer
+    auth = {"Authorization": f"Bearer {KEY}"}
+    text = "Hello <start_of_turn> wörld"
+    status, _, r = raw(server.port, "POST", "/tokenize", j(content=text), auth)
+    assert status == 200 and r["tokens"] == tok.encode(text, add_special=False, parse_special=True)
+    _, _, r2 = raw(server.port, "POST", "/tokenize", j(content=text, add_special=True, parse_special=False,
+                                                       with_pieces=True), auth)
+    ids = [p["id"] for p in r2["tokens"]]
+    assert ids == tok.encode(text, add_special=True, parse_special=False)
+    assert "".join(p["piece"] for p in r2["tokens"] if isinstance(p["piece"], str)).endswith(" wörld")
+    _, _, back = raw(server.port, "POST", "/detokenize", j(tokens=r["tokens"]), auth)
+    assert back == {"content": text}
+    for path, body in [("/tokenize", j(content=5)), ("/tokenize", j(content="x", parse_special="yes")),
+                       ("/detokenize", j(tokens=[1, "2"])), ("/detokenize", j(tokens=[10**9]))]:
+        status, _, resp = raw(server.port, "POST", path, body, auth)
+        assert status == 400 and set(resp["error"]) == {"message", "type", "param", "code"}, (path, resp)
+    assert raw(server.port, "POST", "/tokenize", j(content="x"))[0] == 401
+
+
 def test_structured_output(client):
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
                                                "count": {"type": "integer", "minimum": 1, "maximum": 9}},

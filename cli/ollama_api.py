@@ -3,17 +3,19 @@
 and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
 clients can use `infer serve`.  Errors take ollama's shape, {"error": "..."} with a 4xx status.
 
-The server runs one model (the others ollama would load on demand are another issue's work): a
-request names it by any name that resolves to it (the CLI's resolver: a pulled name, its path,
-the embedded default's name) and gets a 404 for any other model.
+The server runs one model (the others ollama would load on demand are not served yet): a request
+names it by the server's names for it (its id, file name, path) or by the store's pulled name of
+that file, and gets a 404 for any other model.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from pathlib import Path
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
 from typing import Any, AsyncIterator
 
 from starlette.requests import Request
@@ -27,29 +29,43 @@ from . import openai_chat
 from .openai_request import APIError, ClientGone, Job, chat_messages, kind
 
 API_VERSION = "0.12.0"  # the ollama API level these routes follow (clients compare it with their minimums)
-OPTIONS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repeat_penalty": float,
-           "repeat_last_n": int, "presence_penalty": float, "frequency_penalty": float, "seed": int}
+OPTIONS = MappingProxyType({"temperature": float, "top_k": int, "top_p": float, "min_p": float,
+                            "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
+                            "frequency_penalty": float, "seed": int})
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(e: APIError) -> JSONResponse:
+    """An APIError in ollama's shape (its headers kept: a 503's Retry-After)."""
+    return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
 
 class OllamaAPI:
     """The ollama routes over an OpenAIServer's engine, request checks and event streams."""
 
     def __init__(self, server):
+        from infer.models.describe import describe_model
+
         self.server = server
         self.llm = server.llm
-        self.loaded_at = time.time()
+        path = self.llm.model.path
+        info = describe_model(str(path))  # read once: clients poll /api/tags
+        st = path.stat()
+        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else st.st_size
+        self.entry = {"name": server.config.model_id, "model": server.config.model_id, "size": size,
+                      "modified_at": datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace(
+                          "+00:00", "Z"), "digest": _digest(path, st),
+                      "details": {"parent_model": "", "format": info.format, "family": info.architecture,
+                                  "families": [info.architecture], "parameter_size": _size_label(info.parameters),
+                                  "quantization_level": info.quantization or "F16"}}
+        self.info = info
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _model(self, body: dict) -> str:
+    async def _model(self, body: dict) -> str:
         """The served model's name when the body's "model" names it; 404 for any other."""
         name = body.get("model")
         if not isinstance(name, str) or not name:
@@ -57,13 +73,20 @@ class OllamaAPI:
         cfg = self.server.config
         if name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
             return name
-        from infer.models.resolve import ModelNotFoundError, resolve_model
-        try:
-            if resolve_model(name).resolve() == self.llm.model.path.resolve():
-                return name
-        except (ModelNotFoundError, OSError, ValueError):
-            pass
+        if await asyncio.to_thread(self._pulled_as, name):
+            return name
         raise APIError(404, f"model '{name[:200]}' not found; this server has '{cfg.model_id}'")
+
+    def _pulled_as(self, name: str) -> bool:
+        """Whether the store's pulled model of that name is the served file (names only: a request's
+        text is never read as a path)."""
+        from infer.models.store import ModelStore
+
+        try:
+            m = ModelStore().get(name)
+            return m is not None and Path(m.path).resolve() == self.llm.model.path.resolve()
+        except Exception:  # a malformed manifest or name: not this model
+            return False
 
     def _params(self, body: dict) -> tuple[Job, bool]:
         """Sampling parameters from ollama's options, format and stream fields; (job, stream)."""
@@ -76,8 +99,12 @@ class OllamaAPI:
             v = opts.get(name)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (typ is int and not isinstance(v, int)):
+            if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise APIError(400, f"option '{name}' must be an integer, got {kind(v)}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise APIError(400, f"option '{name}' must be a number, got {kind(v)}")
+            if abs(v) > 2**63:
+                raise APIError(400, f"option '{name}' is out of range")
             kw[name] = typ(v)
         stop = opts.get("stop")
         if stop is not None:
@@ -102,11 +129,15 @@ class OllamaAPI:
         stream = body.get("stream", True)
         if not isinstance(stream, bool):
             raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
+        n_ctx = opts.get("num_ctx")
+        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1):
+            raise APIError(400, "option 'num_ctx' must be a positive integer")
         try:
             params = SamplingParams(**kw)
         except InvalidSamplingParams as e:
             raise APIError(400, str(e)) from None
-        # ollama: num_predict -1 (or absent) generates until the end of the context
+        # ollama: num_predict -1 (or absent) generates until the end of the context, and a larger one
+        # stops there too (_run caps it); num_ctx is the server's (--ctx), not per request
         return Job(params, n if n is not None and n > 0 else None, stream, False, False, "format"), stream
 
     # -- routes -----------------------------------------------------------------------------------
@@ -120,16 +151,18 @@ class OllamaAPI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await self.server.json_body(request)
-            model = self._model(body)
-            msgs = chat_messages({"messages": [self._message(m) for m in body["messages"]]}) \
-                if body.get("messages") else []
+            model = await self._model(body)
+            raw_msgs = body.get("messages")
+            if raw_msgs is not None and not isinstance(raw_msgs, list):
+                raise APIError(400, f"'messages' must be an array, got {kind(raw_msgs)}")
+            msgs = chat_messages({"messages": [self._message(m) for m in raw_msgs]}) if raw_msgs else []
             job, stream = self._params(body)
             if not msgs:  # ollama: an empty chat loads the model
                 return JSONResponse({"model": model, "created_at": _now(), "message": {"role": "assistant",
                                      "content": ""}, "done_reason": "load", "done": True})
             think = body.get("think")
             if think is not None and not isinstance(think, (bool, str)):
-                raise APIError(400, f"'think' must be true or false, got {kind(think)}")
+                raise APIError(400, f"'think' must be true, false or a level, got {kind(think)}")
             src = self.llm.template.source
             plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False else "deepseek", job,
                                                   self.llm.tokenizer.token_id)
@@ -140,13 +173,13 @@ class OllamaAPI:
             job, opened = openai_chat.constrain(job, plan, tool_grammar, opened)
             compiled = await self.server.compile_grammar(job)
         except APIError as e:
-            return _error(e.status, e.message)
+            return _error(e)
         return await self._run(request, model, prompt, job, compiled, stream, openai_chat.ChatReply(plan, opened))
 
     async def generate(self, request: Request) -> Response:
         try:
             body = await self.server.json_body(request)
-            model = self._model(body)
+            model = await self._model(body)
             prompt_in = body.get("prompt", "")
             if not isinstance(prompt_in, str):
                 raise APIError(400, f"'prompt' must be a string, got {kind(prompt_in)}")
@@ -154,8 +187,15 @@ class OllamaAPI:
             if not prompt_in:  # ollama: an empty prompt loads the model
                 return JSONResponse({"model": model, "created_at": _now(), "response": "", "done_reason": "load",
                                      "done": True})
-            if body.get("raw"):
-                prompt = await self.server.encode(self.llm.encode_raw, prompt_in)
+            for unsupported in ("suffix", "images", "context"):
+                if body.get(unsupported):
+                    raise APIError(400, f"'{unsupported}' is not supported by this server")
+            raw_mode = body.get("raw", False)
+            if not isinstance(raw_mode, bool):
+                raise APIError(400, f"'raw' must be true or false, got {kind(raw_mode)}")
+            if raw_mode:  # as ollama: the prompt's special tokens (a template written by the client) parsed
+                prompt = await self.server.encode(
+                    lambda t: self.llm.tokenizer.encode(t, add_special=True, parse_special=True), prompt_in)
             else:
                 system = body.get("system")
                 if system is not None and not isinstance(system, str):
@@ -165,7 +205,7 @@ class OllamaAPI:
                 prompt = await self.server.encode(self.llm.encode_chat, msgs)
             compiled = await self.server.compile_grammar(job)
         except APIError as e:
-            return _error(e.status, e.message)
+            return _error(e)
         return await self._run(request, model, prompt, job, compiled, stream, None)
 
     @staticmethod
@@ -181,12 +221,15 @@ class OllamaAPI:
         /api/generate."""
         t0 = time.perf_counter_ns()
         chat = reply is not None
+        room = self.llm.engine.n_ctx - len(prompt)
+        if job.max_tokens is not None and room > 0 and job.max_tokens > room:
+            job = replace(job, max_tokens=room)  # ollama stops at the end of the context, no error
         try:
             params = self.server.fit(job, prompt)
             events = self.server.events(request, prompt, params, compiled)
             first = await anext(events)
         except APIError as e:
-            return _error(e.status, e.message)
+            return _error(e)
         except ClientGone:
             return Response(status_code=499)
 
@@ -221,7 +264,7 @@ class OllamaAPI:
             try:
                 text, _, ev = await self.server.collect(first, events)
             except APIError as e:
-                return _error(e.status, e.message)
+                return _error(e)
             except ClientGone:
                 return Response(status_code=499)
             thinking, content = split(text)
@@ -257,59 +300,39 @@ class OllamaAPI:
 
     # -- models -----------------------------------------------------------------------------------
 
-    def _details(self) -> dict:
-        from infer.models.describe import describe_model
-
-        info = describe_model(str(self.llm.model.path))
-        return {"parent_model": "", "format": info.format, "family": info.architecture,
-                "families": [info.architecture], "parameter_size": _size_label(info.parameters),
-                "quantization_level": info.quantization or "F16"}
-
-    def _entry(self, name: str, path, size: int, modified: float) -> dict:
-        return {"name": name, "model": name, "modified_at": datetime.fromtimestamp(modified, timezone.utc)
-                .isoformat().replace("+00:00", "Z"), "size": size, "digest": _digest(path)}
-
     async def tags(self, request: Request) -> Response:
-        """The models this server can answer with: the one it runs (under its names), then the
-        store's other pulled models are not listed, as a request for them would get a 404."""
-        return JSONResponse({"models": [self._served()]})
-
-    def _served(self) -> dict:
-        path = self.llm.model.path
-        st = path.stat()
-        return {**self._entry(self.server.config.model_id, path, st.st_size, st.st_mtime),
-                "details": self._details()}
+        """The model this server answers with (a request for another gets a 404, so the store's
+        other models are not listed)."""
+        return JSONResponse({"models": [self.entry]})
 
     async def ps(self, request: Request) -> Response:
-        served = self._served()
         expires = datetime.now(timezone.utc) + timedelta(days=3650)  # kept while the server runs
         kv = self.llm.engine.usage()
-        return JSONResponse({"models": [{**served, "size": served["size"] + kv.bytes_total,
+        return JSONResponse({"models": [{**self.entry, "size": self.entry["size"] + kv.bytes_total,
                                          "expires_at": expires.isoformat().replace("+00:00", "Z"),
                                          "size_vram": 0, "context_length": self.llm.engine.n_ctx}]})
 
     async def show(self, request: Request) -> Response:
-        from infer.models.describe import describe_model
-
         try:
             body = await self.server.json_body(request)
             if "name" in body and "model" not in body:  # older clients
                 body = {**body, "model": body["name"]}
-            self._model(body)
+            await self._model(body)
         except APIError as e:
-            return _error(e.status, e.message)
-        info = describe_model(str(self.llm.model.path))
-        caps = ["completion"] + (["tools"] if "tools" in (info.chat_template or "") else []) + \
-            (["thinking"] if "<think>" in (info.chat_template or "") else [])
+            return _error(e)
+        info, template = self.info, self.llm.template.source
+        caps = ["completion"] + (["tools"] if "tools" in template else []) + \
+            (["thinking"] if "<think>" in template else [])
+        n_ctx = self.llm.engine.n_ctx
         return JSONResponse({
-            "modelfile": f"FROM {self.llm.model.path}\n", "parameters": "", "template": info.chat_template or "",
-            "details": self._details(), "capabilities": caps, "modified_at": _now(),
+            "modelfile": f"FROM {self.llm.model.path}\n", "parameters": f"num_ctx {n_ctx}", "template": template,
+            "details": self.entry["details"], "capabilities": caps, "modified_at": self.entry["modified_at"],
             "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
-                           f"{info.architecture}.context_length": info.context_length}})
+                           f"{info.architecture}.context_length": n_ctx}})
 
     async def pull(self, request: Request) -> Response:
         """Pull through the same code as `infer pull`, progress as ollama's NDJSON status lines."""
-        from infer.models.hub import PullError, pull
+        from infer.models.hub import pull
 
         try:
             body = await self.server.json_body(request)
@@ -317,8 +340,10 @@ class OllamaAPI:
             if not isinstance(name, str) or not name:
                 raise APIError(400, "'model' is required")
             stream = body.get("stream", True)
+            if not isinstance(stream, bool):
+                raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
         except APIError as e:
-            return _error(e.status, e.message)
+            return _error(e)
         queue: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -330,7 +355,7 @@ class OllamaAPI:
             try:
                 await asyncio.to_thread(pull, name, progress=report)
                 return {"status": "success"}
-            except (PullError, ValueError, OSError) as e:
+            except Exception as e:  # PullError and the rest: the client gets the line, the server goes on
                 return {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
             finally:
                 queue.put_nowait(None)
@@ -359,19 +384,25 @@ class OllamaAPI:
             if not isinstance(name, str) or not name:
                 raise APIError(400, "'model' is required")
         except APIError as e:
-            return _error(e.status, e.message)
-        try:  # the running model, if it is this one, keeps its open file until the server stops
+            return _error(e)
+        if await asyncio.to_thread(self._pulled_as, name):
+            return _error(APIError(409, f"model '{name[:200]}' is the one this server runs; stop the server to delete it"))
+        try:
             await asyncio.to_thread(ModelStore().remove, name)
         except ModelNotFoundError:
-            return _error(404, f"model '{name[:200]}' not found")
+            return _error(APIError(404, f"model '{name[:200]}' not found"))
+        except OSError as e:
+            return _error(APIError(400, f"cannot delete '{name[:200]}': {e.strerror or e}"))
         return Response(status_code=200)
 
 
-def _object(arguments: str) -> Any:
+def _object(arguments: str) -> dict:
+    """A call's arguments as the object ollama's clients require."""
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
     except json.JSONDecodeError:
-        return arguments
+        return {"value": arguments}
+    return value if isinstance(value, dict) else {"value": value}
 
 
 def _size_label(n: int | None) -> str:
@@ -380,12 +411,11 @@ def _size_label(n: int | None) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
-def _digest(path) -> str:
-    """A stable id for the file (ollama sends a sha256 of the blob; hashing a multi-GB file on every
-    listing is too slow, so this is the sha256 of its path, size and modification time)."""
+def _digest(path, st) -> str:
+    """A stable id for the file (ollama sends a sha256 of the blob; hashing a multi-GB file is too
+    slow, so this is the sha256 of its path, size and modification time)."""
     import hashlib
 
-    st = path.stat()
     return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
 
 

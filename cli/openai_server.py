@@ -457,6 +457,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 def create_app(llm, config: ServerConfig) -> Starlette:
     server = OpenAIServer(llm, config)
+    tokens = TokenizeAPI(server)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -468,8 +469,8 @@ def create_app(llm, config: ServerConfig) -> Starlette:
 
     routes = [
         *ollama_routes(OllamaAPI(server)),
-        Route("/tokenize", TokenizeAPI(server).tokenize, methods=["POST"]),
-        Route("/detokenize", TokenizeAPI(server).detokenize, methods=["POST"]),
+        Route("/tokenize", tokens.tokenize, methods=["POST"]),
+        Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
@@ -479,7 +480,7 @@ def create_app(llm, config: ServerConfig) -> Starlette:
     middleware = []
     if config.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                     allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"]))
+                                     allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"], allow_headers=["*"]))
     middleware.append(Middleware(_FrontDoor, api_key=config.api_key, metrics=server.metrics))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})

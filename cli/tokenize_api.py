@@ -5,8 +5,6 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.engine.tokenizer import TokenizerError
-
 from .openai_request import APIError, bool_field, kind, text_field
 
 
@@ -27,14 +25,14 @@ class TokenizeAPI:
             parse_special = body.get("parse_special", True)
             if not isinstance(parse_special, bool):
                 raise APIError(400, "'parse_special' must be true or false", "parse_special", "invalid_type")
-            ids = self.tokenizer.encode(text_field(content, "content"), add_special=bool_field(body, "add_special"),
-                                        parse_special=parse_special)
+            add_special = bool_field(body, "add_special")
+            ids = await self.server.encode(  # in a worker thread: a long text takes a while
+                lambda t: self.tokenizer.encode(t, add_special=add_special, parse_special=parse_special),
+                text_field(content, "content"))
             if not bool_field(body, "with_pieces"):
                 return JSONResponse({"tokens": ids})
         except APIError as e:
             return e.response()
-        except TokenizerError as e:
-            return APIError(400, str(e).splitlines()[0], "content", "invalid_value").response()
         pieces = []
         for t in ids:
             b = self.tokenizer.token_to_piece(t, special=True)

@@ -122,10 +122,22 @@ def test_errors_are_ollama_shaped(client, server):
                        ("/api/generate", json.dumps({"model": MODEL, "prompt": 5}).encode()),
                        ("/api/chat", json.dumps({"model": MODEL, "messages": "hi"}).encode()),
                        ("/api/generate", json.dumps({"model": MODEL, "prompt": "x", "options": []}).encode()),
+                       ("/api/chat", json.dumps({"model": MODEL, "messages": 5}).encode()),
+                       ("/api/chat", json.dumps({"model": MODEL, "messages": {}}).encode()),
+                       ("/api/chat", json.dumps({"model": "~nosuchuser/x", "messages": HELLO}).encode()),
+                       ("/api/chat", b'{"model": "' + MODEL.encode() + b'", "messages": [], "options": {"seed": '
+                        + b"9" * 400 + b"}}"),
+                       ("/api/chat", json.dumps({"model": MODEL, "messages": HELLO, "options": {"top_k": 40.0}}).encode()),
+                       ("/api/generate", json.dumps({"model": MODEL, "prompt": "x", "raw": "yes"}).encode()),
+                       ("/api/generate", json.dumps({"model": MODEL, "prompt": "x", "suffix": "y"}).encode()),
+                       ("/api/pull", json.dumps({"model": "a/b", "stream": "no"}).encode()),
                        ("/api/nothing", b"{}")]:
         status, _, resp = raw(server.port, "POST", path, body, auth)
         assert 400 <= status < 500 and set(resp) == {"error"} and isinstance(resp["error"], str), (path, resp)
     assert client.chat(model=MODEL, messages=HELLO, options={"num_predict": 2}).done  # still serving
+    # Continue asks num_predict 4096 of a 1024-token context: ollama stops at the end, no error
+    r = client.chat(model=MODEL, messages=HELLO, format={"enum": ["red", "blue"]}, options={"num_predict": 4096})
+    assert r.done and json.loads(r.message.content) in ("red", "blue")
 
 
 def test_pull_and_delete(client, server):

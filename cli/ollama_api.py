@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from infer.engine.grammar import Grammar, GrammarError
-from infer.engine.reasoning import opened_in_prompt
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 from . import openai_chat
@@ -36,6 +35,14 @@ OPTIONS = MappingProxyType({"temperature": float, "top_k": int, "top_p": float, 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _name(body: dict) -> str:
+    """The model a request names ("model"; older clients send "name")."""
+    name = body.get("model", body.get("name"))
+    if not isinstance(name, str) or not name:
+        raise APIError(400, "'model' is required")
+    return name
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -67,9 +74,7 @@ class OllamaAPI:
 
     async def _model(self, body: dict) -> str:
         """The served model's name when the body's "model" names it; 404 for any other."""
-        name = body.get("model")
-        if not isinstance(name, str) or not name:
-            raise APIError(400, "'model' is required")
+        name = _name(body)
         cfg = self.server.config
         if name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
             return name
@@ -168,8 +173,7 @@ class OllamaAPI:
                                                   self.llm.tokenizer.token_id)
             if think is False and "enable_thinking" in src:
                 plan = replace(plan, variables={**plan.variables, "enable_thinking": False})
-            prompt = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)
-            opened = plan.reasoning and opened_in_prompt(self.llm.tokenizer.decode(prompt[-16:], special=True))
+            prompt, opened = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)
             job, opened = openai_chat.constrain(job, plan, tool_grammar, opened)
             compiled = await self.server.compile_grammar(job)
         except APIError as e:
@@ -314,10 +318,7 @@ class OllamaAPI:
 
     async def show(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
-            if "name" in body and "model" not in body:  # older clients
-                body = {**body, "model": body["name"]}
-            await self._model(body)
+            await self._model(await self.server.json_body(request))
         except APIError as e:
             return _error(e)
         info, template = self.info, self.llm.template.source
@@ -336,9 +337,7 @@ class OllamaAPI:
 
         try:
             body = await self.server.json_body(request)
-            name = body.get("model", body.get("name"))
-            if not isinstance(name, str) or not name:
-                raise APIError(400, "'model' is required")
+            name = _name(body)
             stream = body.get("stream", True)
             if not isinstance(stream, bool):
                 raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
@@ -380,9 +379,7 @@ class OllamaAPI:
 
         try:
             body = await self.server.json_body(request)
-            name = body.get("model", body.get("name"))
-            if not isinstance(name, str) or not name:
-                raise APIError(400, "'model' is required")
+            name = _name(body)
         except APIError as e:
             return _error(e)
         if await asyncio.to_thread(self._pulled_as, name):

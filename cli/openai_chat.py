@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from infer.engine.chat_template import ChatTemplateError
-from infer.engine.reasoning import ThinkStream, thinks
+from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
 from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
 from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
 
@@ -64,15 +64,17 @@ def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job
     return replace(job, params=replace(params, thinking=opened)), opened
 
 
-def encode(llm, plan: ChatPlan) -> list[int]:
-    """The prompt's tokens: tool calls' arguments as objects (what most templates index), or as
-    JSON text where the template only takes strings (DeepSeek-R1's)."""
+def encode(llm, plan: ChatPlan) -> tuple[list[int], bool]:
+    """The prompt's tokens, and whether it leaves a <think> open (the reply starts inside it).
+    Tool calls' arguments go to the template as objects (what most templates index), or as JSON
+    text where the template only takes strings (DeepSeek-R1's)."""
     try:
-        return llm.encode_chat(plan.messages, **plan.variables)
+        ids = llm.encode_chat(plan.messages, **plan.variables)
     except ChatTemplateError:
         if not any(m.get("tool_calls") for m in plan.messages):
             raise
-        return llm.encode_chat(with_text_arguments(plan.messages), **plan.variables)
+        ids = llm.encode_chat(with_text_arguments(plan.messages), **plan.variables)
+    return ids, plan.reasoning and opened_in_prompt(llm.tokenizer.decode(ids[-16:], special=True))
 
 
 class ChatReply:

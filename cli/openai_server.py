@@ -27,7 +27,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.engine import Event, PromptError
 from infer.engine.grammar import GrammarError
-from infer.engine.reasoning import opened_in_prompt
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
@@ -260,8 +259,7 @@ class OpenAIServer:
             job = parse_job(body, (top or 0) if want else None)
             chat, tool_grammar = openai_chat.plan(body, messages, self.llm.template.source,
                                                   self.config.reasoning_format, job, self.tokenizer.token_id)
-            prompt = await self.encode(lambda c: openai_chat.encode(self.llm, c), chat)
-            opened = chat.reasoning and opened_in_prompt(self.tokenizer.decode(prompt[-16:], special=True))
+            prompt, opened = await self.encode(lambda c: openai_chat.encode(self.llm, c), chat)
             job, opened = openai_chat.constrain(job, chat, tool_grammar, opened)
             compiled = await self.compile_grammar(job)
             params = self.fit(job, prompt)

@@ -338,18 +338,11 @@ class Engine:
     def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> None:
         seq = req.seq
         n = seq.num_tokens
-        allowed = None
-        if req.grammar is not None:
-            allowed = req.grammar.allowed()
-            if req.grammar.none_allowed(allowed):
-                self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
-                self._finish(req, "stop", events)
-                return
-            if allowed.dtype == np.bool_:  # a wide mask (an eighth of the vocabulary or more): the rest to -inf
-                req.grammar.mask(logits, allowed)
-                allowed = None
-            elif req.logprobs is not None:
-                req.grammar.mask(logits, allowed)
+        allowed = None if req.grammar is None else req.grammar.restrict(logits, req.logprobs is not None)
+        if allowed is not None and allowed.size == 0:
+            self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
+            self._finish(req, "stop", events)
+            return
         tok = int(req.sample(logits, req.history[:n], req.rng, allowed))
         if not req.t_first:
             req.t_first = time.perf_counter()

@@ -116,8 +116,9 @@ def _lark(grammar: Grammar) -> str:
     return M.grammar_from_lark(grammar.source)
 
 
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
+def _one_line(message: object) -> str:
+    """An error's text on one line, at most 300 characters (grammar errors quote the grammar)."""
+    text = " ".join(str(message).split())
     return text if len(text) <= 300 else text[:297] + "..."
 
 
@@ -211,12 +212,9 @@ class GrammarCompiler:
         text = _lark(grammar)
         llg = _llguidance()
         ll = self._lltokenizer()
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, ll)
-        if is_error:
-            raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(messages[0]))}")
-        prototype = llg.LLMatcher(ll, text, log_level=0)
+        prototype = llg.LLMatcher(ll, text, log_level=0)  # builds and checks the grammar once
         if prototype.is_error():
-            raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(Exception(prototype.get_error()))}")
+            raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(prototype.get_error())}")
         tok = self._tokenizer
         return CompiledGrammar(prototype, ll, tok.vocab_size,
                                lambda t: tok.encode(t, add_special=False, parse_special=True))
@@ -263,20 +261,22 @@ class GrammarMatcher:
         a = self.allowed()
         return np.flatnonzero(a) if a.dtype == np.bool_ else a
 
-    @staticmethod
-    def none_allowed(allowed: np.ndarray) -> bool:
-        return not allowed.any() if allowed.dtype == np.bool_ else allowed.size == 0
-
-    @staticmethod
-    def mask(logits: np.ndarray, allowed: np.ndarray) -> None:
-        """Set the logits (V,) of the tokens not allowed to -inf, in place (so logprobs report the
-        constrained distribution)."""
+    def restrict(self, logits: np.ndarray, exact: bool) -> np.ndarray | None:
+        """Hold the next token's logits (V,) to the grammar.  Returns the ids the sampler starts from
+        (empty: nothing can follow), or None where nearly all are allowed: then the few others'
+        logits are set to -inf here and the sampler takes the whole vocabulary.  exact: set the
+        disallowed logits to -inf in every case (so logprobs report the constrained distribution)."""
+        allowed = self.allowed()
         if allowed.dtype == np.bool_:
+            if not allowed.any():
+                return np.zeros(0, np.int64)
             np.putmask(logits, ~allowed, -np.inf)
-            return
-        kept = logits[allowed]
-        logits.fill(-np.inf)
-        logits[allowed] = kept
+            return None
+        if exact and allowed.size:
+            kept = logits[allowed]
+            logits.fill(-np.inf)
+            logits[allowed] = kept
+        return allowed
 
     def follow(self, text: str) -> bool:
         """Feed text already written; False if the grammar refuses it.  The text is tokenized with

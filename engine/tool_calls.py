@@ -30,14 +30,11 @@ from .grammar import JSON_OPTIONS, Grammar, as_llama_cpp
 FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
-# where a call starts in each family's reply (llama3 and generic: the reply itself)
-MARKERS = MappingProxyType({"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
-                           "llama3": ("<|python_tag|>", "{"), "generic": ("{",)})
-
-
-# where a call starts in "auto" mode ("^": only at the start of the reply)
-TRIGGERS = MappingProxyType({"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN,),
-            "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"')})
+# where a call starts in each family's reply ("^text": only as the answer's first text, after
+# whitespace): the stream holds text back from there, and tool_choice "auto" starts its grammar there
+CALL_STARTS = MappingProxyType({
+    "hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+    "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
 class ToolError(ValueError):
@@ -285,7 +282,7 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
                 f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
     else:  # llama3
         body = f'start: {lit("<|python_tag|>")}? args\nargs: {one}'
-    triggers = () if mode == "required" else TRIGGERS[fam]
+    triggers = () if mode == "required" else CALL_STARTS[fam]
     return Grammar("lark", body), triggers
 
 
@@ -387,10 +384,11 @@ class ReplyStream:
         pending, self.held = self.held + text, ""
         if not pending:
             return ""
-        cut = _first_marker(self.fam, self.sent, pending)
+        starts = CALL_STARTS[self.fam]
+        cut = _call_start(starts, self.sent, pending)
         if cut is None:
-            # keep back a tail that could be the beginning of a marker, until it cannot be
-            keep = _partial_marker(self.fam, pending)
+            # keep back a tail that could still become a call's start, until it cannot
+            keep = _maybe_start(starts, self.sent, pending)
             out, self.held = pending[:len(pending) - keep], pending[len(pending) - keep:]
         else:
             out, self.held, self.in_call = pending[:cut], pending[cut:], True
@@ -407,24 +405,29 @@ class ReplyStream:
         return self.held, []
 
 
-def _first_marker(fam: str, sent: str, text: str) -> int | None:
-    if fam in ("llama3", "generic"):  # a call is the reply itself: it can only start it
-        if sent.strip():
-            return None
-        stripped = len(text) - len(text.lstrip())
-        rest = text[stripped:]
-        return stripped if rest and any(rest.startswith(m) for m in MARKERS[fam]) else None
-    hits = [text.find(m) for m in MARKERS[fam] if m in text]
+def _call_start(starts: tuple[str, ...], sent: str, text: str) -> int | None:
+    """Where a call starts in text, the reply's next piece after `sent` (None: not in it)."""
+    hits = []
+    for start in starts:
+        if start.startswith("^"):
+            body = text.lstrip()
+            if not sent.strip() and body.startswith(start[1:]):
+                hits.append(len(text) - len(body))
+        elif start in text:
+            hits.append(text.find(start))
     return min(hits) if hits else None
 
 
-def _partial_marker(fam: str, text: str) -> int:
-    """Length of the longest tail of text that begins a marker (so it is not sent too early)."""
-    if fam in ("llama3", "generic"):
-        return 0
+def _maybe_start(starts: tuple[str, ...], sent: str, text: str) -> int:
+    """Length of the tail of text that could still grow into a call's start (held back)."""
     best = 0
-    for m in MARKERS[fam]:
-        for n in range(1, len(m)):
-            if text.endswith(m[:n]):
+    for start in starts:
+        if start.startswith("^"):
+            body = text.lstrip()
+            if not sent.strip() and body and start[1:].startswith(body):
+                best = max(best, len(text))
+            continue
+        for n in range(1, len(start)):
+            if text.endswith(start[:n]):
                 best = max(best, n)
     return best

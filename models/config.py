@@ -127,7 +127,7 @@ class ModelConfig:
             raise ModelConfigError(f"{arch}: block_count, embedding_length and head_count must be positive")
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        if n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
         rope_scale = _rope_scale(get)

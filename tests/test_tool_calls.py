@@ -216,8 +216,13 @@ def test_templates_that_take_arguments_as_text():
     there, so the call is rendered again with the arguments as JSON text."""
     from infer.cli.openai_chat import ChatPlan, encode
 
-    class Stub:
+    class Stub:  # "tokens" are the rendered text, whole
         template = ChatTemplate(DS_LIKE)
+
+        class tokenizer:
+            @staticmethod
+            def decode(ids, special):
+                return "".join(ids)
 
         def encode_chat(self, messages, **variables):
             return [self.template.render(messages, **variables)]
@@ -228,7 +233,8 @@ def test_templates_that_take_arguments_as_text():
             {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
     prepared, variables = prepare(msgs, parse_tools([WEATHER]), family(DS_LIKE), "auto")
     assert family(DS_LIKE) == "deepseek" and isinstance(prepared[1]["tool_calls"][0]["function"]["arguments"], dict)
-    (text,) = encode(Stub(), ChatPlan(prepared, variables, "deepseek", True))
+    (text,), opened = encode(Stub(), ChatPlan(prepared, variables, "deepseek", True))
+    assert opened  # the template opens <think>: the reply starts inside it
     assert 'get_weather\n```json\n{"city": "Paris"}\n```' in text and text.endswith("<think>")
 
 

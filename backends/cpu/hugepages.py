@@ -61,11 +61,11 @@ class HugeArena:
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialized array in the arena (like np.empty)."""
-        n = self.span(shape, dtype)
-        if self.used + n > self.buf.shape[0]:
-            raise MemoryError(f"arena of {self.buf.shape[0]} bytes cannot hold {n} more after {self.used}")
         dtype = np.dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = -(-size // self.ALIGN) * self.ALIGN  # span(shape, dtype)
+        if self.used + n > self.buf.shape[0]:
+            raise MemoryError(f"arena of {self.buf.shape[0]} bytes cannot hold {n} more after {self.used}")
         a = self.buf[self.used:self.used + size].view(dtype).reshape(shape)
         self.used += n
         return a

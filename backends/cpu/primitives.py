@@ -131,7 +131,7 @@ class CpuPrimitives:
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.gelu, _planes(g), _info(g), _planes(d), _info(d),
+            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.gelu, g.planes, g.info, d.planes, d.info,
                         xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
             self._each_expert(h, ly)
@@ -178,13 +178,3 @@ class CpuPrimitives:
             softcap(logits, np.float32(cfg.final_logit_softcap))
         return logits
 
-
-def _planes(p) -> tuple:
-    """A PackedExperts' planes, as experts_ffn takes them."""
-    return p.lo, p.hi, p.s, p.m, p.sc
-
-
-def _info(p) -> tuple:
-    """A PackedExperts' (type_id, activation rounding, rows, lo_bits, hi_bits, group)."""
-    w, L = p.weights[0], p.weights[0].layout
-    return w.type_id, w.act, w.n, L.lo_bits, L.hi_bits, L.group

@@ -336,7 +336,8 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
 class PackedExperts:
     """A mixture's experts for one product, packed alike: each plane of PackedWeight with a leading
     expert axis (lo: (E, NT, K//G, lo_bytes), ...), so one compiled loop can run any expert
-    (moe.experts_ffn).  weights[e] is expert e as a PackedWeight of views into these."""
+    (moe.experts_ffn, which takes `planes` and `info`).  weights[e] is expert e as a PackedWeight
+    of views into these."""
 
     weights: tuple
     lo: np.ndarray
@@ -344,6 +345,16 @@ class PackedExperts:
     s: np.ndarray
     m: np.ndarray
     sc: np.ndarray
+
+    @property
+    def planes(self) -> tuple:
+        return self.lo, self.hi, self.s, self.m, self.sc
+
+    @property
+    def info(self) -> tuple:
+        """(type_id, activation rounding, rows, lo_bits, hi_bits, group), as experts_ffn takes them."""
+        w, L = self.weights[0], self.weights[0].layout
+        return w.type_id, w.act, w.n, L.lo_bits, L.hi_bits, L.group
 
     @staticmethod
     def shapes(groups) -> list[tuple[tuple[int, ...], type]] | None:

@@ -1,0 +1,131 @@
+"""`infer serve`'s structured output, tool calls and reasoning through the official openai client:
+the embedded model (Gemma's template knows no tools: the generic format) and a tiny Qwen-style
+model whose template writes <tool_call> and opens <think> (grammars force what it writes)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from test_serve import HELLO, MODEL, Server
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client(gemma_path, tmp_path_factory):
+    s = Server(gemma_path, tmp_path_factory.mktemp("structured"), "--ctx", "1024", "--threads", "2", "--parallel", "4")
+    yield openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="x", max_retries=0, timeout=120)
+    assert s.stop() == 0, s.output()
+
+
+def test_structured_output(client):
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, seed=4, response_format=fmt)
+    value = json.loads(r.choices[0].message.content)
+    assert value["colour"] in ("red", "green", "blue") and 1 <= value["count"] <= 9 and set(value) == set(schema["required"])
+    parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=60, seed=4, response_format=fmt, stream=True) if c.choices]
+    assert "".join(parts) == r.choices[0].message.content  # streamed: the same tokens
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=40, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].message.content.lstrip().startswith("{")
+    r = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=10, seed=1,
+                                  extra_body={"grammar": 'root ::= " " ("yes" | "no")'})
+    assert r.choices[0].text in (" yes", " no")
+    r = client.completions.create(model=MODEL, prompt="Colour:", max_tokens=30, seed=2,
+                                  extra_body={"json_schema": {"enum": ["red", "blue"]}})
+    assert json.loads(r.choices[0].text) in ("red", "blue")
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}
+
+
+def test_tool_calls_generic(client):
+    # Gemma's template knows no tools: llama.cpp's generic JSON format, always held to its schema
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}, "auto"):
+        r = client.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice=choice,
+                                           parallel_tool_calls=False, max_tokens=80, seed=1)
+        m = r.choices[0].message
+        if choice == "auto" and not m.tool_calls:  # the model answered: the text of {"response": ...}
+            assert r.choices[0].finish_reason == "stop" and m.content
+            continue
+        assert r.choices[0].finish_reason == "tool_calls" and m.content is None and len(m.tool_calls) == 1
+        call = m.tool_calls[0]
+        assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    chunks = list(client.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="required",
+                                                 parallel_tool_calls=False, max_tokens=80, seed=1, stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(deltas) == 1 and deltas[0][0].index == 0 and deltas[0][0].function.name == "get_weather"
+    assert json.loads(deltas[0][0].function.arguments) == json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the call and its result back in the conversation
+    msgs += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+             {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 25 C"}]
+    r = client.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER], max_tokens=40, seed=2)
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+
+
+THINKING_QWEN = """{%- if tools %}<|im_start|>system
+<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+<think>
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    from tiny_models import write_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny-serve")
+    path = write_tiny_model(d / "tiny-qwen2.gguf", "qwen2", seed=5, chat_template=THINKING_QWEN, n_ctx=1024)
+    s = Server(path, d, "--ctx", "1024", "--threads", "2", "--parallel", "2")
+    yield s, openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="x", max_retries=0, timeout=120)
+    assert s.stop() == 0, s.output()
+
+
+def test_tool_calls_hermes_and_reasoning(tiny_server):
+    """A Qwen-style template (hermes <tool_call> syntax) that opens <think> in the prompt: a tiny
+    random model, so grammars force what it writes."""
+    _, c = tiny_server
+    model = c.models.list().data[0].id
+    msgs = [{"role": "user", "content": "weather?"}]
+    for stream in (False, True):
+        kw = dict(model=model, messages=msgs, tools=[WEATHER], tool_choice="required", max_tokens=600, seed=3,
+                  parallel_tool_calls=False)
+        if not stream:
+            m = c.chat.completions.create(**kw).choices[0].message
+            calls = m.tool_calls
+        else:
+            chunks = [ch for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+            calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
+        assert set(json.loads(calls[0].function.arguments)) == {"city"}
+    # the reply starts inside <think> (the template opened it): split at </think>
+    grammar = 'root ::= [a-z ]{3,12} "</think>" "\\n\\n" "yes"'
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=60, seed=4, extra_body={"grammar": grammar})
+    m = r.choices[0].message
+    assert m.content == "yes" and re.fullmatch(r"[a-z ]{3,12}", m.model_extra["reasoning_content"])
+    chunks = [ch for ch in c.chat.completions.create(model=model, messages=msgs, max_tokens=60, seed=4, stream=True,
+                                                      extra_body={"grammar": grammar}) if ch.choices]
+    thought = "".join(ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in chunks)
+    said = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert (thought, said) == (m.model_extra["reasoning_content"], "yes")
+    # JSON held from the first token (a response format) leaves no room to think: it is the content
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=300, seed=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    m = r.choices[0].message
+    assert json.loads(m.content)["n"] in range(10) and not (m.model_extra or {}).get("reasoning_content")

@@ -81,6 +81,7 @@ class Runner(Protocol):
     backend: str  # "cpu", "mlx", "llama.cpp"
     max_tokens: int  # most tokens one forward_batch takes
     n_threads: int  # CPU threads it uses (reported by bench and the stats lines)
+    embeddings: bool  # forward_batch fills batch.hidden (the engine's embedding requests need it)
 
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         """Bytes one block of each KV group takes (for sizing the pool from --kv-memory)."""
@@ -90,7 +91,8 @@ class Runner(Protocol):
 
     def forward_batch(self, batch: Batch, pool: KVPoolLike) -> np.ndarray:
         """Run batch (tokens of several sequences, at most max_tokens), writing each token's K/V
-        to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call."""
+        to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call;
+        with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden."""
 
     def warmup(self) -> None:
         """Compile / load kernels now rather than inside the first request."""

@@ -20,6 +20,10 @@ class Batch:
     tables: list[np.ndarray]  # per group (S, max_blocks) int32 block tables (-1: not held)
     logit_rows: np.ndarray  # (R,) int32, ascending: the tokens whose logits are returned, in this order
     seq_ids: np.ndarray | None = None  # (S,) int64: the engine's id of each table row's sequence
+    # embeddings: the tokens whose final hidden state (after the output norm, llama.cpp's
+    # "result_norm") the pass copies into `hidden`, in this order; None: none wanted
+    hidden_rows: np.ndarray | None = None  # (H,) int32, ascending
+    hidden: np.ndarray | None = None  # (H, n_embd) float32, the caller's, written by forward_batch
 
     @classmethod
     def single(cls, tokens: np.ndarray, pos0: int, tables: list[np.ndarray], block_size: int,

@@ -1,6 +1,6 @@
 """ollama's native API on the same server and port as the OpenAI one: /api/chat, /api/generate
-(NDJSON streams by default), /api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete,
-and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
+(NDJSON streams by default), /api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete
+(and /api/embed, /api/embeddings: embeddings_api.py), and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
 clients can use `infer serve`.  Errors take ollama's shape, {"error": "..."} with a 4xx status.
 
 The server runs one model (the others ollama would load on demand are not served yet): a request
@@ -72,7 +72,7 @@ class OllamaAPI:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def _model(self, body: dict) -> str:
+    async def resolve(self, body: dict) -> str:
         """The served model's name when the body's "model" names it; 404 for any other."""
         name = _name(body)
         cfg = self.server.config
@@ -156,7 +156,7 @@ class OllamaAPI:
     async def chat(self, request: Request) -> Response:
         try:
             body = await self.server.json_body(request)
-            model = await self._model(body)
+            model = await self.resolve(body)
             raw_msgs = body.get("messages")
             if raw_msgs is not None and not isinstance(raw_msgs, list):
                 raise APIError(400, f"'messages' must be an array, got {kind(raw_msgs)}")
@@ -183,7 +183,7 @@ class OllamaAPI:
     async def generate(self, request: Request) -> Response:
         try:
             body = await self.server.json_body(request)
-            model = await self._model(body)
+            model = await self.resolve(body)
             prompt_in = body.get("prompt", "")
             if not isinstance(prompt_in, str):
                 raise APIError(400, f"'prompt' must be a string, got {kind(prompt_in)}")
@@ -318,7 +318,7 @@ class OllamaAPI:
 
     async def show(self, request: Request) -> Response:
         try:
-            await self._model(await self.server.json_body(request))
+            await self.resolve(await self.server.json_body(request))
         except APIError as e:
             return _error(e)
         info, template = self.info, self.llm.template.source

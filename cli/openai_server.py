@@ -31,6 +31,7 @@ from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
 from . import openai_chat
+from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .tokenize_api import TokenizeAPI
@@ -122,7 +123,7 @@ class OpenAIServer:
     def _too_large(self) -> APIError:
         return APIError(413, f"the request body is larger than {self.config.max_body} bytes", None, "body_too_large")
 
-    def _check_model(self, body: dict) -> str:
+    def check_model(self, body: dict) -> str:
         model = body.get("model")
         if model is None:
             return self.config.model_id
@@ -161,15 +162,19 @@ class OpenAIServer:
         except GrammarError as e:
             raise APIError(400, str(e), job.grammar_param, "invalid_grammar") from None
 
+    def admit(self) -> None:
+        """503 when one more request would wait beyond --max-queue."""
+        eng = self.engine
+        free_slots = max(0, eng.scheduler.max_seqs - eng.num_running())
+        if eng.num_waiting() + 1 > self.config.max_queue + free_slots:
+            raise APIError(503, f"the server is overloaded ({self.config.max_queue} requests already waiting); "
+                           "retry shortly", None, "server_overloaded", "server_error", {"Retry-After": "1"})
+
     async def events(self, request: Request, prompt: list[int], params: SamplingParams,
                       compiled=None) -> AsyncIterator[Event]:
         """The engine's events for one request, until its finish; the request is cancelled (its KV
         blocks freed) as soon as the client disconnects or the consumer stops early."""
-        eng = self.engine
-        free_slots = max(0, eng.scheduler.max_seqs - eng.num_running())
-        if eng.num_waiting() + 1 > self.config.max_queue + free_slots:  # it would wait beyond the queue
-            raise APIError(503, f"the server is overloaded ({self.config.max_queue} requests already waiting); "
-                           "retry shortly", None, "server_overloaded", "server_error", {"Retry-After": "1"})
+        self.admit()
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Event | None] = asyncio.Queue()
         t0 = time.perf_counter()
@@ -245,7 +250,7 @@ class OpenAIServer:
     async def chat(self, request: Request) -> Response:
         try:
             body = await self.json_body(request)
-            model = self._check_model(body)
+            model = self.check_model(body)
             messages = chat_messages(body)
             want = bool_field(body, "logprobs")
             top = int_field(body, "top_logprobs")
@@ -340,7 +345,7 @@ class OpenAIServer:
     async def completions(self, request: Request) -> Response:
         try:
             body = await self.json_body(request)
-            model = self._check_model(body)
+            model = self.check_model(body)
             prompt_in = body.get("prompt")
             if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
                 prompt_in = prompt_in[0]  # a batch of one
@@ -456,6 +461,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 def create_app(llm, config: ServerConfig) -> Starlette:
     server = OpenAIServer(llm, config)
     tokens = TokenizeAPI(server)
+    ollama = OllamaAPI(server)
+    embeddings = EmbeddingsAPI(server, ollama)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -466,7 +473,10 @@ def create_app(llm, config: ServerConfig) -> Starlette:
             llm.engine.stop()
 
     routes = [
-        *ollama_routes(OllamaAPI(server)),
+        *ollama_routes(ollama),
+        Route("/api/embed", embeddings.ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", embeddings.ollama_embeddings, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.openai, methods=["POST"]),
         Route("/tokenize", tokens.tokenize, methods=["POST"]),
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),

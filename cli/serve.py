@@ -40,6 +40,9 @@ def serve(
     reasoning_format: str = typer.Option("deepseek", "--reasoning-format",
                                          help="deepseek: a thinking model's <think>...</think> as reasoning_content; "
                                               "none: left in the content."),
+    pooling: str = typer.Option("", "--pooling", show_default=False,
+                                help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls or last "
+                                     "(default: the model file's pooling_type, else mean)."),
 ) -> None:
     from infer.engine.reasoning import FORMATS
 
@@ -63,7 +66,7 @@ def serve(
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              kv_memory=parse_size(kv_memory) if kv_memory else 0)
+                              kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
         llm = load_llm(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path
         aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})

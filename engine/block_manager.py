@@ -169,12 +169,12 @@ class BlockManager:
 
     # -- sequences ------------------------------------------------------------------------------
 
-    def begin(self, seq_id, tokens) -> int:
+    def begin(self, seq_id, tokens, reuse: bool = True) -> int:
         """Start tracking a sequence about to compute `tokens`; takes the cached blocks of its
-        longest cached prefix and returns how many tokens need not be computed."""
+        longest cached prefix (none when not reuse) and returns how many tokens need not be computed."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
-        n, L, names = self._match(tokens)
+        n, L, names = self._match(tokens) if reuse else (0, 0, self._names(tokens, [], len(tokens) // self.block_size))
         n_take = -(-n // self.block_size)  # the blocks holding positions < n
         tables: list[list[int]] = []
         for g, pool in enumerate(self.pools):

@@ -219,11 +219,16 @@ def load_chat_template(
     bos_token: str,
     eos_token: str,
 ) -> ChatTemplate:
-    """The model file's template when it has one, else the built-in one for its architecture."""
+    """The model file's template when it has one, else the built-in one for its architecture, else
+    ChatML (llama.cpp's server does the same for a file without a template it knows), so a model
+    without one still loads for completions and embeddings."""
     if metadata_template is not None and metadata_template.strip():
         source = metadata_template
     else:
-        source = builtin_template(arch, tokenizer_model, pre)
+        try:
+            source = builtin_template(arch, tokenizer_model, pre)
+        except ChatTemplateError:
+            source = CHATML_TEMPLATE
     return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token)
 
 

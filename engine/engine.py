@@ -25,6 +25,7 @@ from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError, LazyGrammar
+from .pooling import Pooler, PoolingError, choose_pooling
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
@@ -56,6 +57,7 @@ class EngineConfig:
     mlock: bool = False  # --mlock: weights pinned in RAM
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
     cache_type_v: str = "f16"
+    pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last"); "": the file's, else mean
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -74,6 +76,10 @@ class EngineConfig:
             raise EngineConfigError(f"--kv-memory must be positive, got {self.kv_memory}")
         if self.block_size < 1:
             raise EngineConfigError(f"the KV block size must be positive, got {self.block_size}")
+        try:
+            choose_pooling("", self.pooling)
+        except PoolingError as e:
+            raise EngineConfigError(str(e)) from None
 
 
 @dataclass
@@ -90,7 +96,8 @@ class Usage:
 class Event:
     """A piece of one request's stream: new text and the token that produced it; the last event
     of a request has a finish_reason ("stop", "length", "cancelled" or "error"), its usage and every
-    generated token id.  With SamplingParams.logprobs set, `logprobs` has one entry per token
+    generated token id; an embedding request (add_embedding) has only that event, with its pooled
+    vector (not normalized) in `embedding`.  With SamplingParams.logprobs set, `logprobs` has one entry per token
     generated since the previous event (a token whose text is held back reports with the next)."""
 
     request_id: int
@@ -100,6 +107,7 @@ class Event:
     usage: Usage | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    embedding: np.ndarray | None = None  # (n_embd,) float32
 
 
 EventSink = Callable[[Event], None]
@@ -107,8 +115,11 @@ EventSink = Callable[[Event], None]
 
 class _Request:
     def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool,
-                 sink: EventSink | None = None, grammar=None):
-        self.seq = Sequence(rid, list(prompt), len(prompt))
+                 sink: EventSink | None = None, grammar=None, pooler: Pooler | None = None):
+        # an embedding's hidden states must all be computed (but "last" needs only the last token's)
+        self.seq = Sequence(rid, list(prompt), len(prompt),
+                            reuse_prefix=pooler is None or pooler.kind == "last")
+        self.pooler = pooler
         self.params = params
         # the matcher holding the reply now; a lazy grammar's waits for its trigger
         self.grammar, self.waiting = (None, LazyGrammar(grammar, params.grammar_triggers, params.thinking)) \
@@ -144,6 +155,9 @@ class Engine:
         budget = min(config.max_batch_tokens, runner.max_tokens)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids
+        self.pooling = choose_pooling(model_config.pooling, config.pooling)
+        self.n_embd = model_config.n_embd
+        self._hidden: np.ndarray | None = None  # (budget, n_embd): the hidden rows of a step, made at the first embedding
         self.grammars = GrammarCompiler(tokenizer)
         self._ids = itertools.count(1)
         self._requests: dict[int, _Request] = {}
@@ -198,6 +212,20 @@ class Engine:
         rid = next(self._ids)
         self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink,
                                          grammar)))
+        self._wake.set()
+        return rid
+
+    def add_embedding(self, prompt: list[int], keep_events: bool = True, sink: EventSink | None = None) -> int:
+        """Queue an embedding: the prompt is prefilled (batched with other requests' steps) and its
+        one event carries the pooled hidden state (pooling.py); nothing is generated."""
+        if not getattr(self.runner, "embeddings", False):
+            raise PoolingError(f"the {self.runner.backend} backend does not compute embeddings; "
+                               "use --backend cpu (or mlx)")
+        self.check_prompt(prompt)
+        rid = next(self._ids)
+        pooler = Pooler(self.pooling, len(prompt), self.n_embd)
+        self._inbox.put(("add", _Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,
+                                         keep_events, sink, pooler=pooler)))
         self._wake.set()
         return rid
 
@@ -294,17 +322,27 @@ class Engine:
             self.last_error = error
             self._deliver(events)
 
-    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[Sequence]]:
+    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[Sequence], list[tuple[_Request, int, int]]]:
+        """The step's Batch, the sequences sampled after it, and the embeddings it feeds:
+        (request, its first row in batch.hidden, the position after its last)."""
         bs = self.config.block_size
         toks, pos, tok_seq = [], [], []
         rows, sampled = [], []
+        hidden_rows: list[int] = []
+        pooled = []
         seqs = [s for s, _ in sched.items]
         for i, (seq, n) in enumerate(sched.items):
             start = self.scheduler.num_computed(seq)
+            first = len(toks)
             toks.extend(seq.tokens[start:start + n])
             pos.extend(range(start, start + n))
             tok_seq.extend([i] * n)
-            if start + n == seq.num_tokens:  # its last token: sample the next one from these logits
+            pooler = self._requests[seq.id].pooler
+            if pooler is not None:  # an embedding: the hidden states it pools, no logits
+                lo, hi = pooler.wanted(start, n)
+                pooled.append((self._requests[seq.id], len(hidden_rows), hi))
+                hidden_rows.extend(range(first + lo - start, first + hi - start))
+            elif start + n == seq.num_tokens:  # its last token: sample the next one from these logits
                 rows.append(len(toks) - 1)
                 sampled.append(seq)
         positions = np.asarray(pos, np.int32)
@@ -319,7 +357,12 @@ class Engine:
             slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
         batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
                       np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64))
-        return batch, sampled
+        if pooled:
+            if self._hidden is None:
+                self._hidden = np.empty((self.scheduler.max_batch_tokens, self.n_embd), np.float32)
+            batch.hidden_rows = np.asarray(hidden_rows, np.int32)
+            batch.hidden = self._hidden[:len(hidden_rows)]
+        return batch, sampled, pooled
 
     def _run(self, sched: ScheduledStep, events: list[Event]) -> None:
         now = time.perf_counter()
@@ -329,11 +372,19 @@ class Engine:
                 req.t_admitted = now
         for g, src, dst in sched.copies:
             self.pool.copy_block(g, src, dst)
-        batch, sampled = self._batch(sched)
+        batch, sampled, pooled = self._batch(sched)
         logits = self.runner.forward_batch(batch, self.pool)
         self.scheduler.commit(sched)
         for r, seq in enumerate(sampled):
             self._advance(self._requests[seq.id], logits[r], events)
+        for i, (req, at, hi) in enumerate(pooled):
+            end = pooled[i + 1][1] if i + 1 < len(pooled) else len(batch.hidden_rows)
+            req.pooler.add(batch.hidden[at:end], hi)
+            if req.pooler.done:
+                self.scheduler.finish(req.seq)
+                if not req.t_first:
+                    req.t_first = time.perf_counter()
+                self._finish(req, "stop", events, flush=False, embedding=req.pooler.vector())
 
     def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> None:
         seq = req.seq
@@ -377,7 +428,8 @@ class Engine:
             self.scheduler.finish(seq)
             self._finish(req, "length", events)
 
-    def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True) -> None:
+    def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True,
+                embedding: np.ndarray | None = None) -> None:
         seq = req.seq
         req.done = True
         tail = ""
@@ -395,7 +447,7 @@ class Engine:
             u.prefill_tok_s = (seq.num_prompt - seq.num_cached) / max(req.t_first - req.t_admitted, 1e-9)
             if len(out) > 1:
                 u.decode_tok_s = (len(out) - 1) / max(t_end - req.t_first, 1e-9)
-        events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req)))
+        events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req), embedding))
 
     @staticmethod
     def _take_logprobs(req: _Request) -> list[TokenLogprob] | None:

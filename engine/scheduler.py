@@ -31,6 +31,7 @@ class Sequence:
     num_cached: int = 0  # prompt tokens the prefix cache provided at first admission
     num_preempted: int = 0
     admitted: bool = False
+    reuse_prefix: bool = True  # may start from the prefix cache (an embedding that pools every token may not)
 
     @property
     def num_tokens(self) -> int:
@@ -114,7 +115,7 @@ class Scheduler:
             return step  # the pool is full: admit nobody this step
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             seq = self.waiting[0]
-            cached = self.blocks.begin(seq.id, seq.tokens)
+            cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix)
             n_new = min(seq.num_tokens - cached, budget)
             if not self.blocks.can_append(seq.id, n_new):
                 self.blocks.free(seq.id)

@@ -240,7 +240,7 @@ class Tokenizer:
             for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
                 tid = self._token_to_id.get(text)
                 if tid is not None:
-                    attrs[tid] = attrs[tid] | RSTRIP if on else attrs[tid] & ~RSTRIP
+                    attrs[tid] = attrs[tid] | RSTRIP if on else int(attrs[tid]) & ~RSTRIP  # a Python int: ~ is negative
 
     def _build_special_index(self) -> None:
         """Special tokens in llama.cpp's matching order (longest UTF-8 text first),

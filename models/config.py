@@ -42,6 +42,11 @@ class KVGroup:
     layers: tuple[int, ...]
 
 
+# llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
+# (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -75,6 +80,7 @@ class ModelConfig:
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
+    pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
 
     @property
     def kv_groups(self) -> tuple[KVGroup, ...]:
@@ -179,5 +185,6 @@ class ModelConfig:
             n_expert=n_expert,
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
+            pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             **{k: float(v) for k, v in own.items()},
         )

@@ -141,6 +141,8 @@ def test_builtin_selection():
     assert builtin_template("phi3", "llama", None) is PHI3_TEMPLATE
     with pytest.raises(ChatTemplateError, match="olmo2"):
         builtin_template("olmo2", "gpt2", None)
+    # a file without a template of a family infer has none for still loads: ChatML, as llama.cpp's server
+    assert load_chat_template(None, "olmo2", "gpt2", None, "", "").source == CHATML_TEMPLATE
 
 
 def test_phi3_builtin_renders_as_llama_cpp():

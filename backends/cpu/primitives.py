@@ -162,6 +162,8 @@ class CpuPrimitives:
     def logits(self, h: np.ndarray) -> np.ndarray:
         """The logits of batch.logit_rows, (R, V): a view of the runner's buffer."""
         cfg, runner, rows_wanted = self.cfg, self.runner, self.batch.logit_rows
+        if self.batch.hidden_rows is not None:  # embeddings: before x (spent) is reused below
+            np.take(h, self.batch.hidden_rows, axis=0, out=self.batch.hidden)
         R = len(rows_wanted)
         if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
             return runner.logits[:0]

@@ -190,6 +190,7 @@ class CpuTransformer:
     """Runs a model's weights; `forward` appends tokens to a KV cache and returns logits."""
 
     backend = "cpu"
+    embeddings = True
 
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
                  mmap: bool = True, mlock: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):

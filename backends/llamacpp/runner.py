@@ -102,6 +102,7 @@ class LlamaCppRunner:
     """A GGUF model loaded by llama.cpp, computing the engine's batches (see backends/base.py)."""
 
     backend = "llama.cpp"
+    embeddings = False  # its context is built for logits; an embedding context is another llama_context
 
     def __init__(self, path: str | Path, config, options: RunnerOptions = RunnerOptions(), flash_attn: bool = False):
         import llama_cpp

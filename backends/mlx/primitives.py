@@ -156,6 +156,9 @@ class MlxPrimitives:
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""
         rows_wanted = self.batch.logit_rows
+        if self.batch.hidden_rows is not None:  # embeddings: evaluated now, into the caller's array
+            picked = as_dtype(h[mx.array(self.batch.hidden_rows)], mx.float32)
+            self.batch.hidden[:] = np.asarray(picked)
         R = len(rows_wanted)
         if R == 0:
             return None

@@ -59,6 +59,7 @@ class MlxTransformer:
     """A model's weights on the MLX default device, run in batched forward passes over a paged KV pool."""
 
     backend = "mlx"
+    embeddings = True
 
     def __init__(self, config, weights, options: RunnerOptions = RunnerOptions()):
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):

@@ -22,7 +22,7 @@ def _configure_numba_cache() -> None:
 
 def main() -> None:
     _configure_numba_cache()
-    from . import backends, bench, chat, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
+    from . import backends, bench, chat, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
 
     try:
         app()

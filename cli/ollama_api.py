@@ -54,21 +54,9 @@ class OllamaAPI:
     """The ollama routes over an OpenAIServer's engine, request checks and event streams."""
 
     def __init__(self, server):
-        from infer.models.describe import describe_model
-
         self.server = server
         self.llm = server.llm
-        path = self.llm.model.path
-        info = describe_model(str(path))  # read once: clients poll /api/tags
-        st = path.stat()
-        size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else st.st_size
-        self.entry = {"name": server.config.model_id, "model": server.config.model_id, "size": size,
-                      "modified_at": datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace(
-                          "+00:00", "Z"), "digest": _digest(path, st),
-                      "details": {"parent_model": "", "format": info.format, "family": info.architecture,
-                                  "families": [info.architecture], "parameter_size": _size_label(info.parameters),
-                                  "quantization_level": info.quantization or "F16"}}
-        self.info = info
+        self.entry, self.info = model_entry(server.config.model_id, self.llm.model.path)  # once: clients poll /api/tags
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -76,7 +64,7 @@ class OllamaAPI:
         """The served model's name when the body's "model" names it; 404 for any other."""
         name = _name(body)
         cfg = self.server.config
-        if name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
+        if cfg.any_name or name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
             return name
         if await asyncio.to_thread(self._pulled_as, name):
             return name
@@ -332,51 +320,13 @@ class OllamaAPI:
                            f"{info.architecture}.context_length": n_ctx}})
 
     async def pull(self, request: Request) -> Response:
-        """Pull through the same code as `infer pull`, progress as ollama's NDJSON status lines."""
-        from infer.models.hub import pull
-
         try:
             body = await self.server.json_body(request)
-            name = _name(body)
-            stream = body.get("stream", True)
-            if not isinstance(stream, bool):
-                raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
         except APIError as e:
             return _error(e)
-        queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def report(file: str, done_bytes: int, total: int | None) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, {"status": f"pulling {file}", "digest": file,
-                                                         "total": total or 0, "completed": done_bytes})
-
-        async def run() -> dict:
-            try:
-                await asyncio.to_thread(pull, name, progress=report)
-                return {"status": "success"}
-            except Exception as e:  # PullError and the rest: the client gets the line, the server goes on
-                return {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
-            finally:
-                queue.put_nowait(None)
-
-        task = asyncio.ensure_future(run())
-        if not stream:
-            while await queue.get() is not None:
-                pass
-            result = await task
-            return JSONResponse(result, status_code=400 if "error" in result else 200)
-
-        async def lines() -> AsyncIterator[bytes]:
-            yield b'{"status": "pulling manifest"}\n'
-            while (item := await queue.get()) is not None:
-                yield json.dumps(item).encode() + b"\n"
-            yield json.dumps(await task).encode() + b"\n"
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return await pull_response(body)
 
     async def delete(self, request: Request) -> Response:
-        from infer.models.store import ModelNotFoundError, ModelStore
-
         try:
             body = await self.server.json_body(request)
             name = _name(body)
@@ -384,13 +334,79 @@ class OllamaAPI:
             return _error(e)
         if await asyncio.to_thread(self._pulled_as, name):
             return _error(APIError(409, f"model '{name[:200]}' is the one this server runs; stop the server to delete it"))
+        return await delete_response(name)
+
+
+def model_entry(name: str, path: Path) -> tuple[dict, Any]:
+    """A model as /api/tags lists it, and its ModelInfo (the file's metadata read once)."""
+    from infer.models.describe import describe_model
+
+    info = describe_model(str(path))
+    st = path.stat()
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else st.st_size
+    entry = {"name": name, "model": name, "size": size,
+             "modified_at": datetime.fromtimestamp(st.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z"),
+             "digest": _digest(path, st),
+             "details": {"parent_model": "", "format": info.format, "family": info.architecture,
+                         "families": [info.architecture], "parameter_size": _size_label(info.parameters),
+                         "quantization_level": info.quantization or "F16"}}
+    return entry, info
+
+
+async def pull_response(body: dict) -> Response:
+    """/api/pull through the same code as `infer pull`, progress as ollama's NDJSON status lines."""
+    from infer.models.hub import pull
+
+    try:
+        name = _name(body)
+        stream = body.get("stream", True)
+        if not isinstance(stream, bool):
+            raise APIError(400, f"'stream' must be true or false, got {kind(stream)}")
+    except APIError as e:
+        return _error(e)
+    queue: asyncio.Queue = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def report(file: str, done_bytes: int, total: int | None) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, {"status": f"pulling {file}", "digest": file,
+                                                     "total": total or 0, "completed": done_bytes})
+
+    async def run() -> dict:
         try:
-            await asyncio.to_thread(ModelStore().remove, name)
-        except ModelNotFoundError:
-            return _error(APIError(404, f"model '{name[:200]}' not found"))
-        except OSError as e:
-            return _error(APIError(400, f"cannot delete '{name[:200]}': {e.strerror or e}"))
-        return Response(status_code=200)
+            await asyncio.to_thread(pull, name, progress=report)
+            return {"status": "success"}
+        except Exception as e:  # PullError and the rest: the client gets the line, the server goes on
+            return {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.ensure_future(run())
+    if not stream:
+        while await queue.get() is not None:
+            pass
+        result = await task
+        return JSONResponse(result, status_code=400 if "error" in result else 200)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield b'{"status": "pulling manifest"}\n'
+        while (item := await queue.get()) is not None:
+            yield json.dumps(item).encode() + b"\n"
+        yield json.dumps(await task).encode() + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def delete_response(name: str) -> Response:
+    """/api/delete of a pulled model (the caller has checked that no server runs it)."""
+    from infer.models.store import ModelNotFoundError, ModelStore
+
+    try:
+        await asyncio.to_thread(ModelStore().remove, name)
+    except ModelNotFoundError:
+        return _error(APIError(404, f"model '{name[:200]}' not found"))
+    except OSError as e:
+        return _error(APIError(400, f"cannot delete '{name[:200]}': {e.strerror or e}"))
+    return Response(status_code=200)
 
 
 def _object(arguments: str) -> dict:

@@ -51,9 +51,10 @@ class ServerConfig:
     max_body: int = 8 * 2**20
     cors_origins: tuple[str, ...] = ()
     reasoning_format: str = "deepseek"  # --reasoning-format: "deepseek" splits <think> off as reasoning_content
+    any_name: bool = False  # behind model_router.py, which has resolved the request's model name already
 
 
-class _FrontDoor:
+class FrontDoor:
     """ASGI middleware: the API key on the /v1, ollama /api and (de)tokenize routes, and a request
     count by route and status."""
 
@@ -90,12 +91,12 @@ class _FrontDoor:
 
 
 class OpenAIServer:
-    def __init__(self, llm, config: ServerConfig):
+    def __init__(self, llm, config: ServerConfig, metrics: Metrics | None = None):
         self.llm = llm
         self.engine = llm.engine
         self.tokenizer = llm.tokenizer
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.created = int(time.time())
         self.fingerprint = "fp_infer"
 
@@ -129,7 +130,7 @@ class OpenAIServer:
             return self.config.model_id
         if not isinstance(model, str):
             raise APIError(400, f"'model' must be a string, got {kind(model)}", "model", "invalid_type")
-        if model != self.config.model_id and model not in self.config.model_aliases:
+        if model != self.config.model_id and model not in self.config.model_aliases and not self.config.any_name:
             raise APIError(404, f"the model {model[:200]!r} does not exist; this server has {self.config.model_id!r}",
                            "model", "model_not_found")
         return self.config.model_id
@@ -239,7 +240,7 @@ class OpenAIServer:
                              "running": self.engine.num_running(), "waiting": self.engine.num_waiting()})
 
     async def metrics_route(self, request: Request) -> Response:
-        return PlainTextResponse(self.metrics.render(self.engine), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render([self.engine]), media_type="text/plain; version=0.0.4")
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -458,8 +459,10 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error").response()
 
 
-def create_app(llm, config: ServerConfig) -> Starlette:
-    server = OpenAIServer(llm, config)
+def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_lifespan: bool = True) -> Starlette:
+    """The server of one model. Behind model_router.py (own_lifespan False): the router starts and
+    stops its engine, and its front door (API key, CORS, request counts) is the router's."""
+    server = OpenAIServer(llm, config, metrics)
     tokens = TokenizeAPI(server)
     ollama = OllamaAPI(server)
     embeddings = EmbeddingsAPI(server, ollama)
@@ -489,8 +492,8 @@ def create_app(llm, config: ServerConfig) -> Starlette:
     if config.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                                      allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"], allow_headers=["*"]))
-    middleware.append(Middleware(_FrontDoor, api_key=config.api_key, metrics=server.metrics))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
+    middleware.append(Middleware(FrontDoor, api_key=config.api_key, metrics=server.metrics))
+    app = Starlette(routes=routes, middleware=middleware if own_lifespan else [], lifespan=lifespan if own_lifespan else None,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.server = server
     return app

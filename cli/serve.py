@@ -14,9 +14,16 @@ from .app import app
 from .sizes import parse_size
 
 
-@app.command(help="Serve MODEL (a pulled name, a .gguf path, or the embedded default) over an OpenAI-compatible HTTP API.")
+@app.command(help="Serve MODEL (a pulled name or a .gguf path) over OpenAI's and ollama's HTTP APIs; without MODEL, "
+                  "every pulled model and the embedded one, each loaded when a request names it.")
 def serve(
-    model: Optional[str] = typer.Argument(None, help="Pulled name or .gguf path (default: the embedded model)."),
+    model: Optional[str] = typer.Argument(None, help="Pulled name or .gguf path (default: every pulled model)."),
+    models: Optional[str] = typer.Option(None, "--models", help="all: serve every pulled model (as with no MODEL)."),
+    max_models: int = typer.Option(1, "--max-models", help="Models kept loaded at once (several models mode)."),
+    memory: Optional[str] = typer.Option(None, "--memory", show_default=False,
+                                         help="Bytes the loaded models may take together, e.g. 8G (weights and KV)."),
+    keep_alive: str = typer.Option("5m", "--keep-alive",
+                                   help="How long an idle model stays loaded (ollama's keep_alive: 30s, 5m, 0, -1)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     parallel: int = typer.Option(4, "--parallel", help="Sequences generated at once (continuous batching)."),
@@ -55,10 +62,18 @@ def serve(
     if shutdown_timeout < 0:
         raise typer.BadParameter(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
     body_limit = parse_size(max_body)
+    if models not in (None, "all"):
+        raise typer.BadParameter(f"--models takes 'all', got {models!r}")
+    if max_models < 1:
+        raise typer.BadParameter(f"--max-models must be at least 1, got {max_models}")
+    from .model_pool import keep_alive_seconds
+
+    try:
+        idle = keep_alive_seconds(keep_alive)
+    except ValueError as e:
+        raise typer.BadParameter(f"--keep-alive: {e}") from None
     sock = _listen(host, port)  # before the model loads: a busy port fails at once
     with reported():
-        import uvicorn
-
         from infer.engine.engine import EngineConfig
 
         from .openai_server import ServerConfig, create_app
@@ -67,6 +82,16 @@ def serve(
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
+        if model is None or models == "all":
+            from .model_router import serve_models
+
+            app = serve_models(config, api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
+                               cors=tuple(cors), reasoning_format=reasoning_format, max_models=max_models,
+                               memory=parse_size(memory) if memory else 0, keep_alive=idle)
+            sys.stderr.write(f"infer serve: every pulled model on http://{host}:{sock.getsockname()[1]}/v1 · "
+                             f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
+                             f"{' · API key required' if api_key else ''}\n")
+            return _run(app, host, port, shutdown_timeout, sock)
         llm = load_llm(model, config, quiet=not sys.stderr.isatty())
         path = llm.model.path
         aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
@@ -80,17 +105,23 @@ def serve(
             f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
             f"{' · API key required' if api_key else ''}\n"
         )
-        uv = uvicorn.Config(create_app(llm, server_config), host=host, port=port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
-        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
-        # previous handler; this one makes that a clean exit instead of a kill or a traceback.
-        handled = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            uvicorn.Server(uv).run(sockets=[sock])
-        finally:
-            for sig, handler in handled.items():
-                signal.signal(sig, handler)
-        sys.stderr.write("infer serve: stopped\n")
+        _run(create_app(llm, server_config), host, port, shutdown_timeout, sock)
+
+
+def _run(app, host: str, port: int, shutdown_timeout: int, sock: socket.socket) -> None:
+    import uvicorn
+
+    uv = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                        access_log=False, timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
+    # previous handler; this one makes that a clean exit instead of a kill or a traceback.
+    handled = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.Server(uv).run(sockets=[sock])
+    finally:
+        for sig, handler in handled.items():
+            signal.signal(sig, handler)
+    sys.stderr.write("infer serve: stopped\n")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import bisect
 import math
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/health", "/metrics",
+          "/api/chat", "/api/generate", "/api/embed")
 
 
 class Histogram:
@@ -44,9 +45,11 @@ class Metrics:
         key = (path if path in ROUTES else "other", status)
         self.requests[key] = self.requests.get(key, 0) + 1
 
-    def render(self, engine) -> str:
-        kv = engine.usage()
-        used, total = sum(kv.blocks_used), sum(kv.blocks_total)
+    def render(self, engines: list) -> str:
+        """The counters, and the gauges summed over the engines (the models loaded)."""
+        kvs = [e.usage() for e in engines]
+        used = sum(sum(kv.blocks_used) for kv in kvs)
+        total = sum(sum(kv.blocks_total) for kv in kvs)
         lines = ["# HELP infer_requests_total HTTP requests answered, by route and status",
                  "# TYPE infer_requests_total counter"]
         for (path, status), n in sorted(self.requests.items()):
@@ -59,17 +62,22 @@ class Metrics:
         one("infer_prompt_tokens_cached_total", "counter", "prompt tokens taken from the prefix cache",
             self.cached_tokens)
         one("infer_generation_tokens_total", "counter", "tokens generated", self.completion_tokens)
-        one("infer_requests_waiting", "gauge", "requests queued for a running slot", engine.num_waiting())
-        one("infer_requests_running", "gauge", "sequences running", engine.num_running())
+        one("infer_requests_waiting", "gauge", "requests queued for a running slot", sum(e.num_waiting() for e in engines))
+        one("infer_requests_running", "gauge", "sequences running", sum(e.num_running() for e in engines))
         one("infer_kv_blocks_used", "gauge", "KV cache blocks held by sequences", used)
         one("infer_kv_blocks_free", "gauge", "KV cache blocks free (cached prefixes included)", total - used)
-        one("infer_kv_blocks_cached", "gauge", "free KV blocks still holding a reusable prefix", sum(kv.blocks_cached))
+        one("infer_kv_blocks_cached", "gauge", "free KV blocks still holding a reusable prefix", sum(sum(kv.blocks_cached) for kv in kvs))
         one("infer_kv_blocks_total", "gauge", "KV cache blocks", total)
         one("infer_prefix_cache_hit_rate", "gauge", "prompt tokens found in the prefix cache / tokens looked up",
-            round(engine.prefix_hit_rate(), 6))
+            round(_hit_rate(engines), 6))
         one("infer_preemptions_total", "counter", "sequences preempted for lack of KV blocks",
-            engine.scheduler.n_preempted)
+            sum(e.scheduler.n_preempted for e in engines))
         lines += self.ttft.render("infer_time_to_first_token_seconds", "request queued to first token")
         lines += self.itl.render("infer_inter_token_latency_seconds", "time between streamed tokens")
         return "\n".join(lines) + "\n"
 
+
+
+def _hit_rate(engines: list) -> float:
+    looked = sum(e.blocks.lookup_tokens for e in engines)
+    return sum(e.blocks.hit_tokens for e in engines) / looked if looked else 0.0

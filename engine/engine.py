@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from infer.backends.base import check_cache_type
+from infer.backends.base import KV_CACHE_BYTES, check_cache_type
 from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
@@ -186,6 +186,16 @@ class Engine:
             )
         scale = config.kv_memory / seq_bytes
         return [max(n, int(n * scale)) for n in per_seq]
+
+    @classmethod
+    def kv_pool_bytes(cls, model_config, config: EngineConfig) -> int:
+        """Bytes of the KV pool an engine of this config allocates for this model on a block-pool
+        backend (cpu, mlx): what a server counts before loading a model."""
+        n_ctx = min(config.n_ctx, model_config.n_ctx_train)
+        per_block = model_config.kv_block_bytes(config.block_size, KV_CACHE_BYTES[config.cache_type_k],
+                                                KV_CACHE_BYTES[config.cache_type_v])
+        blocks = cls.pool_blocks(n_ctx, [g.window for g in model_config.kv_groups], per_block, config)
+        return sum(n * b for n, b in zip(blocks, per_block))
 
     # -- requests ---------------------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ class Server:
         if not env["INFER_HOME"]:
             del env["INFER_HOME"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infer.cli", "serve", str(gemma_path), "--port", str(self.port), *args],
+            [sys.executable, "-m", "infer.cli", "serve", *([str(gemma_path)] if gemma_path else []), "--port",
+             str(self.port), *args],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 300  # the first run on a machine compiles the kernels

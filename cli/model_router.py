@@ -1,0 +1,341 @@
+"""Several models from one `infer serve` (no MODEL, or --models all): each request runs on the model
+its body names, loaded on demand (model_pool.py).
+
+The router reads a request's body once, finds the model it names in the catalog (the embedded
+default and every pulled model, by the store's names: a request's text is never read as a path),
+takes a lease on it from the pool (waiting while it loads), and hands the request, body
+replayed, to that model's own app (openai_server.create_app): every route of one model works
+here unchanged.  What is about all models is answered here: /v1/models and /api/tags (what can be
+served), /api/ps (what is loaded, its memory and expiry), /health, /metrics, /api/pull,
+/api/delete, /api/version and `GET /`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
+from .ollama_api import API_VERSION, delete_response, model_entry, pull_response
+from .openai_request import APIError
+from .server_metrics import Metrics
+
+# the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
+# none: they go to the loaded model, else the default one)
+MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
+                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize"})
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Catalog:
+    """The models a request may name: the embedded default (by its file's stem or name) and every
+    model in the store (by its pulled name, "owner/repo:QUANT" or "owner/repo")."""
+
+    def __init__(self, default: Path):
+        self.default = (default.stem, default)
+        self._entries: dict[tuple[str, Path, int], tuple[dict, Any]] = {}
+
+    def find(self, name: str) -> tuple[str, Path] | None:
+        from infer.models.store import ModelStore, looks_like_name
+
+        if name in (self.default[0], self.default[1].name) or name.split(":")[0] == self.default[0]:
+            return self.default
+        if not looks_like_name(name):
+            return None
+        try:
+            m = ModelStore().get(name.removesuffix(":latest"))
+        except Exception:  # a malformed manifest: not a model here
+            return None
+        return (m.name, Path(m.path)) if m is not None and Path(m.path).exists() else None
+
+    def names(self) -> list[tuple[str, Path]]:
+        from infer.models.store import ModelStore
+
+        try:
+            stored = [(m.name, Path(m.path)) for m in ModelStore().list() if Path(m.path).exists()]
+        except Exception:
+            stored = []
+        return [self.default, *stored]
+
+    def entry(self, name: str, path: Path) -> tuple[dict, Any]:
+        """/api/tags' entry for a model and its ModelInfo, read once per file version."""
+        key = (name, path, path.stat().st_mtime_ns)
+        if key not in self._entries:
+            self._entries[key] = model_entry(name, path)
+        return self._entries[key]
+
+
+class ModelRouter:
+    def __init__(self, pool: ModelPool, catalog: Catalog, metrics: Metrics, max_body: int):
+        self.pool, self.catalog, self.metrics, self.max_body = pool, catalog, metrics, max_body
+        self.created = int(time.time())
+
+        @asynccontextmanager
+        async def lifespan(app: Starlette):
+            pool.start()
+            try:
+                yield
+            finally:
+                await pool.close()
+
+        self.app = Starlette(lifespan=lifespan, routes=[
+            Route("/", self.root, methods=["GET", "HEAD"]),
+            Route("/api/version", self.version, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/api/tags", self.tags, methods=["GET"]),
+            Route("/api/ps", self.ps, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics_route, methods=["GET"]),
+            Route("/api/pull", self.pull, methods=["POST"]),
+            Route("/api/delete", self.delete, methods=["DELETE"]),
+        ])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in MODEL_ROUTES:
+            return await self.forward(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    # -- requests on a model -------------------------------------------------------------------------
+
+    async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ollama = scope["path"].startswith("/api/")
+        try:
+            raw = await self._body(receive)
+            body = self._parse(raw)
+            keep_alive = keep_alive_seconds(body.get("keep_alive")) if ollama else None
+            name, path = await self._target(body, ollama)
+            if ollama and keep_alive == 0 and scope["path"] in ("/api/generate", "/api/chat") \
+                    and not body.get("prompt") and not body.get("messages"):
+                return await self._unloaded(name, body, scope["path"], scope, receive, send)
+        except ValueError as e:  # keep_alive
+            return await self._error(ollama, APIError(400, str(e), "keep_alive", "invalid_value"), scope, receive, send)
+        except APIError as e:
+            return await self._error(ollama, e, scope, receive, send)
+        except _Gone:
+            return
+        leasing = asyncio.ensure_future(self.pool.acquire(name, path))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not leasing.done():  # the client went away while the model loads: the load goes on for others
+            leasing.cancel()
+            return
+        gone.cancel()
+        try:
+            m: Loaded = leasing.result()
+        except LoadFailed as e:
+            return await self._error(ollama, APIError(400, str(e), "model", "model_load_failed"), scope, receive, send)
+        if gone.done() and not gone.cancelled():  # it left just as the model became ready
+            self.pool.release(m, keep_alive)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        try:
+            await m.app(scope, replay, send)
+        finally:
+            self.pool.release(m, keep_alive)
+
+    async def _body(self, receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Gone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise APIError(413, f"the request body is larger than {self.max_body} bytes", None, "body_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    def _parse(raw: bytes) -> dict:
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise APIError(400, f"the request body is not valid JSON: {msg}"[:300], None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", None, "invalid_type")
+        return body
+
+    async def _target(self, body: dict, ollama: bool) -> tuple[str, Path]:
+        """(catalog name, path) of the model the body names; without one, the model loaded (if only
+        one is), else the embedded default."""
+        name = body.get("model", body.get("name")) if ollama else body.get("model")
+        if name is None or name == "":
+            if ollama:
+                raise APIError(400, "'model' is required")
+            loaded = list(self.pool.loaded.values())
+            return (loaded[0].name, loaded[0].path) if len(loaded) == 1 else self.catalog.default
+        if not isinstance(name, str):
+            raise APIError(400, "'model' must be a string", "model", "invalid_type")
+        found = await asyncio.to_thread(self.catalog.find, name)
+        if found is None:
+            raise APIError(404, f"model '{name[:200]}' not found; pull it first (infer pull) or see /v1/models",
+                           "model", "model_not_found")
+        return found
+
+    async def _unloaded(self, name: str, body: dict, path: str, scope, receive, send) -> None:
+        """ollama's way to unload: an empty generate/chat with keep_alive 0 (Open WebUI sends it)."""
+        self.pool.expire(name)
+        out = {"model": body.get("model", name), "created_at": _iso(time.time()), "done": True, "done_reason": "unload"}
+        out.update({"message": {"role": "assistant", "content": ""}} if path == "/api/chat" else {"response": ""})
+        await JSONResponse(out)(scope, receive, send)
+
+    @staticmethod
+    async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
+        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama else e.response()
+        await r(scope, receive, send)
+
+    # -- about every model ---------------------------------------------------------------------------
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": API_VERSION})
+
+    async def models(self, request: Request) -> Response:
+        names = await asyncio.to_thread(self.catalog.names)
+        data = []
+        for name, _ in names:
+            m = self.pool.loaded.get(name)
+            data.append({"id": name, "object": "model", "created": self.created, "owned_by": "infer",
+                         **({"context_length": m.llm.engine.n_ctx} if m else {})})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def tags(self, request: Request) -> Response:
+        names = await asyncio.to_thread(self.catalog.names)
+        entries = [e for e in await asyncio.to_thread(lambda: [self._entry(n, p) for n, p in names]) if e]
+        return JSONResponse({"models": entries})
+
+    def _entry(self, name: str, path: Path) -> dict | None:
+        try:
+            return self.catalog.entry(name, path)[0]
+        except Exception:  # a file that cannot be described is not listed
+            return None
+
+    async def ps(self, request: Request) -> Response:
+        out = []
+        for m in list(self.pool.loaded.values()):
+            entry = await asyncio.to_thread(self._entry, m.name, m.path) or {"name": m.name, "model": m.name}
+            until = m.expires_at()
+            until = time.time() + 3650 * 86400 if math.isinf(until) else until
+            out.append({**entry, "size": m.size, "expires_at": _iso(until), "size_vram": 0,
+                        "context_length": m.llm.engine.n_ctx})
+        return JSONResponse({"models": out})
+
+    async def health(self, request: Request) -> Response:
+        loaded = list(self.pool.loaded.values())
+        return JSONResponse({"status": "ok", "models": [m.name for m in loaded],
+                             "loading": list(self.pool.loading),
+                             "running": sum(m.llm.engine.num_running() for m in loaded),
+                             "waiting": sum(m.llm.engine.num_waiting() for m in loaded)})
+
+    async def metrics_route(self, request: Request) -> Response:
+        engines = [m.llm.engine for m in self.pool.loaded.values()]
+        return PlainTextResponse(self.metrics.render(engines), media_type="text/plain; version=0.0.4")
+
+    async def pull(self, request: Request) -> Response:
+        try:
+            body = self._parse(await self._body(request.receive))
+        except APIError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status)
+        except _Gone:
+            return Response(status_code=499)
+        return await pull_response(body)
+
+    async def delete(self, request: Request) -> Response:
+        try:
+            body = self._parse(await self._body(request.receive))
+            name = body.get("model", body.get("name"))
+            if not isinstance(name, str) or not name:
+                raise APIError(400, "'model' is required")
+        except APIError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status)
+        except _Gone:
+            return Response(status_code=499)
+        found = await asyncio.to_thread(self.catalog.find, name)
+        if found is not None and found[0] in self.pool.loaded and not await self.pool.unload(found[0]):
+            return JSONResponse({"error": f"model '{name[:200]}' is running requests; retry when they end"},
+                                status_code=409)
+        if found is not None and found == self.catalog.default:
+            return JSONResponse({"error": "the embedded default model cannot be deleted"}, status_code=400)
+        return await delete_response(name)
+
+
+def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cors: tuple[str, ...],
+                 reasoning_format: str, max_models: int, memory: int, keep_alive: float):
+    """The ASGI app of a several-models server: the router behind the API key and CORS."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    from infer.models.default import default_model_path
+
+    from .load import load_llm
+    from .openai_server import FrontDoor, ServerConfig, create_app
+
+    metrics = Metrics()
+
+    def build(name: str, path: Path):
+        llm = load_llm(str(path), config, quiet=True)
+        server_config = ServerConfig(model_id=name, api_key=None, max_queue=max_queue, max_body=max_body,
+                                     reasoning_format=reasoning_format, any_name=True)
+        return llm, create_app(llm, server_config, metrics, own_lifespan=False)
+
+    pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
+    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body), api_key, metrics)
+    if cors:
+        app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
+                             allow_headers=["*"])
+    return app
+
+
+def estimate_bytes(path: Path, config) -> int:
+    """What loading the model will take: its files and the KV pool the engine config gives it."""
+    from infer.engine.engine import Engine
+    from infer.models.config import ModelConfig
+    from infer.models.gguf_file import read_gguf, shard_path
+
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    g = read_gguf(path)
+    files = sum(shard_path(path, i, g.shards).stat().st_size for i in range(g.shards)) if g.shards > 1 \
+        else path.stat().st_size
+    return files + Engine.kv_pool_bytes(ModelConfig.from_metadata(g.metadata), config)
+
+
+class _Gone(Exception):
+    """The client disconnected before its request was read."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (after the body was read, receive() says nothing else)."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        pass

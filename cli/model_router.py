@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
-from .ollama_api import API_VERSION, delete_response, model_entry, pull_response
+from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError
 from .server_metrics import Metrics
 
@@ -80,8 +80,9 @@ class Catalog:
 
 
 class ModelRouter:
-    def __init__(self, pool: ModelPool, catalog: Catalog, metrics: Metrics, max_body: int):
+    def __init__(self, pool: ModelPool, catalog: Catalog, metrics: Metrics, max_body: int, n_ctx: int):
         self.pool, self.catalog, self.metrics, self.max_body = pool, catalog, metrics, max_body
+        self.n_ctx = n_ctx  # --ctx: what /api/show says of a model not loaded
         self.created = int(time.time())
 
         @asynccontextmanager
@@ -121,6 +122,10 @@ class ModelRouter:
             if ollama and keep_alive == 0 and scope["path"] in ("/api/generate", "/api/chat") \
                     and not body.get("prompt") and not body.get("messages"):
                 return await self._unloaded(name, body, scope["path"], scope, receive, send)
+            if scope["path"] == "/api/show" and name not in self.pool.loaded and path.is_file():
+                # clients (Continue) ask about every model: answered from the file, nothing loaded
+                shown = await asyncio.to_thread(self._show, name, path)
+                return await JSONResponse(shown)(scope, receive, send)
         except ValueError as e:  # keep_alive
             return await self._error(ollama, APIError(400, str(e), "keep_alive", "invalid_value"), scope, receive, send)
         except APIError as e:
@@ -205,6 +210,22 @@ class ModelRouter:
         out = {"model": body.get("model", name), "created_at": _iso(time.time()), "done": True, "done_reason": "unload"}
         out.update({"message": {"role": "assistant", "content": ""}} if path == "/api/chat" else {"response": ""})
         await JSONResponse(out)(scope, receive, send)
+
+    def _show(self, name: str, path: Path) -> dict:
+        from infer.engine.chat_template import ChatTemplateError, builtin_template
+        from infer.models.gguf_file import read_gguf
+
+        entry, info = self.catalog.entry(name, path)
+        meta = read_gguf(path).metadata
+        template = meta.get("tokenizer.chat_template") or ""
+        if not template:
+            try:
+                template = builtin_template(info.architecture, str(meta.get("tokenizer.ggml.model", "")),
+                                            meta.get("tokenizer.ggml.pre"))
+            except ChatTemplateError:
+                template = ""
+        n_ctx = min(self.n_ctx, info.context_length or self.n_ctx)
+        return show_body(entry, info, template, n_ctx, path)
 
     @staticmethod
     async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
@@ -307,7 +328,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
         return llm, create_app(llm, server_config, metrics, own_lifespan=False)
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
-    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body), api_key, metrics)
+    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body, config.n_ctx), api_key, metrics)
     if cors:
         app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
                              allow_headers=["*"])

@@ -309,15 +309,8 @@ class OllamaAPI:
             await self.resolve(await self.server.json_body(request))
         except APIError as e:
             return _error(e)
-        info, template = self.info, self.llm.template.source
-        caps = ["completion"] + (["tools"] if "tools" in template else []) + \
-            (["thinking"] if "<think>" in template else [])
-        n_ctx = self.llm.engine.n_ctx
-        return JSONResponse({
-            "modelfile": f"FROM {self.llm.model.path}\n", "parameters": f"num_ctx {n_ctx}", "template": template,
-            "details": self.entry["details"], "capabilities": caps, "modified_at": self.entry["modified_at"],
-            "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
-                           f"{info.architecture}.context_length": n_ctx}})
+        return JSONResponse(show_body(self.entry, self.info, self.llm.template.source, self.llm.engine.n_ctx,
+                                      self.llm.model.path))
 
     async def pull(self, request: Request) -> Response:
         try:
@@ -351,6 +344,16 @@ def model_entry(name: str, path: Path) -> tuple[dict, Any]:
                          "families": [info.architecture], "parameter_size": _size_label(info.parameters),
                          "quantization_level": info.quantization or "F16"}}
     return entry, info
+
+
+def show_body(entry: dict, info: Any, template: str, n_ctx: int, path: Path) -> dict:
+    """/api/show's answer for a model: its details, template, capabilities and context."""
+    caps = ["completion"] + (["tools"] if "tools" in template else []) + \
+        (["thinking"] if "<think>" in template else [])
+    return {"modelfile": f"FROM {path}\n", "parameters": f"num_ctx {n_ctx}", "template": template,
+            "details": entry["details"], "capabilities": caps, "modified_at": entry["modified_at"],
+            "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,
+                           f"{info.architecture}.context_length": n_ctx}}
 
 
 async def pull_response(body: dict) -> Response:

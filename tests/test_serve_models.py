@@ -86,7 +86,9 @@ def test_every_pulled_model_is_listed(server, client):
     assert {GEMMA, TINY} <= names
     oa = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
     assert {GEMMA, TINY} <= {m.id for m in oa.models.list().data}
-    assert loaded(client) == []  # listing loads nothing
+    shown = client.show(TINY)
+    assert shown.details.family == "qwen2" and shown.modelinfo["qwen2.context_length"] == 256
+    assert loaded(client) == []  # listing and showing load nothing
 
 
 def test_loaded_on_first_use_and_swapped_at_max_models(server, client):
@@ -171,9 +173,11 @@ def test_embeddings_and_tokenize_through_the_router(server, client):
 
 
 def test_memory_budget(home, env):
-    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", env_extra=env)
+    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", "--api-key", "k", env_extra=env)
     try:
-        c = ollama.Client(host=f"http://127.0.0.1:{s.port}")
+        assert raw(s.port, "GET", "/api/ps")[0] == 401  # the API key guards every route of the router too
+        assert raw(s.port, "POST", "/api/chat", b'{"model": "%s"}' % TINY.encode())[0] == 401
+        c = ollama.Client(host=f"http://127.0.0.1:{s.port}", headers={"Authorization": "Bearer k"})
         with pytest.raises(ollama.ResponseError) as e:
             chat(c, GEMMA)
         assert e.value.status_code == 400 and "--memory allows 64 MiB" in e.value.error

@@ -29,6 +29,9 @@ def bench(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    spec: Optional[str] = opt.SPEC,
+    spec_ngram_n: int = opt.SPEC_NGRAM_N,
+    draft_max: int = opt.DRAFT_MAX,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     with reported():
@@ -40,6 +43,7 @@ def bench(
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
                               backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                              spec=opt.spec(spec, spec_ngram_n, draft_max),
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = load_llm(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
@@ -66,6 +70,10 @@ def bench(
             "kv_pool_bytes": kv.bytes_total,
             "cache_type_k": cache_type_k,
             "cache_type_v": cache_type_v,
+            "spec": spec or "",
+            "drafted_tokens": llm.engine.drafted,
+            "accepted_tokens": llm.engine.accepted,
+            "acceptance": round(llm.engine.accepted / llm.engine.drafted, 4) if llm.engine.drafted else None,
         }
         if as_json:
             json.dump(row, sys.stdout)
@@ -86,3 +94,6 @@ def bench(
         if parallel > 1:
             line(f"tg{gen_tokens} aggregate x{parallel}", res.aggregate_decode_tok_s)
         out.write(f"\nttft (pp{prompt_tokens}): {row['ttft_ms']:.1f} ms\n")
+        if spec:
+            out.write(f"speculation ({spec}): {row['accepted_tokens']} of {row['drafted_tokens']} drafted tokens "
+                      f"accepted\n")

@@ -53,6 +53,9 @@ def chat(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    spec: Optional[str] = opt.SPEC,
+    spec_ngram_n: int = opt.SPEC_NGRAM_N,
+    draft_max: int = opt.DRAFT_MAX,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
@@ -69,7 +72,8 @@ def chat(
         )
         interactive = sys.stdin.isatty()
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,
-                              mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+                              mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                              spec=opt.spec(spec, spec_ngram_n, draft_max))
         llm = load_llm(model, config, quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:

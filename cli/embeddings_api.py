@@ -85,8 +85,10 @@ class EmbeddingsAPI:
         n_ctx = self.llm.engine.n_ctx
         if len(ids) < n_ctx:
             return ids
-        if truncate:
-            return ids[:n_ctx - 1]
+        if truncate:  # keeping the end-of-text token the tokenizer adds: "last" pooling models read it
+            tok = self.llm.tokenizer
+            eos = tok.eos_id if getattr(tok, "add_eos", False) and ids and ids[-1] == tok.eos_id else None
+            return ids[:n_ctx - 1] if eos is None else ids[:n_ctx - 2] + [eos]
         raise APIError(400, f"an input has {len(ids)} tokens but the context holds {n_ctx - 1}; shorten it",
                        "input", "context_length_exceeded")
 

@@ -14,6 +14,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.grammar import GrammarError
     from infer.engine.llm import BackendError
     from infer.engine.sampler import InvalidSamplingParams
+    from infer.engine.speculative import SpeculationError
     from infer.engine.tokenizer import TokenizerError
     from infer.models.config import ModelConfigError
     from infer.models.gguf_file import GGUFError
@@ -27,6 +28,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.quant.types import UnsupportedQuantType
 
     return (BackendError, ChatTemplateError, GrammarError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
+            SpeculationError,
             GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, QuantizeError, ImatrixError,
             RecipeError, ConvertError, OSError)
 

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+FOREVER = 10 * 365 * 86400.0  # a keep_alive longer than this (or negative) keeps the model loaded
+
+
 class LoadFailed(Exception):
     """A model that cannot be loaded (a bad file, too big for --memory): the message says why."""
 
@@ -51,14 +54,17 @@ def keep_alive_seconds(value: Any) -> float | None:
     if isinstance(value, bool):
         raise ValueError("keep_alive must be a number of seconds or a duration such as '5m'")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("keep_alive must be finite")
-        return float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+        return -1.0 if seconds < 0 or seconds > FOREVER else seconds
     if not isinstance(value, str) or not value.strip():
         raise ValueError("keep_alive must be a number of seconds or a duration such as '5m'")
     s = value.strip()
     try:
-        return float(s)
+        seconds = float(s)
+        return -1.0 if seconds < 0 or seconds > FOREVER else seconds
     except ValueError:
         pass
     sign, s = (-1.0, s[1:]) if s.startswith("-") else (1.0, s)
@@ -81,7 +87,7 @@ def keep_alive_seconds(value: Any) -> float | None:
         num, i = "", i + len(unit)
     if num:
         raise ValueError(f"keep_alive {value[:40]!r} needs a unit (s, m or h)")
-    return sign * total
+    return -1.0 if sign < 0 or total > FOREVER else total
 
 
 class ModelPool:
@@ -96,6 +102,7 @@ class ModelPool:
         self.max_models, self.memory, self.keep_alive = max_models, memory, keep_alive
         self.loaded: dict[str, Loaded] = {}
         self.loading: dict[str, tuple[asyncio.Task, int]] = {}  # name -> (its load, bytes reserved)
+        self.unloading = 0  # bytes of models being unloaded: still taken until their memory is back
         self._changed: asyncio.Condition | None = None
         self._reaper: asyncio.Task | None = None
 
@@ -108,6 +115,10 @@ class ModelPool:
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+            try:
+                await self._reaper
+            except asyncio.CancelledError:
+                pass
         for task, _ in list(self.loading.values()):
             try:
                 await task
@@ -123,7 +134,10 @@ class ModelPool:
             now = time.monotonic()
             for m in list(self.loaded.values()):
                 if not m.users and m.expires <= now:
-                    await self._unload(m)
+                    try:
+                        await self._unload(m)
+                    except Exception:  # one failed unload must not stop every later expiry
+                        pass
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -149,9 +163,10 @@ class ModelPool:
             if self.memory and need > self.memory:
                 raise LoadFailed(f"model '{name}' needs {need / 2**20:.0f} MiB (weights and KV cache) but "
                                  f"--memory allows {self.memory / 2**20:.0f} MiB")
-            if not await self._make_room(need):
-                continue  # the world changed while waiting: look again
+            if not await self._make_room(need) or name in self.loaded or name in self.loading:
+                continue  # the world changed while it made room: look again
             task = asyncio.ensure_future(self._load(name, path, need))
+            task.add_done_callback(_retrieved)  # a failed load nobody waits for any more is not an error to log
             self.loading[name] = (task, need)
 
     def release(self, m: Loaded, keep_alive: float | None = None) -> None:
@@ -187,7 +202,7 @@ class ModelPool:
     def _used(self) -> tuple[int, int]:
         """(models, bytes) loaded or loading."""
         return (len(self.loaded) + len(self.loading),
-                sum(m.size for m in self.loaded.values()) + sum(n for _, n in self.loading.values()))
+                sum(m.size for m in self.loaded.values()) + sum(n for _, n in self.loading.values()) + self.unloading)
 
     async def _make_room(self, need: int) -> bool:
         """Unload idle models, least recently used first, until one more of `need` bytes fits;
@@ -219,19 +234,26 @@ class ModelPool:
         except Exception:
             pass
         llm.engine.start()
-        self.loaded[name] = Loaded(name, path, llm, app, size, self.keep_alive)
+        m = Loaded(name, path, llm, app, size, self.keep_alive)
+        # idle until its waiting requests take it (if they all left, it expires as any idle model)
+        m.expires = math.inf if m.keep_alive < 0 else time.monotonic() + m.keep_alive
+        self.loaded[name] = m
         self._notify()
 
     async def _unload(self, m: Loaded) -> None:
         if self.loaded.get(m.name) is not m:
             return
         del self.loaded[m.name]
+        self.unloading += m.size
         llm = m.llm
         m.llm = m.app = None
-        await asyncio.to_thread(_stop, llm)
-        del llm
-        await asyncio.to_thread(_give_back_memory)
-        self._notify()
+        try:
+            await asyncio.to_thread(_stop, llm)
+            del llm
+            await asyncio.to_thread(_give_back_memory)
+        finally:
+            self.unloading -= m.size
+            self._notify()
 
     def _notify(self) -> None:
         if self._changed is None:
@@ -253,6 +275,11 @@ def _give_back_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator decides
         pass
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _stop(llm) -> None:

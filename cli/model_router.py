@@ -117,7 +117,10 @@ class ModelRouter:
         try:
             raw = await self._body(receive)
             body = self._parse(raw)
-            keep_alive = keep_alive_seconds(body.get("keep_alive")) if ollama else None
+            try:
+                keep_alive = keep_alive_seconds(body.get("keep_alive")) if ollama else None
+            except ValueError as e:
+                raise APIError(400, str(e), "keep_alive", "invalid_value") from None
             name, path = await self._target(body, ollama)
             if ollama and keep_alive == 0 and scope["path"] in ("/api/generate", "/api/chat") \
                     and not body.get("prompt") and not body.get("messages"):
@@ -126,26 +129,14 @@ class ModelRouter:
                 # clients (Continue) ask about every model: answered from the file, nothing loaded
                 shown = await asyncio.to_thread(self._show, name, path)
                 return await JSONResponse(shown)(scope, receive, send)
-        except ValueError as e:  # keep_alive
-            return await self._error(ollama, APIError(400, str(e), "keep_alive", "invalid_value"), scope, receive, send)
+            m = await self._lease(name, path, receive)
         except APIError as e:
             return await self._error(ollama, e, scope, receive, send)
         except _Gone:
             return
-        leasing = asyncio.ensure_future(self.pool.acquire(name, path))
-        gone = asyncio.ensure_future(_disconnected(receive))
-        await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not leasing.done():  # the client went away while the model loads: the load goes on for others
-            leasing.cancel()
-            return
-        gone.cancel()
-        try:
-            m: Loaded = leasing.result()
-        except LoadFailed as e:
-            return await self._error(ollama, APIError(400, str(e), "model", "model_load_failed"), scope, receive, send)
-        if gone.done() and not gone.cancelled():  # it left just as the model became ready
-            self.pool.release(m, keep_alive)
-            return
+        except Exception as e:  # a bug of ours: the client gets its API's shape, the server goes on
+            err = APIError(500, f"internal error: {type(e).__name__}", None, "internal_error", "server_error")
+            return await self._error(ollama, err, scope, receive, send)
         sent = False
 
         async def replay() -> Message:
@@ -159,6 +150,34 @@ class ModelRouter:
             await m.app(scope, replay, send)
         finally:
             self.pool.release(m, keep_alive)
+
+    async def _lease(self, name: str, path: Path, receive: Receive) -> Loaded:
+        """The loaded model (waiting while it loads); _Gone when the client leaves first (the load
+        goes on for the others), a 400 when it fails to load."""
+        leasing = asyncio.ensure_future(self.pool.acquire(name, path))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not leasing.done():  # the client left (or this request was cancelled): no lease taken
+                leasing.cancel()
+                leasing.add_done_callback(self._release_late)
+        if not leasing.done():
+            raise _Gone
+        try:
+            m: Loaded = leasing.result()
+        except LoadFailed as e:
+            raise APIError(400, str(e), "model", "model_load_failed") from None
+        if gone.done() and not gone.cancelled():  # it left just as the model became ready
+            self.pool.release(m)
+            raise _Gone
+        return m
+
+    def _release_late(self, task: asyncio.Task) -> None:
+        """A lease taken after its request had given up on it (cancelled too late) goes back."""
+        if not task.cancelled() and task.exception() is None:
+            self.pool.release(task.result())
 
     async def _body(self, receive: Receive) -> bytes:
         chunks, size = [], 0
@@ -213,10 +232,13 @@ class ModelRouter:
 
     def _show(self, name: str, path: Path) -> dict:
         from infer.engine.chat_template import ChatTemplateError, builtin_template
-        from infer.models.gguf_file import read_gguf
+        from infer.models.gguf_file import GGUFError, read_gguf
 
-        entry, info = self.catalog.entry(name, path)
-        meta = read_gguf(path).metadata
+        try:
+            entry, info = self.catalog.entry(name, path)
+            meta = read_gguf(path).metadata
+        except (OSError, GGUFError, ValueError) as e:
+            raise APIError(400, f"cannot read model '{name}': {str(e).splitlines()[0][:200]}") from None
         template = meta.get("tokenizer.chat_template") or ""
         if not template:
             try:
@@ -225,7 +247,8 @@ class ModelRouter:
             except ChatTemplateError:
                 template = ""
         n_ctx = min(self.n_ctx, info.context_length or self.n_ctx)
-        return show_body(entry, info, template, n_ctx, path)
+        embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3)
+        return show_body(entry, info, template, n_ctx, path, embedding)
 
     @staticmethod
     async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
@@ -263,11 +286,10 @@ class ModelRouter:
     async def ps(self, request: Request) -> Response:
         out = []
         for m in list(self.pool.loaded.values()):
+            n_ctx, until = m.llm.engine.n_ctx, m.expires_at()  # before an await: the reaper may unload it meanwhile
             entry = await asyncio.to_thread(self._entry, m.name, m.path) or {"name": m.name, "model": m.name}
-            until = m.expires_at()
             until = time.time() + 3650 * 86400 if math.isinf(until) else until
-            out.append({**entry, "size": m.size, "expires_at": _iso(until), "size_vram": 0,
-                        "context_length": m.llm.engine.n_ctx})
+            out.append({**entry, "size": m.size, "expires_at": _iso(until), "size_vram": 0, "context_length": n_ctx})
         return JSONResponse({"models": out})
 
     async def health(self, request: Request) -> Response:
@@ -301,11 +323,11 @@ class ModelRouter:
         except _Gone:
             return Response(status_code=499)
         found = await asyncio.to_thread(self.catalog.find, name)
+        if found is not None and found == self.catalog.default:
+            return JSONResponse({"error": "the embedded default model cannot be deleted"}, status_code=400)
         if found is not None and found[0] in self.pool.loaded and not await self.pool.unload(found[0]):
             return JSONResponse({"error": f"model '{name[:200]}' is running requests; retry when they end"},
                                 status_code=409)
-        if found is not None and found == self.catalog.default:
-            return JSONResponse({"error": "the embedded default model cannot be deleted"}, status_code=400)
         return await delete_response(name)
 
 

@@ -3,9 +3,9 @@
 (and /api/embed, /api/embeddings: embeddings_api.py), and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
 clients can use `infer serve`.  Errors take ollama's shape, {"error": "..."} with a 4xx status.
 
-The server runs one model (the others ollama would load on demand are not served yet): a request
-names it by the server's names for it (its id, file name, path) or by the store's pulled name of
-that file, and gets a 404 for any other model.
+Started with a MODEL, the server runs that one: a request names it by the server's names for it
+(its id, file name, path) or by the store's pulled name of that file, and gets a 404 for any
+other model. Without one, model_router.py puts a server like this one behind each model it loads.
 """
 from __future__ import annotations
 
@@ -310,7 +310,7 @@ class OllamaAPI:
         except APIError as e:
             return _error(e)
         return JSONResponse(show_body(self.entry, self.info, self.llm.template.source, self.llm.engine.n_ctx,
-                                      self.llm.model.path))
+                                      self.llm.model.path, bool(self.llm.model.config.pooling)))
 
     async def pull(self, request: Request) -> Response:
         try:
@@ -346,9 +346,10 @@ def model_entry(name: str, path: Path) -> tuple[dict, Any]:
     return entry, info
 
 
-def show_body(entry: dict, info: Any, template: str, n_ctx: int, path: Path) -> dict:
-    """/api/show's answer for a model: its details, template, capabilities and context."""
-    caps = ["completion"] + (["tools"] if "tools" in template else []) + \
+def show_body(entry: dict, info: Any, template: str, n_ctx: int, path: Path, embedding: bool = False) -> dict:
+    """/api/show's answer for a model: its details, template, capabilities and context; an
+    embedding model (its file names a pooling) says "embedding", as ollama's do."""
+    caps = ["embedding"] if embedding else ["completion"] + (["tools"] if "tools" in template else []) + \
         (["thinking"] if "<think>" in template else [])
     return {"modelfile": f"FROM {path}\n", "parameters": f"num_ctx {n_ctx}", "template": template,
             "details": entry["details"], "capabilities": caps, "modified_at": entry["modified_at"],

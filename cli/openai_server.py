@@ -236,8 +236,12 @@ class OpenAIServer:
     # -- routes -----------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        eng = self.engine
         return JSONResponse({"status": "ok", "model": self.config.model_id,
-                             "running": self.engine.num_running(), "waiting": self.engine.num_waiting()})
+                             "running": eng.num_running(), "waiting": eng.num_waiting(),
+                             **({"spec_drafted": eng.drafted, "spec_accepted": eng.accepted,
+                                 "spec_acceptance": round(eng.accepted / eng.drafted, 4) if eng.drafted else None}
+                                if eng.spec.kind else {})})
 
     async def metrics_route(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render([self.engine]), media_type="text/plain; version=0.0.4")

@@ -24,6 +24,10 @@ CACHE_TYPE_V = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type
 FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object (as ollama's --format json).")
 JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
+SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt lookup (the same output, faster "
+                                         "where the reply repeats its prompt or itself).")
+SPEC_NGRAM_N = typer.Option(12, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken.")
+DRAFT_MAX = typer.Option(16, "--draft-max", help="--spec: most tokens drafted per step.")
 
 
 def grammar(fmt: str | None, json_schema: str | None, gbnf: str | None):
@@ -44,3 +48,10 @@ def grammar(fmt: str | None, json_schema: str | None, gbnf: str | None):
     if gbnf is not None:
         return Grammar("gbnf", Path(gbnf).read_text(encoding="utf-8"))
     return None
+
+
+def spec(kind: str | None, ngram_n: int, draft_max: int):
+    """The SpecConfig of --spec / --spec-ngram-n / --draft-max."""
+    from infer.engine.speculative import SpecConfig
+
+    return SpecConfig(kind or "", ngram_n, draft_max)

@@ -37,6 +37,9 @@ def run(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    spec: Optional[str] = opt.SPEC,
+    spec_ngram_n: int = opt.SPEC_NGRAM_N,
+    draft_max: int = opt.DRAFT_MAX,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:
@@ -56,7 +59,8 @@ def run(
             seed=seed, max_tokens=max_tokens, stop=tuple(stop), grammar=opt.grammar(fmt, json_schema, grammar),
         )
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
-                              cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                              spec=opt.spec(spec, spec_ngram_n, draft_max))
         llm = load_llm(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)
@@ -91,11 +95,14 @@ def _generate(llm, ids: list[int], params, as_json: bool) -> None:
             "ttft_ms": round(st.ttft_ms, 2),
             "prefill_tok_s": round(st.prefill_tok_s, 2),
             "decode_tok_s": round(st.decode_tok_s, 2),
+            "drafted_tokens": st.drafted_tokens,
+            "accepted_tokens": st.accepted_tokens,
         }, out, ensure_ascii=False)
         out.write("\n")
         return
     out.write("\n")
     sys.stderr.write(
         f"prompt {st.prompt_tokens} tok · ttft {st.ttft_ms:.0f} ms · prefill {st.prefill_tok_s:.1f} tok/s · "
-        f"decode {st.decode_tok_s:.1f} tok/s ({st.completion_tokens} tok, {final.finish_reason})\n"
+        f"decode {st.decode_tok_s:.1f} tok/s ({st.completion_tokens} tok, {final.finish_reason})"
+        + (f" · draft {st.accepted_tokens}/{st.drafted_tokens} accepted" if st.drafted_tokens else "") + "\n"
     )

@@ -41,6 +41,9 @@ def serve(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    spec: Optional[str] = opt.SPEC,
+    spec_ngram_n: int = opt.SPEC_NGRAM_N,
+    draft_max: int = opt.DRAFT_MAX,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
@@ -76,11 +79,11 @@ def serve(
     with reported():
         from infer.engine.engine import EngineConfig
 
-        from .openai_server import ServerConfig, create_app
-        from .load import load_llm
+        from .openai_server import ServerConfig
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                              spec=opt.spec(spec, spec_ngram_n, draft_max),
                               kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
         if model is None or models == "all":
             from .model_router import serve_models
@@ -92,20 +95,31 @@ def serve(
                              f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
                              f"{' · API key required' if api_key else ''}\n")
             return _run(app, host, port, shutdown_timeout, sock)
-        llm = load_llm(model, config, quiet=not sys.stderr.isatty())
-        path = llm.model.path
-        aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
-        server_config = ServerConfig(model_id=path.stem, model_aliases=aliases, api_key=api_key or None,
-                                     max_queue=max_queue, max_body=body_limit, cors_origins=tuple(cors),
-                                     reasoning_format=reasoning_format)
-        kv = llm.engine.usage()
-        sys.stderr.write(
-            f"infer serve: {path.stem} on http://{host}:{sock.getsockname()[1]}/v1 · parallel {parallel} · "
-            f"ctx {llm.engine.n_ctx} · "
-            f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
-            f"{' · API key required' if api_key else ''}\n"
-        )
-        _run(create_app(llm, server_config), host, port, shutdown_timeout, sock)
+        server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
+                                     cors_origins=tuple(cors), reasoning_format=reasoning_format)
+        _serve_one(model, config, server_config, host, sock, shutdown_timeout)
+
+
+def _serve_one(model: str, config, server_config, host: str, sock: socket.socket, shutdown_timeout: int) -> None:
+    """One model, loaded now (a bad file fails before the server answers anything)."""
+    from dataclasses import replace
+
+    from .load import load_llm
+    from .openai_server import create_app
+
+    llm = load_llm(model, config, quiet=not sys.stderr.isatty())
+    path = llm.model.path
+    aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
+    server_config = replace(server_config, model_id=path.stem, model_aliases=aliases)
+    kv = llm.engine.usage()
+    port = sock.getsockname()[1]
+    sys.stderr.write(
+        f"infer serve: {path.stem} on http://{host}:{port}/v1 · parallel {config.max_seqs} · "
+        f"ctx {llm.engine.n_ctx} · "
+        f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
+        f"{' · API key required' if server_config.api_key else ''}\n"
+    )
+    _run(create_app(llm, server_config), host, port, shutdown_timeout, sock)
 
 
 def _run(app, host: str, port: int, shutdown_timeout: int, sock: socket.socket) -> None:

@@ -70,6 +70,10 @@ class Metrics:
         one("infer_kv_blocks_total", "gauge", "KV cache blocks", total)
         one("infer_prefix_cache_hit_rate", "gauge", "prompt tokens found in the prefix cache / tokens looked up",
             round(_hit_rate(engines), 6))
+        one("infer_spec_draft_tokens_total", "counter", "speculative decoding: tokens drafted",
+            sum(e.drafted for e in engines))
+        one("infer_spec_accepted_tokens_total", "counter", "speculative decoding: drafted tokens the model agreed with",
+            sum(e.accepted for e in engines))
         one("infer_preemptions_total", "counter", "sequences preempted for lack of KV blocks",
             sum(e.scheduler.n_preempted for e in engines))
         lines += self.ttft.render("infer_time_to_first_token_seconds", "request queued to first token")

@@ -250,6 +250,18 @@ class BlockManager:
                     pool.release(table[i])
                     table[i] = -1
 
+    def trim(self, seq_id) -> None:
+        """Give back the blocks past the sequence's computed tokens (taken for draft tokens that
+        were rejected; never named, since commit names only computed blocks)."""
+        s = self.seqs[seq_id]
+        keep = -(-s.num_computed // self.block_size)
+        for g, pool in enumerate(self.pools):
+            table = s.tables[g]
+            while len(table) > keep:
+                b = table.pop()
+                if b >= 0:
+                    pool.release(b)
+
     def free(self, seq_id) -> None:
         """Release every block of a finished, cancelled or preempted sequence."""
         s = self.seqs.pop(seq_id)

@@ -26,6 +26,7 @@ from infer.backends.registry import BACKEND_CHOICES
 from .block_manager import BlockManager, KVUsage
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError, LazyGrammar
 from .pooling import Pooler, PoolingError, choose_pooling
+from .speculative import SpecConfig, SpeculationError, ngram_draft
 from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .stop import StopMatcher
@@ -58,6 +59,7 @@ class EngineConfig:
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
     cache_type_v: str = "f16"
     pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last"); "": the file's, else mean
+    spec: SpecConfig = SpecConfig()  # --spec ngram: speculative decoding by prompt lookup (speculative.py)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:
@@ -90,6 +92,8 @@ class Usage:
     ttft_ms: float = 0.0  # request added to first token (queueing and prefill included)
     prefill_tok_s: float = 0.0  # prompt tokens computed per second, from admission to first token
     decode_tok_s: float = 0.0  # tokens after the first, over the time after the first
+    drafted_tokens: int = 0  # speculative decoding: tokens proposed for verification
+    accepted_tokens: int = 0  # and those the model agreed with
 
 
 @dataclass
@@ -126,7 +130,8 @@ class _Request:
             if params.grammar_triggers else (grammar, None)
         self.sample = make_sampler(params)
         self.rng = make_rng(params.seed)
-        self.history = np.zeros(n_ctx, np.int32)  # the sampler's view of seq.tokens
+        # the sampler's view of seq.tokens (an embedding samples nothing: its prompt only)
+        self.history = np.zeros(n_ctx if pooler is None else len(prompt), np.int32)
         self.history[:len(prompt)] = prompt
         self.detok = tokenizer.detokenizer(special=params.special)
         self.stop = StopMatcher(tuple(params.stop))
@@ -137,6 +142,8 @@ class _Request:
         self.t_admitted = 0.0
         self.t_first = 0.0
         self.done = False
+        self.drafted = 0  # speculative tokens proposed, and accepted
+        self.accepted = 0
 
 
 class Engine:
@@ -156,6 +163,11 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
+        if config.spec.kind and not getattr(runner, "embeddings", False):  # a block pool: rejected K/V just left behind
+            raise SpeculationError(f"speculative decoding needs the cpu or mlx backend, not {runner.backend}")
+        self.spec = config.spec
+        self.drafted = 0  # every request's speculative tokens so far, proposed and accepted
+        self.accepted = 0
         self.n_embd = model_config.n_embd
         self._hidden: np.ndarray | None = None  # (budget, n_embd): the hidden rows of a step, made at the first embedding
         self.grammars = GrammarCompiler(tokenizer)
@@ -332,8 +344,9 @@ class Engine:
             self.last_error = error
             self._deliver(events)
 
-    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[Sequence], list[tuple[_Request, int, int]]]:
-        """The step's Batch, the sequences sampled after it, and the embeddings it feeds:
+    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[tuple[Sequence, int]], list[tuple[_Request, int, int]]]:
+        """The step's Batch, the sequences sampled after it (each with its first logits row: a
+        sequence with a draft has one row per draft token more), and the embeddings it feeds:
         (request, its first row in batch.hidden, the position after its last)."""
         bs = self.config.block_size
         toks, pos, tok_seq = [], [], []
@@ -344,7 +357,7 @@ class Engine:
         for i, (seq, n) in enumerate(sched.items):
             start = self.scheduler.num_computed(seq)
             first = len(toks)
-            toks.extend(seq.tokens[start:start + n])
+            toks.extend((seq.tokens[start:] + seq.draft)[:n] if seq.draft else seq.tokens[start:start + n])
             pos.extend(range(start, start + n))
             tok_seq.extend([i] * n)
             pooler = self._requests[seq.id].pooler
@@ -352,9 +365,9 @@ class Engine:
                 lo, hi = pooler.wanted(start, n)
                 pooled.append((self._requests[seq.id], len(hidden_rows), hi))
                 hidden_rows.extend(range(first + lo - start, first + hi - start))
-            elif start + n == seq.num_tokens:  # its last token: sample the next one from these logits
-                rows.append(len(toks) - 1)
-                sampled.append(seq)
+            elif start + n == seq.num_scheduled:  # its last token (and draft): sample from these logits
+                sampled.append((seq, len(rows)))
+                rows.extend(range(len(toks) - 1 - len(seq.draft), len(toks)))
         positions = np.asarray(pos, np.int32)
         tables = []
         slots = np.empty((len(self.blocks.pools), len(toks)), np.int32)
@@ -384,9 +397,32 @@ class Engine:
             self.pool.copy_block(g, src, dst)
         batch, sampled, pooled = self._batch(sched)
         logits = self.runner.forward_batch(batch, self.pool)
-        self.scheduler.commit(sched)
-        for r, seq in enumerate(sampled):
-            self._advance(self._requests[seq.id], logits[r], events)
+        ends: list[tuple[_Request, str, bool]] = []
+        kept: dict[int, int] = {}  # sequences whose drafts were not all accepted: their tokens that stand
+        n_of = {seq.id: n for seq, n in sched.items}
+        for seq, r in sampled:
+            req = self._requests[seq.id]
+            draft, seq.draft = seq.draft, []
+            accepted, end = 0, None
+            for j in range(len(draft) + 1):  # each drafted position sampled as plain decoding would
+                tok, end = self._advance(req, logits[r + j], events)
+                if end is not None or j == len(draft) or tok != draft[j]:
+                    break
+                accepted += 1
+            if draft:
+                req.drafted += len(draft)
+                req.accepted += accepted
+                self.drafted += len(draft)
+                self.accepted += accepted
+                kept[seq.id] = n_of[seq.id] - len(draft) + accepted
+            if end is not None:
+                ends.append((req, *end))
+        self.scheduler.commit(sched, kept)  # before any finish frees blocks: they are named for the prefix cache
+        for req, reason, flush in ends:
+            self.scheduler.finish(req.seq)
+            self._finish(req, reason, events, flush)
+        if self.spec.kind:
+            self._propose([seq for seq, _ in sampled if not self._requests[seq.id].done])
         for i, (req, at, hi) in enumerate(pooled):
             end = pooled[i + 1][1] if i + 1 < len(pooled) else len(batch.hidden_rows)
             req.pooler.add(batch.hidden[at:end], hi)
@@ -396,28 +432,37 @@ class Engine:
                     req.t_first = time.perf_counter()
                 self._finish(req, "stop", events, flush=False, embedding=req.pooler.vector())
 
-    def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> None:
+    def _propose(self, seqs: list[Sequence]) -> None:
+        """Drafts for the sequences that keep decoding (speculative.py), within the step's room."""
+        room = self.spec.room(len(self.scheduler.running))
+        if room == 0:
+            return
+        for seq in seqs:
+            req = self._requests[seq.id]
+            n = seq.num_tokens
+            draft = ngram_draft(req.history[:n], self.spec.ngram_n, self.spec.draft_max)
+            # not past max_tokens or the context: the last drafted position's sample must still fit
+            limit = min(req.params.max_tokens - len(seq.output), self.n_ctx - n) - 1
+            seq.draft = draft[:max(0, min(room, limit))]
+
+    def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> tuple[int | None, tuple[str, bool] | None]:
+        """Sample the request's next token from logits and take it: (the token or None, and
+        (finish reason, flush) when the request ends here; the caller finishes it)."""
         seq = req.seq
         n = seq.num_tokens
         allowed = None if req.grammar is None else req.grammar.restrict(logits, req.logprobs is not None)
         if allowed is not None and allowed.size == 0:
-            self.scheduler.finish(seq)  # the grammar allows nothing more, not even the end
-            self._finish(req, "stop", events)
-            return
+            return None, ("stop", True)  # the grammar allows nothing more, not even the end
         tok = int(req.sample(logits, req.history[:n], req.rng, allowed))
         if not req.t_first:
             req.t_first = time.perf_counter()
         if tok in self.eog and not req.params.ignore_eos:
-            self.scheduler.finish(seq)
-            self._finish(req, "stop", events)
-            return
+            return tok, ("stop", True)
         if req.grammar is not None:
             try:
                 req.grammar.consume(tok)
             except GrammarError:  # the grammar engine refused its own choice (one of its limits): this request ends
-                self.scheduler.finish(seq)
-                self._finish(req, "stop", events)
-                return
+                return tok, ("stop", True)
         seq.tokens.append(tok)
         req.history[n] = tok
         if req.logprobs is not None:
@@ -429,14 +474,12 @@ class Engine:
         if text:
             events.append(Event(seq.id, text, tok, logprobs=self._take_logprobs(req)))
         if stopped:
-            self.scheduler.finish(seq)
-            self._finish(req, "stop", events, flush=False)
-        elif req.grammar is not None and req.grammar.done:  # completed: only the end could follow
-            self.scheduler.finish(seq)
-            self._finish(req, "stop", events)
-        elif len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
-            self.scheduler.finish(seq)
-            self._finish(req, "length", events)
+            return tok, ("stop", False)
+        if req.grammar is not None and req.grammar.done:  # completed: only the end could follow
+            return tok, ("stop", True)
+        if len(seq.output) >= req.params.max_tokens or seq.num_tokens >= self.n_ctx:
+            return tok, ("length", True)
+        return tok, None
 
     def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True,
                 embedding: np.ndarray | None = None) -> None:
@@ -451,7 +494,8 @@ class Engine:
                 reason = "stop"
         t_end = time.perf_counter()
         out = seq.output
-        u = Usage(prompt_tokens=seq.num_prompt, completion_tokens=len(out), cached_tokens=seq.num_cached)
+        u = Usage(prompt_tokens=seq.num_prompt, completion_tokens=len(out), cached_tokens=seq.num_cached,
+                  drafted_tokens=req.drafted, accepted_tokens=req.accepted)
         if req.t_first:
             u.ttft_ms = (req.t_first - req.t_added) * 1000
             u.prefill_tok_s = (seq.num_prompt - seq.num_cached) / max(req.t_first - req.t_admitted, 1e-9)

@@ -32,10 +32,16 @@ class Sequence:
     num_preempted: int = 0
     admitted: bool = False
     reuse_prefix: bool = True  # may start from the prefix cache (an embedding that pools every token may not)
+    draft: list[int] = field(default_factory=list)  # speculative tokens to verify after tokens (speculative.py)
 
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def num_scheduled(self) -> int:
+        """Tokens to have computed by the end of the next step: its own and its draft."""
+        return len(self.tokens) + len(self.draft)
 
     @property
     def output(self) -> list[int]:
@@ -88,6 +94,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.id)
         seq.status = SeqStatus.WAITING
+        seq.draft = []
         seq.num_preempted += 1
         self.n_preempted += 1
         self.waiting.appendleft(seq)  # first in line once blocks free up
@@ -98,7 +105,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n_new = min(seq.num_tokens - self.blocks.num_computed(seq.id), budget)
+            n_new = self._fit_draft(seq, budget)
             while not self.blocks.can_append(seq.id, n_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -131,8 +138,26 @@ class Scheduler:
             budget -= n_new
         return step
 
-    def commit(self, step: ScheduledStep) -> None:
-        """The forward pass of `step` ran: its sequences' new K/V are in the cache."""
+    def _fit_draft(self, seq: Sequence, budget: int) -> int:
+        """The tokens seq computes next step: what is left of its own, then of its draft, within the
+        budget; a draft the budget or the free blocks cannot take is shortened or dropped (before
+        anyone is preempted for it)."""
+        computed = self.blocks.num_computed(seq.id)
+        own = seq.num_tokens - computed
+        if seq.draft:
+            del seq.draft[max(0, budget - own):]
+            if seq.draft and not self.blocks.can_append(seq.id, own + len(seq.draft)):
+                seq.draft = []
+        return min(seq.num_scheduled - computed, budget)
+
+    def commit(self, step: ScheduledStep, kept: dict | None = None) -> None:
+        """The forward pass of `step` ran: its sequences' new K/V are in the cache.  kept: for
+        sequences whose draft was (partly) rejected, how many of the step's tokens stand; the
+        rest's K/V are dropped and the blocks only they used given back."""
         for seq, n in step.items:
             if seq.status == SeqStatus.RUNNING:
-                self.blocks.commit(seq.id, seq.tokens, n)
+                if kept and seq.id in kept:
+                    self.blocks.commit(seq.id, seq.tokens, kept[seq.id])
+                    self.blocks.trim(seq.id)
+                else:
+                    self.blocks.commit(seq.id, seq.tokens, n)

@@ -227,6 +227,7 @@ def test_cancel_frees_blocks():
     window=st.sampled_from([0, 6, 9]),
     budget=st.integers(1, 24),
     max_seqs=st.integers(1, 5),
+    # (prompt length, tokens to generate, prefix family, speculates: drafts verified and partly rejected)
     reqs=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3), st.booleans()),
                   min_size=1, max_size=10),
     cancel_at=st.lists(st.integers(0, 60), max_size=4),
@@ -239,6 +240,7 @@ def test_random_workloads_end_with_every_block_free(n_blocks, window, budget, ma
     bm = BlockManager([n_blocks] * len(windows), BS, windows)
     sched = Scheduler(bm, max_seqs=max_seqs, max_batch_tokens=budget)
     seqs = []
+    speculates = {i for i, r in enumerate(reqs) if r[3]}
     for i, (n_prompt, n_out, family, _) in enumerate(reqs):
         # families share prefixes, so the prefix cache is exercised
         seq = Sequence(i, [family * 7 + (k % 5) for k in range(n_prompt)], n_prompt)
@@ -255,12 +257,22 @@ def test_random_workloads_end_with_every_block_free(n_blocks, window, budget, ma
         s = sched.schedule()
         assert s.n_tokens <= budget
         assert s.items or s.preempted or not sched.running
-        sched.commit(s)
+        kept = {}
+        for seq, n in s.items:  # as the engine: accepted draft tokens join the sequence, the rest's K/V go
+            if seq.draft and sched.num_computed(seq) + n == seq.num_scheduled:
+                accepted = (t + seq.id) % (len(seq.draft) + 1)
+                kept[seq.id] = n - len(seq.draft) + accepted
+                seq.tokens.extend(seq.draft[:accepted])
+                seq.draft = []
+        sched.commit(s, kept)
         for seq, n in s.items:
             if seq.status == SeqStatus.RUNNING and sched.num_computed(seq) == seq.num_tokens:
                 seq.tokens.append(3)
                 if len(seq.output) >= limits[seq.id] or seq.num_tokens >= ctx:
                     sched.finish(seq)
+                elif seq.id in speculates:
+                    room = min(limits[seq.id] - len(seq.output), ctx - seq.num_tokens) - 1
+                    seq.draft = [(t + k) % 5 for k in range(min(1 + t % 4, max(room, 0)))]
         for seq in sched.running:  # between steps: exactly the blocks of the computed tokens
             full, *local = bm.held(seq.id)
             assert full == math.ceil(sched.num_computed(seq) / BS)

@@ -1,0 +1,146 @@
+"""Speculative decoding by prompt lookup (engine/speculative.py): drafts as llama.cpp's ngram-simple
+makes them, and outputs token for token those of plain decoding (greedy and seeded), alone and
+batched, through preemption, cancellation, stop strings, max_tokens and grammars."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.engine.engine import EngineConfig
+from infer.engine.grammar import Grammar
+from infer.engine.llm import LLM
+from infer.engine.sampler import SamplingParams
+from infer.engine.speculative import STEP_TOKENS, SpecConfig, SpeculationError, ngram_draft
+from tiny_models import write_tiny_model
+
+CODE = '''def fib(n):
+    """The n-th Fibonacci number."""
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def primes(limit):
+    """Every prime below limit."""
+    sieve = [True] * limit
+    out = []
+    for i in range(2, limit):
+        if sieve[i]:
+            out.append(i)
+            for j in range(i * i, limit, i):
+                sieve[j] = False
+    return out
+'''
+COPY = [{"role": "user", "content": "Repeat this code exactly, then stop:\n\n" + CODE}]
+
+
+def test_ngram_draft_follows_llama_cpp():
+    t = np.array([9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], np.int32)
+    # the last 3 tokens (1 2 3) occurred at 9 and at 1: the most recent earlier one (9) is used
+    assert ngram_draft(t, 3, 4) == [4, 5, 6, 7]
+    assert ngram_draft(t, 3, 16) == []  # llama.cpp: the history must be longer than n + m + 1
+    assert ngram_draft(np.array([5, 6, 7, 1, 2, 0, 0, 0, 0, 0, 0, 1, 2], np.int32), 2, 3) == [0, 0, 0]
+    assert ngram_draft(np.arange(40, dtype=np.int32), 3, 4) == []  # nothing repeats
+    # fewer than n tokens follow the most recent earlier occurrence: no draft (llama.cpp's rule)
+    assert ngram_draft(np.array([0] * 8 + [1, 2, 1, 2, 1, 2], np.int32), 2, 2) == []
+
+
+def test_spec_config_is_checked():
+    with pytest.raises(SpeculationError, match="--spec takes ngram"):
+        SpecConfig("medusa")
+    with pytest.raises(SpeculationError, match="--draft-max"):
+        SpecConfig("ngram", draft_max=0)
+    c = SpecConfig("ngram", draft_max=16)
+    assert c.room(1) == 16 and c.room(8) == STEP_TOKENS // 8 - 1 and c.room(STEP_TOKENS) == 0
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    plain = LLM.load(gemma_path, EngineConfig(n_ctx=1024, n_threads=2, max_seqs=4))
+    spec = LLM.load(gemma_path, EngineConfig(n_ctx=1024, n_threads=2, max_seqs=4, spec=SpecConfig("ngram")))
+    return plain, spec
+
+
+def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]):
+    eng = llm.engine
+    rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+    return [list(eng.stream(r))[-1] for r in rids]
+
+
+def test_greedy_output_is_plain_decoding(gemma):
+    plain, spec = gemma
+    prompt = plain.encode_chat(COPY)
+    params = SamplingParams(temperature=0, max_tokens=200)
+    (a,), (b,) = run(plain, [prompt], [params]), run(spec, [prompt], [params])
+    assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    assert b.usage.drafted_tokens > 0 and b.usage.accepted_tokens > 0  # it did speculate, and it paid
+    assert a.usage.drafted_tokens == 0
+    assert spec.engine.usage().blocks_used == (0,) * len(spec.engine.usage().blocks_used)
+
+
+def test_seeded_sampling_batched_stops_and_limits_are_plain_decoding(gemma):
+    plain, spec = gemma
+    prompt = plain.encode_chat(COPY)
+    params = [SamplingParams(temperature=0.7, seed=11, max_tokens=120),
+              SamplingParams(temperature=0, max_tokens=37),  # ends inside a verified step
+              SamplingParams(temperature=0, max_tokens=300, stop=("return out",)),
+              SamplingParams(temperature=1.0, seed=5, top_k=0, top_p=1.0, min_p=0.0, max_tokens=60)]
+    a, b = run(plain, [prompt] * 4, params), run(spec, [prompt] * 4, params)
+    for x, y in zip(a, b):
+        assert y.token_ids == x.token_ids and y.finish_reason == x.finish_reason
+    assert len(b[1].token_ids) == 37 and b[1].finish_reason == "length"
+    assert sum(e.usage.drafted_tokens for e in b) > 0
+
+
+def test_grammar_constrained_speculation(gemma):
+    plain, spec = gemma
+    schema = '{"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}'
+    msgs = [{"role": "user", "content": "Put this code in JSON as {\"code\": ...}:\n\n" + CODE}]
+    params = SamplingParams(temperature=0, max_tokens=160, grammar=Grammar.json_schema(schema))
+    (a,), (b,) = run(plain, [plain.encode_chat(msgs)], [params]), run(spec, [spec.encode_chat(msgs)], [params])
+    assert b.token_ids == a.token_ids
+
+
+def test_preemption_and_cancellation_in_verified_steps(gemma_path):
+    """A pool too small for every stream: speculating sequences are preempted and recomputed, one
+    is cancelled mid-stream; the rest decode exactly as plain decoding, every block comes back."""
+    def engine(kind: str) -> LLM:
+        return LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2, max_seqs=4, kv_memory=12 * 2**20,
+                                                 spec=SpecConfig(kind, ngram_n=4)))
+
+    outs = {}
+    for kind in ("", "ngram"):
+        llm = engine(kind)
+        eng = llm.engine
+        prompt = llm.encode_chat(COPY)
+        rids = [eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=150)) for _ in range(3)]
+        victim = eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=150))
+        for _ in range(40):
+            eng.step()
+        eng.cancel(victim)
+        outs[kind] = [list(eng.stream(r))[-1] for r in rids]
+        assert list(eng.stream(victim))[-1].finish_reason == "cancelled"
+        assert eng.usage().blocks_used == (0,) * len(eng.usage().blocks_used)
+        if kind:
+            assert eng.scheduler.n_preempted > 0 and eng.drafted > 0
+    assert [e.token_ids for e in outs["ngram"]] == [e.token_ids for e in outs[""]]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe"])
+def test_tiny_models_greedy_identical(arch, tmp_path):
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
+    prompt = [1] + [5, 77, 300, 12, 260, 9] * 6  # a repeating prompt: drafts from the start
+    params = SamplingParams(temperature=0, max_tokens=60)
+    outs = []
+    for kind in ("", "ngram"):
+        llm = LLM.load(path, EngineConfig(n_ctx=256, n_threads=2, spec=SpecConfig(kind, ngram_n=1, draft_max=6)))
+        outs.append(run(llm, [prompt, prompt[:20]], [params, params]))
+    assert [e.token_ids for e in outs[1]] == [e.token_ids for e in outs[0]]
+    assert sum(e.usage.drafted_tokens for e in outs[1]) > 0
+
+
+def test_the_llama_cpp_backend_refuses_speculation(gemma_path):
+    pytest.importorskip("llama_cpp")
+    with pytest.raises(SpeculationError, match="cpu or mlx backend"):
+        LLM.load(gemma_path, EngineConfig(n_ctx=256, backend="llama.cpp", spec=SpecConfig("ngram")))

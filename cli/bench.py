@@ -32,6 +32,9 @@ def bench(
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,
+    draft: Optional[str] = opt.DRAFT,
+    draft_min: int = opt.DRAFT_MIN,
+    draft_p_min: float = opt.DRAFT_P_MIN,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     with reported():
@@ -43,7 +46,7 @@ def bench(
         config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
                               backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max),
+                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min),
                               kv_memory=parse_size(kv_memory) if kv_memory else 0)
         llm = load_llm(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)

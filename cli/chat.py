@@ -56,6 +56,9 @@ def chat(
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,
+    draft: Optional[str] = opt.DRAFT,
+    draft_min: int = opt.DRAFT_MIN,
+    draft_p_min: float = opt.DRAFT_P_MIN,
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
@@ -73,7 +76,7 @@ def chat(
         interactive = sys.stdin.isatty()
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,
                               mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max))
+                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min))
         llm = load_llm(model, config, quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:

@@ -16,7 +16,8 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from infer.engine.engine import Event, PromptError
+from infer.engine.engine import PromptError
+from infer.engine.request import Event
 from infer.engine.pooling import PoolingError, normalize
 
 from .openai_request import APIError, ClientGone, kind

@@ -25,7 +25,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from infer.engine.chat_template import ChatTemplateError
-from infer.engine.engine import Event, PromptError
+from infer.engine.engine import PromptError
+from infer.engine.request import Event
 from infer.engine.grammar import GrammarError
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError

@@ -24,10 +24,15 @@ CACHE_TYPE_V = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type
 FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object (as ollama's --format json).")
 JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
-SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt lookup (the same output, faster "
-                                         "where the reply repeats its prompt or itself).")
+SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt lookup; draft: by a draft model "
+                                         "(--draft). The same output, faster where drafts are right.")
 SPEC_NGRAM_N = typer.Option(12, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken.")
 DRAFT_MAX = typer.Option(16, "--draft-max", help="--spec: most tokens drafted per step.")
+DRAFT = typer.Option(None, "--draft", "-md", help="A draft model of the same vocabulary (pulled name or .gguf path): "
+                                                  "--spec draft.")
+DRAFT_MIN = typer.Option(0, "--draft-min", help="--spec draft: shorter drafts are not verified.")
+DRAFT_P_MIN = typer.Option(0.0, "--draft-p-min", help="--spec draft: stop drafting where the draft's top token is "
+                                                      "less likely than this.")
 
 
 def grammar(fmt: str | None, json_schema: str | None, gbnf: str | None):
@@ -50,8 +55,12 @@ def grammar(fmt: str | None, json_schema: str | None, gbnf: str | None):
     return None
 
 
-def spec(kind: str | None, ngram_n: int, draft_max: int):
-    """The SpecConfig of --spec / --spec-ngram-n / --draft-max."""
+def spec(kind: str | None, ngram_n: int, draft_max: int, draft: str | None = None, draft_min: int = 0,
+         draft_p_min: float = 0.0):
+    """The SpecConfig of --spec / --spec-ngram-n / --draft-max / --draft (resolved as MODEL is; it
+    implies --spec draft) / --draft-min / --draft-p-min."""
     from infer.engine.speculative import SpecConfig
+    from infer.models.resolve import resolve_model
 
-    return SpecConfig(kind or "", ngram_n, draft_max)
+    path = str(resolve_model(draft)) if draft else ""
+    return SpecConfig(kind or ("draft" if draft else ""), ngram_n, draft_max, path, draft_min, draft_p_min)

@@ -40,6 +40,9 @@ def run(
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,
+    draft: Optional[str] = opt.DRAFT,
+    draft_min: int = opt.DRAFT_MIN,
+    draft_p_min: float = opt.DRAFT_P_MIN,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
     if len(args) > 2:
@@ -60,7 +63,7 @@ def run(
         )
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max))
+                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min))
         llm = load_llm(model_name, config, quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)

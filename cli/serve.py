@@ -44,6 +44,9 @@ def serve(
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,
+    draft: Optional[str] = opt.DRAFT,
+    draft_min: int = opt.DRAFT_MIN,
+    draft_p_min: float = opt.DRAFT_P_MIN,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
@@ -83,7 +86,7 @@ def serve(
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max),
+                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min),
                               kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
         if model is None or models == "all":
             from .model_router import serve_models

@@ -102,7 +102,7 @@ class KVUsage:
 class BlockManager:
     def __init__(self, n_blocks: list[int] | tuple[int, ...], block_size: int, windows: list[int] | tuple[int, ...],
                  model_key: bytes = b"", block_bytes: tuple[int, ...] | None = None,
-                 on_free: Callable[[int], None] | None = None):
+                 on_free: Callable[[int], None] | None = None, naming: bool = True, keep_extra: int = 0):
         if block_size < 1:
             raise ValueError(f"block size must be positive, got {block_size}")
         if len(n_blocks) != len(windows):
@@ -113,6 +113,10 @@ class BlockManager:
         self.pools = [BlockPool(int(n)) for n in n_blocks]
         self.block_bytes = block_bytes or (0,) * len(self.pools)
         self.model_key = model_key
+        # naming: full blocks become findable by their tokens (the prefix cache); a draft model's
+        # manager, whose sequences roll back, names nothing.  keep_extra: positions a sliding
+        # window keeps beyond what attention needs, so that a rollback finds them still there.
+        self.naming, self.keep_extra = naming, keep_extra
         self.seqs: dict[object, _SeqBlocks] = {}
         # prefix cache statistics: prompt tokens looked up, and those found
         self.lookup_tokens = 0
@@ -136,7 +140,7 @@ class BlockManager:
     def _first_kept(self, g: int, n: int) -> int:
         """First block index group g still needs when the next position to compute is n."""
         w = self.windows[g]
-        return max(0, n - w + 1) // self.block_size if w > 0 else 0
+        return max(0, n - w + 1 - self.keep_extra) // self.block_size if w > 0 else 0
 
     # -- prefix cache ---------------------------------------------------------------------------
 
@@ -237,12 +241,13 @@ class BlockManager:
         s = self.seqs[seq_id]
         s.num_computed += n_new
         n = s.num_computed
-        names = self._names(tokens, s.hashes, n // self.block_size)
-        for i in range(len(s.hashes), len(names)):
-            for g, pool in enumerate(self.pools):
-                if s.tables[g][i] >= 0:
-                    pool.name(s.tables[g][i], names[i])
-        s.hashes = names
+        if self.naming:
+            names = self._names(tokens, s.hashes, n // self.block_size)
+            for i in range(len(s.hashes), len(names)):
+                for g, pool in enumerate(self.pools):
+                    if s.tables[g][i] >= 0:
+                        pool.name(s.tables[g][i], names[i])
+            s.hashes = names
         for g, pool in enumerate(self.pools):
             table = s.tables[g]
             for i in range(min(self._first_kept(g, n), len(table))):
@@ -261,6 +266,15 @@ class BlockManager:
                 b = table.pop()
                 if b >= 0:
                     pool.release(b)
+
+    def rollback(self, seq_id, n: int) -> None:
+        """Forget the sequence's K/V past its first n tokens (a manager that names no block: the
+        draft model's) and give back the blocks only they used."""
+        if self.naming:
+            raise RuntimeError("rollback needs a manager that names no block")
+        s = self.seqs[seq_id]
+        s.num_computed = min(n, s.num_computed)
+        self.trim(seq_id)
 
     def free(self, seq_id) -> None:
         """Release every block of a finished, cancelled or preempted sequence."""

@@ -14,8 +14,8 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -24,12 +24,14 @@ from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
 from .block_manager import BlockManager, KVUsage
-from .grammar import CompiledGrammar, GrammarCompiler, GrammarError, LazyGrammar
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .pooling import Pooler, PoolingError, choose_pooling
-from .speculative import SpecConfig, SpeculationError, ngram_draft
-from .sampler import SamplingParams, TokenLogprob, make_rng, make_sampler, token_logprob
+from .request import Event, EventSink, Request, Usage
+from .sampler import SamplingParams, TokenLogprob, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
-from .stop import StopMatcher
+from .speculative import SpecConfig, SpeculationError, ngram_draft
+
+__all__ = ["Engine", "EngineConfig", "EngineConfigError", "Event", "PromptError", "Usage"]
 
 DEFAULT_CTX = 4096
 BLOCK_SIZE = 16
@@ -84,70 +86,9 @@ class EngineConfig:
             raise EngineConfigError(str(e)) from None
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of computed
-    ttft_ms: float = 0.0  # request added to first token (queueing and prefill included)
-    prefill_tok_s: float = 0.0  # prompt tokens computed per second, from admission to first token
-    decode_tok_s: float = 0.0  # tokens after the first, over the time after the first
-    drafted_tokens: int = 0  # speculative decoding: tokens proposed for verification
-    accepted_tokens: int = 0  # and those the model agreed with
-
-
-@dataclass
-class Event:
-    """A piece of one request's stream: new text and the token that produced it; the last event
-    of a request has a finish_reason ("stop", "length", "cancelled" or "error"), its usage and every
-    generated token id; an embedding request (add_embedding) has only that event, with its pooled
-    vector (not normalized) in `embedding`.  With SamplingParams.logprobs set, `logprobs` has one entry per token
-    generated since the previous event (a token whose text is held back reports with the next)."""
-
-    request_id: int
-    text: str
-    token_id: int | None = None
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
-    embedding: np.ndarray | None = None  # (n_embd,) float32
-
-
-EventSink = Callable[[Event], None]
-
-
-class _Request:
-    def __init__(self, rid: int, prompt: list[int], params: SamplingParams, tokenizer, n_ctx: int, keep: bool,
-                 sink: EventSink | None = None, grammar=None, pooler: Pooler | None = None):
-        # an embedding's hidden states must all be computed (but "last" needs only the last token's)
-        self.seq = Sequence(rid, list(prompt), len(prompt),
-                            reuse_prefix=pooler is None or pooler.kind == "last")
-        self.pooler = pooler
-        self.params = params
-        # the matcher holding the reply now; a lazy grammar's waits for its trigger
-        self.grammar, self.waiting = (None, LazyGrammar(grammar, params.grammar_triggers, params.thinking)) \
-            if params.grammar_triggers else (grammar, None)
-        self.sample = make_sampler(params)
-        self.rng = make_rng(params.seed)
-        # the sampler's view of seq.tokens (an embedding samples nothing: its prompt only)
-        self.history = np.zeros(n_ctx if pooler is None else len(prompt), np.int32)
-        self.history[:len(prompt)] = prompt
-        self.detok = tokenizer.detokenizer(special=params.special)
-        self.stop = StopMatcher(tuple(params.stop))
-        self.events: queue.SimpleQueue[Event] | None = queue.SimpleQueue() if keep and sink is None else None
-        self.sink = sink
-        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None  # not yet reported
-        self.t_added = time.perf_counter()
-        self.t_admitted = 0.0
-        self.t_first = 0.0
-        self.done = False
-        self.drafted = 0  # speculative tokens proposed, and accepted
-        self.accepted = 0
-
-
 class Engine:
-    def __init__(self, runner, tokenizer, model_config, config: EngineConfig = EngineConfig(), model_key: bytes = b""):
+    def __init__(self, runner, tokenizer, model_config, config: EngineConfig = EngineConfig(), model_key: bytes = b"",
+                 drafter=None):
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -166,13 +107,16 @@ class Engine:
         if config.spec.kind and not getattr(runner, "embeddings", False):  # a block pool: rejected K/V just left behind
             raise SpeculationError(f"speculative decoding needs the cpu or mlx backend, not {runner.backend}")
         self.spec = config.spec
+        self.drafter = drafter  # draft.DraftModel when config.spec.kind is "draft"
+        if config.spec.kind == "draft" and drafter is None:
+            raise SpeculationError("--spec draft needs the draft model loaded (LLM does it)")
         self.drafted = 0  # every request's speculative tokens so far, proposed and accepted
         self.accepted = 0
         self.n_embd = model_config.n_embd
         self._hidden: np.ndarray | None = None  # (budget, n_embd): the hidden rows of a step, made at the first embedding
         self.grammars = GrammarCompiler(tokenizer)
         self._ids = itertools.count(1)
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, Request] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", request) / ("cancel", id)
         self._step_lock = threading.Lock()
         self._wake = threading.Event()
@@ -232,7 +176,7 @@ class Engine:
             compiled = self.grammars.compile(params.grammar)
         grammar = compiled.matcher() if params.grammar is not None else None
         rid = next(self._ids)
-        self._inbox.put(("add", _Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink,
+        self._inbox.put(("add", Request(rid, prompt, params, self.tokenizer, self.n_ctx, keep_events, sink,
                                          grammar)))
         self._wake.set()
         return rid
@@ -246,7 +190,7 @@ class Engine:
         self.check_prompt(prompt)
         rid = next(self._ids)
         pooler = Pooler(self.pooling, len(prompt), self.n_embd)
-        self._inbox.put(("add", _Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,
+        self._inbox.put(("add", Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,
                                          keep_events, sink, pooler=pooler)))
         self._wake.set()
         return rid
@@ -344,7 +288,7 @@ class Engine:
             self.last_error = error
             self._deliver(events)
 
-    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[tuple[Sequence, int]], list[tuple[_Request, int, int]]]:
+    def _batch(self, sched: ScheduledStep) -> tuple[Batch, list[tuple[Sequence, int]], list[tuple[Request, int, int]]]:
         """The step's Batch, the sequences sampled after it (each with its first logits row: a
         sequence with a draft has one row per draft token more), and the embeddings it feeds:
         (request, its first row in batch.hidden, the position after its last)."""
@@ -397,7 +341,7 @@ class Engine:
             self.pool.copy_block(g, src, dst)
         batch, sampled, pooled = self._batch(sched)
         logits = self.runner.forward_batch(batch, self.pool)
-        ends: list[tuple[_Request, str, bool]] = []
+        ends: list[tuple[Request, str, bool]] = []
         kept: dict[int, int] = {}  # sequences whose drafts were not all accepted: their tokens that stand
         n_of = {seq.id: n for seq, n in sched.items}
         for seq, r in sampled:
@@ -437,15 +381,22 @@ class Engine:
         room = self.spec.room(len(self.scheduler.running))
         if room == 0:
             return
+        wanted = []
         for seq in seqs:
             req = self._requests[seq.id]
             n = seq.num_tokens
-            draft = ngram_draft(req.history[:n], self.spec.ngram_n, self.spec.draft_max)
             # not past max_tokens or the context: the last drafted position's sample must still fit
-            limit = min(req.params.max_tokens - len(seq.output), self.n_ctx - n) - 1
-            seq.draft = draft[:max(0, min(room, limit))]
+            k = max(0, min(room, req.params.max_tokens - len(seq.output) - 1, self.n_ctx - n - 1))
+            if self.drafter is not None:
+                wanted.append((seq.id, seq.tokens, k))
+            elif k:
+                seq.draft = ngram_draft(req.history[:n], self.spec.ngram_n, self.spec.draft_max)[:k]
+        if wanted:
+            drafts = self.drafter.propose(wanted)
+            for seq in seqs:
+                seq.draft = drafts.get(seq.id, [])
 
-    def _advance(self, req: _Request, logits: np.ndarray, events: list[Event]) -> tuple[int | None, tuple[str, bool] | None]:
+    def _advance(self, req: Request, logits: np.ndarray, events: list[Event]) -> tuple[int | None, tuple[str, bool] | None]:
         """Sample the request's next token from logits and take it: (the token or None, and
         (finish reason, flush) when the request ends here; the caller finishes it)."""
         seq = req.seq
@@ -481,10 +432,12 @@ class Engine:
             return tok, ("length", True)
         return tok, None
 
-    def _finish(self, req: _Request, reason: str, events: list[Event], flush: bool = True,
+    def _finish(self, req: Request, reason: str, events: list[Event], flush: bool = True,
                 embedding: np.ndarray | None = None) -> None:
         seq = req.seq
         req.done = True
+        if self.drafter is not None:
+            self.drafter.drop(seq.id)
         tail = ""
         if flush:
             # release bytes the detokenizer and the stop matcher were still holding back
@@ -504,7 +457,7 @@ class Engine:
         events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req), embedding))
 
     @staticmethod
-    def _take_logprobs(req: _Request) -> list[TokenLogprob] | None:
+    def _take_logprobs(req: Request) -> list[TokenLogprob] | None:
         if req.logprobs is None:
             return None
         taken, req.logprobs = req.logprobs, []

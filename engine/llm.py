@@ -32,7 +32,9 @@ class LLM:
                                 max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,
                                 cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v)
         self.runner = create_runner(self.backend, model, options)
-        self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode())
+        drafter = _drafter(config, self.tokenizer, self.backend, options) if config.spec.kind == "draft" else None
+        self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode(),
+                             drafter=drafter)
         tok = self.tokenizer
         # The model's own template (GGUF metadata, or the folder's tokenizer_config.json /
         # chat_template.jinja), else infer's built-in one for the architecture.
@@ -66,6 +68,34 @@ class LLM:
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
         """Stream one request through the engine (other requests may share its steps)."""
         return self.engine.generate(prompt_ids, params)
+
+
+def _drafter(config: EngineConfig, tokenizer, backend: str, options: RunnerOptions):
+    """The draft model of --spec draft, on the target's backend, if its vocabulary is the target's."""
+    from .draft import DraftModel
+    from .speculative import SpeculationError
+
+    draft = load_model(config.spec.draft)
+    draft = draft.for_context(min(config.n_ctx, draft.config.n_ctx_train))
+    _same_vocabulary(tokenizer, _tokenizer(draft), SpeculationError)
+    runner = create_runner(choose_backend(backend, draft.format), draft, options)
+    return DraftModel(runner, draft.config, min(config.n_ctx, draft.config.n_ctx_train), config.max_seqs,
+                      config.block_size, config.spec.draft_max, config.spec.draft_min, config.spec.draft_p_min)
+
+
+def _same_vocabulary(target, draft, error: type[Exception]) -> None:
+    """llama.cpp's rule (common_speculative_are_compatible): the same special tokens, sizes within
+    128, the same text for every token id both have (from 5 on)."""
+    if (target.bos_id, target.eos_id) != (draft.bos_id, draft.eos_id):
+        raise error(f"the draft model's BOS/EOS ({draft.bos_id}/{draft.eos_id}) are not the target's "
+                    f"({target.bos_id}/{target.eos_id}): --draft needs a model of the same vocabulary")
+    if abs(target.vocab_size - draft.vocab_size) > 128:
+        raise error(f"the draft model's vocabulary has {draft.vocab_size} tokens, the target's {target.vocab_size}: "
+                    "--draft needs a model of the same vocabulary")
+    for i in range(5, min(target.vocab_size, draft.vocab_size)):
+        if target.token_text(i) != draft.token_text(i):
+            raise error(f"token {i} is {draft.token_text(i)!r} in the draft model but {target.token_text(i)!r} in the "
+                        "target: --draft needs a model of the same vocabulary")
 
 
 def _tokenizer(model: Model) -> Tokenizer | HFTokenizer:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPEC_TYPES = ("ngram",)
+SPEC_TYPES = ("ngram", "draft")
 STEP_TOKENS = 32  # drafted plus sampled tokens a step may verify across its decoding sequences
 
 
@@ -33,6 +33,9 @@ class SpecConfig:
     kind: str = ""  # "" (off) or "ngram"
     ngram_n: int = 12  # --spec-ngram-n: tokens of the lookup n-gram (llama.cpp's --spec-ngram-simple-size-n)
     draft_max: int = 16  # --draft-max: most tokens drafted per step (llama.cpp's m-gram size, there 48)
+    draft: str = ""  # --draft MODEL: the draft model's file (kind "draft"; draft.py)
+    draft_min: int = 0  # --draft-min: a shorter draft is not verified
+    draft_p_min: float = 0.0  # --draft-p-min: the draft model stops where its top token is less likely
 
     def __post_init__(self) -> None:
         if self.kind and self.kind not in SPEC_TYPES:
@@ -41,6 +44,12 @@ class SpecConfig:
             raise SpeculationError(f"--spec-ngram-n must be at least 1, got {self.ngram_n}")
         if self.draft_max < 1:
             raise SpeculationError(f"--draft-max must be at least 1, got {self.draft_max}")
+        if (self.kind == "draft") != bool(self.draft):
+            raise SpeculationError("--spec draft needs --draft MODEL (and --draft needs --spec draft)")
+        if not 0 <= self.draft_min <= self.draft_max:
+            raise SpeculationError(f"--draft-min must be in 0..--draft-max, got {self.draft_min}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise SpeculationError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
 
     def room(self, n_decoding: int) -> int:
         """Tokens each of n_decoding sequences may draft in one step."""

@@ -144,3 +144,37 @@ def test_the_llama_cpp_backend_refuses_speculation(gemma_path):
     pytest.importorskip("llama_cpp")
     with pytest.raises(SpeculationError, match="cpu or mlx backend"):
         LLM.load(gemma_path, EngineConfig(n_ctx=256, backend="llama.cpp", spec=SpecConfig("ngram")))
+
+
+def test_draft_model_speculation(gemma_path, tmp_path):
+    """--spec draft: the embedded model drafting for itself agrees on every greedy token; a tiny
+    model drafting for another of its vocabulary is mostly wrong, and the output is unchanged."""
+    prompt_msgs = [{"role": "user", "content": "Write a short poem about the sea."}]
+    outs = {}
+    for kind in ("", "draft"):
+        llm = LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2, max_seqs=2,
+                                                spec=SpecConfig(kind, draft=str(gemma_path) if kind else "", draft_max=4)))
+        ids = llm.encode_chat(prompt_msgs)
+        outs[kind] = run(llm, [ids, ids[:-3]], [SamplingParams(temperature=0, max_tokens=60)] * 2)
+    assert [e.token_ids for e in outs["draft"]] == [e.token_ids for e in outs[""]]
+    u = outs["draft"][0].usage
+    assert u.drafted_tokens > 0 and u.accepted_tokens == u.drafted_tokens  # itself: every draft right
+    target, draft = (write_tiny_model(tmp_path / f"{n}.gguf", "qwen2", seed=s) for n, s in (("t", 0), ("d", 1)))
+    res = {}
+    for kind, p_min in (("", 0.0), ("draft", 0.0), ("draft", 1.0)):
+        llm = LLM.load(target, EngineConfig(n_ctx=256, n_threads=2, spec=SpecConfig(
+            kind, draft=str(draft) if kind else "", draft_max=4, draft_p_min=p_min)))
+        res[(kind, p_min)] = run(llm, [[1, 5, 7, 9] * k for k in (1, 2, 3)], [SamplingParams(temperature=0, max_tokens=30)] * 3)
+    for key in (("draft", 0.0), ("draft", 1.0)):
+        assert [e.token_ids for e in res[key]] == [e.token_ids for e in res[("", 0.0)]]
+    assert sum(e.usage.drafted_tokens for e in res[("draft", 0.0)]) > 0
+    assert sum(e.usage.drafted_tokens for e in res[("draft", 1.0)]) == 0  # nothing is that sure
+
+
+def test_draft_model_of_another_vocabulary_is_refused(tmp_path):
+    target = write_tiny_model(tmp_path / "t.gguf", "qwen2")
+    other = write_tiny_model(tmp_path / "o.gguf", "qwen2", n_vocab=640)
+    with pytest.raises(SpeculationError, match="same vocabulary"):
+        LLM.load(target, EngineConfig(n_ctx=64, spec=SpecConfig("draft", draft=str(other))))
+    with pytest.raises(SpeculationError, match="needs --draft"):
+        SpecConfig("draft")

@@ -1,0 +1,154 @@
+"""Draft-model speculation (--spec draft --draft MODEL): a small model of the same vocabulary
+proposes each decoding sequence's next tokens, which the target then verifies (engine.py, the same
+acceptance as prompt lookup).
+
+The draft model has its own runner and paged KV pool; each target sequence has a draft
+sequence holding the K/V of the tokens the draft has seen.  To propose, the draft first catches
+up on the sequence's new tokens (the prompt at first, then what the target accepted), then
+decodes greedily one token per pass, every drafting sequence in the same pass, until it has
+draft_max tokens or its top probability falls under draft_p_min (llama.cpp's --draft-p-min).
+Afterwards the draft's K/V past what the target keeps are dropped (rollback): the next proposal
+starts from the tokens both models agree on.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from infer.backends.batch import Batch
+
+from .block_manager import BlockManager
+
+
+class DraftModel:
+    def __init__(self, runner, model_config, n_ctx: int, max_seqs: int, block_size: int, draft_max: int,
+                 draft_min: int = 0, p_min: float = 0.0):
+        self.runner, self.cfg = runner, model_config
+        self.n_ctx, self.bs = n_ctx, block_size
+        self.draft_max, self.draft_min, self.p_min = draft_max, draft_min, p_min
+        self.budget = runner.max_tokens
+        per_block = runner.bytes_per_block(block_size)
+        windows = [g.window for g in model_config.kv_groups]
+        full = math.ceil(n_ctx / block_size)
+        per_seq = [full if w == 0 else min(full, math.ceil((w + self.budget + draft_max) / block_size) + 2)
+                   for w in windows]
+        n_blocks = [n * max_seqs for n in per_seq]
+        # a window keeps draft_max positions more than it needs: a rollback must find them still there
+        self.blocks = BlockManager(n_blocks, block_size, windows, b"draft", per_block, naming=False,
+                                   keep_extra=draft_max + 1)
+        self.pool = runner.new_kv_pool(n_blocks, block_size)
+        self.seen: dict[int, list[int]] = {}  # sequence id -> tokens whose K/V the draft holds
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.usage().bytes_total
+
+    def drop(self, seq_id: int) -> None:
+        """The target's sequence ended (or was preempted): its draft K/V go."""
+        if self.seen.pop(seq_id, None) is not None:
+            self.blocks.free(seq_id)
+
+    def propose(self, wanted: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
+        """Drafts for (sequence id, its tokens (the last one just sampled), most tokens to draft)."""
+        live = {}
+        for sid, tokens, k in wanted:
+            if k < 1:
+                continue
+            self._sync(sid, tokens)
+            live[sid] = (list(tokens), min(k, self.draft_max))
+        drafts: dict[int, list[int]] = {sid: [] for sid in live}
+        # catch up on what the draft has not seen, then one token per pass
+        active = dict(live)
+        while active:
+            feed = {sid: toks[self.blocks.num_computed(sid):] for sid, (toks, _) in active.items()}
+            done_now = self._pass(feed, drafts, active)
+            for sid in done_now:
+                active.pop(sid, None)
+        out = {}
+        for sid, d in drafts.items():
+            # what the draft has computed: a prefix of the tokens and its draft (the last drafted token is not)
+            self.seen[sid] = (live[sid][0] + d)[:self.blocks.num_computed(sid)]
+            out[sid] = d if len(d) >= max(self.draft_min, 1) else []
+        return out
+
+    def _sync(self, sid: int, tokens: list[int]) -> None:
+        """Keep the draft's K/V of the longest prefix it shares with tokens; give back the rest."""
+        seen = self.seen.get(sid)
+        if seen is None:
+            self.blocks.begin(sid, tokens, reuse=False)
+            self.seen[sid] = []
+            return
+        n = 0
+        limit = min(len(seen), len(tokens) - 1, self.blocks.num_computed(sid))
+        while n < limit and seen[n] == tokens[n]:
+            n += 1
+        if self.blocks.num_computed(sid) - n > self.draft_max and any(self.blocks.windows):
+            self.drop(sid)  # further back than a window keeps: start this sequence again
+            self.blocks.begin(sid, tokens, reuse=False)
+            self.seen[sid] = []
+            return
+        self.blocks.rollback(sid, n)
+        self.seen[sid] = seen[:n]
+
+    def _pass(self, feed: dict[int, list[int]], drafts: dict[int, list[int]], active: dict) -> list[int]:
+        """One forward pass of the draft model over each sequence's next tokens (within the budget);
+        the sequences that reached their last token draft one more.  Returns those done."""
+        budget = self.budget
+        items = []
+        for sid, toks in feed.items():
+            n = min(len(toks), budget)
+            if n == 0:
+                continue
+            if not self.blocks.can_append(sid, n):
+                return list(feed)  # the draft pool is full: no more drafting this step
+            items.append((sid, toks[:n], n == len(toks)))
+            budget -= n
+            if budget == 0:
+                break
+        if not items:
+            return list(feed)
+        batch, rows = self._batch(items)
+        logits = self.runner.forward_batch(batch, self.pool)
+        finished = []
+        for r, (sid, toks, last) in zip(rows, items):
+            self.blocks.commit(sid, (), len(toks))  # names nothing: no tokens needed
+            if not last:
+                continue
+            row = logits[r]
+            tok = int(np.argmax(row))
+            if self.p_min > 0:
+                z = row - row[tok]
+                if 1.0 / float(np.exp(z).sum()) < self.p_min:
+                    finished.append(sid)
+                    continue
+            drafts[sid].append(tok)
+            seq_tokens, k = active[sid]
+            if len(drafts[sid]) >= k or len(seq_tokens) + len(drafts[sid]) >= self.n_ctx:
+                finished.append(sid)
+            else:
+                active[sid] = (seq_tokens + [tok], k)
+        return finished
+
+    def _batch(self, items: list[tuple[int, list[int], bool]]) -> tuple[Batch, list[int]]:
+        toks, pos, tok_seq, rows = [], [], [], []
+        for i, (sid, t, last) in enumerate(items):
+            start = self.blocks.num_computed(sid)
+            self.blocks.append(sid, len(t))
+            toks.extend(t)
+            pos.extend(range(start, start + len(t)))
+            tok_seq.extend([i] * len(t))
+            rows.append(len(toks) - 1)
+        positions = np.asarray(pos, np.int32)
+        tables, bs = [], self.bs
+        slots = np.empty((len(self.blocks.pools), len(toks)), np.int32)
+        for g in range(len(self.blocks.pools)):
+            ts = [self.blocks.tables(sid)[g] for sid, _, _ in items]
+            arr = np.full((len(ts), max(len(t) for t in ts)), -1, np.int32)
+            for i, t in enumerate(ts):
+                arr[i, :len(t)] = t
+            tables.append(arr)
+            slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
+        batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
+                      np.asarray(rows, np.int32), np.asarray([sid for sid, _, _ in items], np.int64))
+        return batch, list(range(len(items)))

@@ -26,7 +26,7 @@ JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The repl
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
 SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt lookup; draft: by a draft model "
                                          "(--draft). The same output, faster where drafts are right.")
-SPEC_NGRAM_N = typer.Option(12, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken.")
+SPEC_NGRAM_N = typer.Option(6, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken (llama.cpp: 12).")
 DRAFT_MAX = typer.Option(16, "--draft-max", help="--spec: most tokens drafted per step.")
 DRAFT = typer.Option(None, "--draft", "-md", help="A draft model of the same vocabulary (pulled name or .gguf path): "
                                                   "--spec draft.")

@@ -178,3 +178,25 @@ def test_draft_model_of_another_vocabulary_is_refused(tmp_path):
         LLM.load(target, EngineConfig(n_ctx=64, spec=SpecConfig("draft", draft=str(other))))
     with pytest.raises(SpeculationError, match="needs --draft"):
         SpecConfig("draft")
+
+
+def test_cli_run_and_bench_with_speculation():
+    import json
+    import subprocess
+    import sys
+
+    def infer(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "infer.cli", *args], capture_output=True, text=True, timeout=600)
+
+    prompt = "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,"
+    common = ["--raw", "--temperature", "0", "-n", "40", "--threads", "2", "--json"]
+    plain, spec = infer("run", prompt, *common), infer("run", prompt, *common, "--spec", "ngram")
+    assert plain.returncode == spec.returncode == 0, plain.stderr + spec.stderr
+    a, b = json.loads(plain.stdout), json.loads(spec.stdout)
+    assert b["token_ids"] == a["token_ids"] and b["drafted_tokens"] > 0 and a["drafted_tokens"] == 0
+    bad = infer("run", "hi", "--spec", "medusa")
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: --spec takes ngram, draft, got 'medusa'"
+    bench = infer("bench", "-p", "32", "-n", "16", "-r", "1", "--threads", "2", "--spec", "ngram", "--json")
+    assert bench.returncode == 0, bench.stderr
+    row = json.loads(bench.stdout)
+    assert row["spec"] == "ngram" and "acceptance" in row

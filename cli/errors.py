@@ -10,7 +10,7 @@ import typer
 
 def user_errors() -> tuple[type[BaseException], ...]:
     from infer.engine.chat_template import ChatTemplateError
-    from infer.engine.engine import EngineConfigError, PromptError
+    from infer.engine.engine import EngineConfigError, ModelRunError, PromptError
     from infer.engine.grammar import GrammarError
     from infer.engine.llm import BackendError
     from infer.engine.sampler import InvalidSamplingParams
@@ -28,7 +28,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from infer.quant.types import UnsupportedQuantType
 
     return (BackendError, ChatTemplateError, GrammarError, PromptError, EngineConfigError, InvalidSamplingParams, TokenizerError, ModelConfigError,
-            SpeculationError,
+            SpeculationError, ModelRunError,
             GGUFError, ModelLoadError, ModelNotFoundError, PullError, UnsupportedQuantType, QuantizeError, ImatrixError,
             RecipeError, ConvertError, OSError)
 

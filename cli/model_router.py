@@ -30,6 +30,7 @@ from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError
 from .server_metrics import Metrics
+from .webui import page_routes
 
 # the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
 # none: they go to the loaded model, else the default one)
@@ -80,7 +81,8 @@ class Catalog:
 
 
 class ModelRouter:
-    def __init__(self, pool: ModelPool, catalog: Catalog, metrics: Metrics, max_body: int, n_ctx: int):
+    def __init__(self, pool: ModelPool, catalog: Catalog, metrics: Metrics, max_body: int, n_ctx: int,
+                 webui: bool = True):
         self.pool, self.catalog, self.metrics, self.max_body = pool, catalog, metrics, max_body
         self.n_ctx = n_ctx  # --ctx: what /api/show says of a model not loaded
         self.created = int(time.time())
@@ -94,7 +96,7 @@ class ModelRouter:
                 await pool.close()
 
         self.app = Starlette(lifespan=lifespan, routes=[
-            Route("/", self.root, methods=["GET", "HEAD"]),
+            *page_routes(webui, self.root),
             Route("/api/version", self.version, methods=["GET"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/api/tags", self.tags, methods=["GET"]),
@@ -332,7 +334,7 @@ class ModelRouter:
 
 
 def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cors: tuple[str, ...],
-                 reasoning_format: str, max_models: int, memory: int, keep_alive: float):
+                 reasoning_format: str, max_models: int, memory: int, keep_alive: float, webui: bool = True):
     """The ASGI app of a several-models server: the router behind the API key and CORS."""
     from starlette.middleware.cors import CORSMiddleware
 
@@ -350,7 +352,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
         return llm, create_app(llm, server_config, metrics, own_lifespan=False)
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
-    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body, config.n_ctx), api_key, metrics)
+    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body, config.n_ctx, webui), api_key, metrics)
     if cors:
         app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
                              allow_headers=["*"])

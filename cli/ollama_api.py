@@ -440,7 +440,6 @@ def routes(api: OllamaAPI) -> list:
     from starlette.routing import Route
 
     return [
-        Route("/", api.root, methods=["GET", "HEAD"]),
         Route("/api/version", api.version, methods=["GET"]),
         Route("/api/chat", api.chat, methods=["POST"]),
         Route("/api/generate", api.generate, methods=["POST"]),

@@ -36,6 +36,7 @@ from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .tokenize_api import TokenizeAPI
+from .webui import page_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
 from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, int_field, kind, parse_job,
                              text_field)
@@ -53,6 +54,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     reasoning_format: str = "deepseek"  # --reasoning-format: "deepseek" splits <think> off as reasoning_content
     any_name: bool = False  # behind model_router.py, which has resolved the request's model name already
+    webui: bool = True  # GET / from a browser: the chat page (webui.py); --no-webui: ollama's answer only
 
 
 class FrontDoor:
@@ -481,6 +483,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
             llm.engine.stop()
 
     routes = [
+        *page_routes(config.webui, ollama.root),
         *ollama_routes(ollama),
         Route("/api/embed", embeddings.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", embeddings.ollama_embeddings, methods=["POST"]),

@@ -53,6 +53,7 @@ def serve(
     reasoning_format: str = typer.Option("deepseek", "--reasoning-format",
                                          help="deepseek: a thinking model's <think>...</think> as reasoning_content; "
                                               "none: left in the content."),
+    webui: bool = typer.Option(True, "--webui/--no-webui", help="GET / in a browser: the chat page."),
     pooling: str = typer.Option("", "--pooling", show_default=False,
                                 help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls or last "
                                      "(default: the model file's pooling_type, else mean)."),
@@ -93,13 +94,13 @@ def serve(
 
             app = serve_models(config, api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                cors=tuple(cors), reasoning_format=reasoning_format, max_models=max_models,
-                               memory=parse_size(memory) if memory else 0, keep_alive=idle)
+                               memory=parse_size(memory) if memory else 0, keep_alive=idle, webui=webui)
             sys.stderr.write(f"infer serve: every pulled model on http://{host}:{sock.getsockname()[1]}/v1 · "
                              f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
                              f"{' · API key required' if api_key else ''}\n")
             return _run(app, host, port, shutdown_timeout, sock)
         server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
-                                     cors_origins=tuple(cors), reasoning_format=reasoning_format)
+                                     cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui)
         _serve_one(model, config, server_config, host, sock, shutdown_timeout)
 
 

@@ -31,7 +31,7 @@ from .sampler import SamplingParams, TokenLogprob, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .speculative import SpecConfig, SpeculationError, ngram_draft
 
-__all__ = ["Engine", "EngineConfig", "EngineConfigError", "Event", "PromptError", "Usage"]
+__all__ = ["Engine", "EngineConfig", "EngineConfigError", "Event", "ModelRunError", "PromptError", "Usage"]
 
 DEFAULT_CTX = 4096
 BLOCK_SIZE = 16
@@ -39,6 +39,10 @@ BLOCK_SIZE = 16
 
 class PromptError(ValueError):
     """A prompt that cannot be run: empty, or longer than the context window."""
+
+
+class ModelRunError(RuntimeError):
+    """The model's forward pass failed (a corrupt file's weights: NaN scales, say); one line for the user."""
 
 
 class EngineConfigError(ValueError):
@@ -340,7 +344,11 @@ class Engine:
         for g, src, dst in sched.copies:
             self.pool.copy_block(g, src, dst)
         batch, sampled, pooled = self._batch(sched)
-        logits = self.runner.forward_batch(batch, self.pool)
+        try:
+            logits = self.runner.forward_batch(batch, self.pool)
+        except Exception as e:
+            raise ModelRunError(f"the model's forward pass failed ({type(e).__name__}: {str(e)[:200]}); "
+                                "is the model file corrupt?") from e
         ends: list[tuple[Request, str, bool]] = []
         kept: dict[int, int] = {}  # sequences whose drafts were not all accepted: their tokens that stand
         n_of = {seq.id: n for seq, n in sched.items}

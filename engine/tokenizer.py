@@ -16,6 +16,11 @@ from infer.engine.spm import SentencePieceModel
 from infer.engine.tokenizer_error import TokenizerError
 
 
+def _is_int(value: Any) -> bool:
+    """An integer metadata value (a hostile file may store a string or an array where an id belongs)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def check_token_id(token_id: Any, vocab_size: int) -> int:
     """token_id as an int, or a TokenizerError for a non-integer or out-of-range id."""
     try:
@@ -183,11 +188,11 @@ class Tokenizer:
             default = self._default_ids.get(name)
             ids[name] = default if default is not None and default < n else None
             value = meta.get(_K + keys.get(name, f"{name}_token_id"))
-            if value is not None and 0 <= int(value) < n:  # llama.cpp ignores out-of-range ids
+            if _is_int(value) and 0 <= int(value) < n:  # llama.cpp ignores out-of-range ids
                 ids[name] = int(value)
         for name, old in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")):
             value = meta.get(f"{_K}{old}_token_id")  # deprecated keys, still honoured
-            if value is not None and 0 <= int(value) < n:
+            if _is_int(value) and 0 <= int(value) < n:
                 ids[name] = int(value)
         self._ids = ids
         if _K + "add_bos_token" in meta:

@@ -42,6 +42,9 @@ class KVGroup:
     layers: tuple[int, ...]
 
 
+MAX_LAYERS = 4096  # far past any model's block_count; a header claiming more is corrupt
+MAX_HEAD_DIM = 8192
+
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
 # (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
 POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}
@@ -136,9 +139,18 @@ class ModelConfig:
         if n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
+        # bounds a hostile file could otherwise push into huge or empty buffers before any tensor is checked
+        if not 1 <= n_layer <= MAX_LAYERS:
+            raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
+        if not (1 <= head_dim <= MAX_HEAD_DIM and 1 <= head_dim_v <= MAX_HEAD_DIM):
+            raise ModelConfigError(f"{arch}: head sizes {head_dim}/{head_dim_v} are out of range (1..{MAX_HEAD_DIM})")
+        if not 2 <= n_rot <= head_dim or n_rot % 2:
+            raise ModelConfigError(f"{arch}: rope.dimension_count {n_rot} must be even and in 2..{head_dim} (the head size)")
         rope_scale = _rope_scale(get)
         rope_base = float(get("rope.freq_base", 10000.0))
         n_ctx_train = int(get("context_length", 2048))
+        if n_ctx_train < 1:
+            raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")
         sliding_window = int(get("attention.sliding_window", spec.default_sliding_window)) if spec.swa_pattern else 0
         layer_swa = (_swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
                      if sliding_window > 0 else (False,) * n_layer)

@@ -10,6 +10,7 @@ so the header is parsed here with struct; gguf supplies the type enums.
 from __future__ import annotations
 
 import re
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,28 +195,44 @@ def _read_one(path: Path) -> GGUFFile:
     for _ in range(n_tensors):
         name = cur.string()
         n_dims = cur.u32()
-        if n_dims > 4:
+        if not 1 <= n_dims <= 4:
             raise GGUFError(f"{path}: corrupt tensor info for {name!r} ({n_dims} dimensions)")
         ne = [cur.u64() for _ in range(n_dims)]
         infos.append((name, ne, cur.u32(), cur.u64()))
 
-    alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if isinstance(alignment, bool) or not isinstance(alignment, (int, np.integer)) or alignment <= 0 \
+            or alignment & (alignment - 1):
+        raise GGUFError(f"{path}: general.alignment {alignment!r} is not a power of two")  # as gguf.cpp checks
+    alignment = int(alignment)
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     tensors: dict[str, QTensor] = {}
+    spans = []
     for name, ne, type_id, offset in infos:
         try:
             t = qtype(type_id)
         except UnsupportedQuantType as e:
             raise GGUFError(f"{path}: tensor {name!r} has an {e}") from None
-        count = int(np.prod(ne, dtype=np.int64))
+        if name in tensors:
+            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+        if any(d == 0 for d in ne):
+            raise GGUFError(f"{path}: tensor {name!r} has an empty dimension {ne}")
+        count = math.prod(ne)  # Python integers: absurd dimensions cannot overflow into a small size
         if ne[0] % t.block_size:
             raise GGUFError(f"{path}: tensor {name!r} row length {ne[0]} is not a multiple of {t.name}'s block size")
+        if offset % alignment:
+            raise GGUFError(f"{path}: tensor {name!r} data offset {offset} is not aligned to {alignment}")
         nbytes = count // t.block_size * t.type_size
         start = data_start + offset
         if start + nbytes > len(mm):
             raise GGUFError(
                 f"{path}: truncated file (tensor {name!r} needs bytes up to {start + nbytes}, file has {len(mm)})"
             )
-        shape = tuple(int(d) for d in reversed(ne)) or (1,)
+        spans.append((start, start + nbytes, name))
+        shape = tuple(int(d) for d in reversed(ne))
         tensors[name] = QTensor.from_bytes(type_id, shape, mm[start:start + nbytes])
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise GGUFError(f"{path}: tensors {a!r} and {b!r} overlap in the file")
     return GGUFFile(path, version, metadata, tensors, kv_types)

@@ -28,4 +28,8 @@ def _vocab_size(gguf: GGUFFile) -> int:
     t = gguf.tensors.get("token_embd.weight")
     if t is None:
         raise ModelLoadError(f"{gguf.path}: missing tensor 'token_embd.weight'")
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != t.shape[0]:  # llama.cpp sizes the embedding by the vocabulary
+        raise ModelLoadError(f"{gguf.path}: tensor 'token_embd.weight' has {t.shape[0]} rows but the vocabulary "
+                             f"has {len(tokens)} tokens")
     return t.shape[0]

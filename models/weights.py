@@ -10,7 +10,7 @@ import numpy as np
 
 from infer.quant.affine import AffineTensor
 from infer.quant.tensor import QTensor
-from infer.quant.types import F32
+from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
 
@@ -100,6 +100,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             return t
         if isinstance(t, AffineTensor):
             raise ModelLoadError(f"{path}: tensor {name!r} is a vector and cannot be affine-quantized")
+        if t.type_id not in (F32, F16, BF16):  # llama.cpp never quantizes a vector; a file that does is corrupt
+            raise ModelLoadError(f"{path}: tensor {name!r} is a vector of type {t.type_name}; expected F32, F16 or BF16")
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
         return t.raw.view(np.float32).reshape(n) if t.type_id == F32 else t.dequantize().reshape(n)
 

@@ -86,6 +86,9 @@ def test_every_pulled_model_is_listed(server, client):
     assert {GEMMA, TINY} <= names
     oa = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
     assert {GEMMA, TINY} <= {m.id for m in oa.models.list().data}
+    status, headers, page = raw(server.port, "GET", "/", headers={"Accept": "text/html"})
+    assert status == 200 and "<html" in page.lower() and "script-src 'self'" in headers["content-security-policy"]
+    assert raw(server.port, "GET", "/")[2] == "Ollama is running"  # ollama's clients probe GET /
     shown = client.show(TINY)
     assert shown.details.family == "qwen2" and shown.modelinfo["qwen2.context_length"] == 256
     assert loaded(client) == []  # listing and showing load nothing
@@ -173,8 +176,10 @@ def test_embeddings_and_tokenize_through_the_router(server, client):
 
 
 def test_memory_budget(home, env):
-    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", "--api-key", "k", env_extra=env)
+    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", "--api-key", "k", "--no-webui",
+                     env_extra=env)
     try:
+        assert raw(s.port, "GET", "/", headers={"Accept": "text/html"})[2] == "Ollama is running"  # --no-webui
         assert raw(s.port, "GET", "/api/ps")[0] == 401  # the API key guards every route of the router too
         assert raw(s.port, "POST", "/api/chat", b'{"model": "%s"}' % TINY.encode())[0] == 401
         c = ollama.Client(host=f"http://127.0.0.1:{s.port}", headers={"Authorization": "Bearer k"})

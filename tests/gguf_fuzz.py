@@ -13,7 +13,6 @@ death or silence, which the caller detects.
 from __future__ import annotations
 
 import random
-import struct
 import sys
 from pathlib import Path
 

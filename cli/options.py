@@ -25,7 +25,8 @@ FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object
 JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
 SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt lookup; draft: by a draft model "
-                                         "(--draft). The same output, faster where drafts are right.")
+                                         "(--draft). The output of plain decoding (on the cpu backend, token for "
+                                         "token), faster where drafts are right.")
 SPEC_NGRAM_N = typer.Option(6, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken (llama.cpp: 12).")
 DRAFT_MAX = typer.Option(16, "--draft-max", help="--spec: most tokens drafted per step.")
 DRAFT = typer.Option(None, "--draft", "-md", help="A draft model of the same vocabulary (pulled name or .gguf path): "

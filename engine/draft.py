@@ -23,8 +23,10 @@ from .block_manager import BlockManager
 
 class DraftModel:
     def __init__(self, runner, model_config, n_ctx: int, max_seqs: int, block_size: int, draft_max: int,
-                 draft_min: int = 0, p_min: float = 0.0):
+                 draft_min: int = 0, p_min: float = 0.0, target_vocab: int = 0):
         self.runner, self.cfg = runner, model_config
+        # token ids both models have: the draft never reads a target-only id, never proposes a draft-only one
+        self.n_shared = min(model_config.n_vocab, target_vocab or model_config.n_vocab)
         self.n_ctx, self.bs = n_ctx, block_size
         self.draft_max, self.draft_min, self.p_min = draft_max, draft_min, p_min
         self.budget = runner.max_tokens
@@ -45,7 +47,7 @@ class DraftModel:
         return self.blocks.usage().bytes_total
 
     def drop(self, seq_id: int) -> None:
-        """The target's sequence ended (or was preempted): its draft K/V go."""
+        """The target's sequence ended (finished, cancelled or failed): its draft K/V go."""
         if self.seen.pop(seq_id, None) is not None:
             self.blocks.free(seq_id)
 
@@ -53,10 +55,14 @@ class DraftModel:
         """Drafts for (sequence id, its tokens (the last one just sampled), most tokens to draft)."""
         live = {}
         for sid, tokens, k in wanted:
+            k = min(k, self.draft_max, self.n_ctx - len(tokens))  # the draft's context may be the shorter
+            if len(tokens) >= self.n_ctx or max(tokens) >= self.n_shared:
+                self.drop(sid)  # past the draft's context, or holding an id it does not have: no more drafts
+                continue
             if k < 1:
                 continue
             self._sync(sid, tokens)
-            live[sid] = (list(tokens), min(k, self.draft_max))
+            live[sid] = (list(tokens), k)
         drafts: dict[int, list[int]] = {sid: [] for sid in live}
         # catch up on what the draft has not seen, then one token per pass
         active = dict(live)
@@ -95,13 +101,15 @@ class DraftModel:
         """One forward pass of the draft model over each sequence's next tokens (within the budget);
         the sequences that reached their last token draft one more.  Returns those done."""
         budget = self.budget
-        items = []
+        items, finished = [], []
         for sid, toks in feed.items():
             n = min(len(toks), budget)
             if n == 0:
                 continue
             if not self.blocks.can_append(sid, n):
-                return list(feed)  # the draft pool is full: no more drafting this step
+                finished.append(sid)  # the draft pool is full for it: it drafts no further this step
+                continue
+            self.blocks.append(sid, n)  # taken now, so the next sequence's check sees what is left
             items.append((sid, toks[:n], n == len(toks)))
             budget -= n
             if budget == 0:
@@ -110,12 +118,11 @@ class DraftModel:
             return list(feed)
         batch, rows = self._batch(items)
         logits = self.runner.forward_batch(batch, self.pool)
-        finished = []
         for r, (sid, toks, last) in zip(rows, items):
             self.blocks.commit(sid, (), len(toks))  # names nothing: no tokens needed
             if not last:
                 continue
-            row = logits[r]
+            row = logits[r, :self.n_shared]
             tok = int(np.argmax(row))
             if self.p_min > 0:
                 z = row - row[tok]
@@ -124,7 +131,7 @@ class DraftModel:
                     continue
             drafts[sid].append(tok)
             seq_tokens, k = active[sid]
-            if len(drafts[sid]) >= k or len(seq_tokens) + len(drafts[sid]) >= self.n_ctx:
+            if len(drafts[sid]) >= k or len(seq_tokens) + 1 >= self.n_ctx:  # seq_tokens holds the draft so far
                 finished.append(sid)
             else:
                 active[sid] = (seq_tokens + [tok], k)
@@ -134,7 +141,6 @@ class DraftModel:
         toks, pos, tok_seq, rows = [], [], [], []
         for i, (sid, t, last) in enumerate(items):
             start = self.blocks.num_computed(sid)
-            self.blocks.append(sid, len(t))
             toks.extend(t)
             pos.extend(range(start, start + len(t)))
             tok_seq.extend([i] * len(t))

@@ -65,7 +65,7 @@ class EngineConfig:
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
     cache_type_v: str = "f16"
     pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last"); "": the file's, else mean
-    spec: SpecConfig = SpecConfig()  # --spec ngram: speculative decoding by prompt lookup (speculative.py)
+    spec: SpecConfig = SpecConfig()  # --spec ngram|draft: speculative decoding (speculative.py, draft.py)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 8:

@@ -80,15 +80,17 @@ def _drafter(config: EngineConfig, tokenizer, backend: str, options: RunnerOptio
     _same_vocabulary(tokenizer, _tokenizer(draft), SpeculationError)
     runner = create_runner(choose_backend(backend, draft.format), draft, options)
     return DraftModel(runner, draft.config, min(config.n_ctx, draft.config.n_ctx_train), config.max_seqs,
-                      config.block_size, config.spec.draft_max, config.spec.draft_min, config.spec.draft_p_min)
+                      config.block_size, config.spec.draft_max, config.spec.draft_min, config.spec.draft_p_min,
+                      target_vocab=tokenizer.vocab_size)
 
 
 def _same_vocabulary(target, draft, error: type[Exception]) -> None:
     """llama.cpp's rule (common_speculative_are_compatible): the same special tokens, sizes within
     128, the same text for every token id both have (from 5 on)."""
-    if (target.bos_id, target.eos_id) != (draft.bos_id, draft.eos_id):
-        raise error(f"the draft model's BOS/EOS ({draft.bos_id}/{draft.eos_id}) are not the target's "
-                    f"({target.bos_id}/{target.eos_id}): --draft needs a model of the same vocabulary")
+    if (target.bos_id, target.eos_id, target.add_bos, target.add_eos) != (draft.bos_id, draft.eos_id, draft.add_bos,
+                                                                          draft.add_eos):
+        raise error(f"the draft model's BOS/EOS and whether it adds them ({draft.bos_id}/{draft.eos_id}) are not the "
+                    f"target's ({target.bos_id}/{target.eos_id}): --draft needs a model of the same vocabulary")
     if abs(target.vocab_size - draft.vocab_size) > 128:
         raise error(f"the draft model's vocabulary has {draft.vocab_size} tokens, the target's {target.vocab_size}: "
                     "--draft needs a model of the same vocabulary")

@@ -105,7 +105,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n_new = self._fit_draft(seq, budget)
+            n_new = min(seq.num_tokens - self.blocks.num_computed(seq.id), budget)  # its own tokens first
             while not self.blocks.can_append(seq.id, n_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -119,7 +119,8 @@ class Scheduler:
             budget -= n_new
             i += 1
         if step.preempted:
-            return step  # the pool is full: admit nobody this step
+            self._fit_drafts(step, 0)  # the pool is full: admit nobody, draft nothing this step
+            return step
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             seq = self.waiting[0]
             cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix)
@@ -136,19 +137,28 @@ class Scheduler:
             step.copies += self.blocks.append(seq.id, n_new)
             step.items.append((seq, n_new))
             budget -= n_new
+        self._fit_drafts(step, budget)
         return step
 
-    def _fit_draft(self, seq: Sequence, budget: int) -> int:
-        """The tokens seq computes next step: what is left of its own, then of its draft, within the
-        budget; a draft the budget or the free blocks cannot take is shortened or dropped (before
-        anyone is preempted for it)."""
-        computed = self.blocks.num_computed(seq.id)
-        own = seq.num_tokens - computed
-        if seq.draft:
-            del seq.draft[max(0, budget - own):]
-            if seq.draft and not self.blocks.can_append(seq.id, own + len(seq.draft)):
+    def _fit_drafts(self, step: ScheduledStep, budget: int) -> None:
+        """Drafts ride in what is left of the step once every sequence has its own tokens: each is
+        shortened to the budget left and dropped where the free blocks cannot take it, so a draft
+        never preempts or delays anyone."""
+        for idx, (seq, n) in enumerate(step.items):
+            if not seq.draft:
+                continue
+            computed = self.blocks.num_computed(seq.id)
+            if computed + n < seq.num_tokens:  # its own tokens did not all fit: no room for a draft
                 seq.draft = []
-        return min(seq.num_scheduled - computed, budget)
+                continue
+            del seq.draft[budget:]
+            total = n + len(seq.draft)
+            if seq.draft and self.blocks.can_append(seq.id, total):
+                step.copies += self.blocks.append(seq.id, total)
+                step.items[idx] = (seq, total)
+                budget -= len(seq.draft)
+            else:
+                seq.draft = []
 
     def commit(self, step: ScheduledStep, kept: dict | None = None) -> None:
         """The forward pass of `step` ran: its sequences' new K/V are in the cache.  kept: for

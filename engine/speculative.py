@@ -30,7 +30,7 @@ class SpeculationError(ValueError):
 
 @dataclass(frozen=True)
 class SpecConfig:
-    kind: str = ""  # "" (off) or "ngram"
+    kind: str = ""  # "" (off), "ngram" (prompt lookup) or "draft" (a draft model)
     ngram_n: int = 6  # --spec-ngram-n: tokens of the lookup n-gram (llama.cpp's --spec-ngram-simple-size-n, there 12)
     draft_max: int = 16  # --draft-max: most tokens drafted per step (llama.cpp's m-gram size, there 48)
     draft: str = ""  # --draft MODEL: the draft model's file (kind "draft"; draft.py)

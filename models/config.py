@@ -139,18 +139,10 @@ class ModelConfig:
         if n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
-        # bounds a hostile file could otherwise push into huge or empty buffers before any tensor is checked
-        if not 1 <= n_layer <= MAX_LAYERS:
-            raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
-        if not (1 <= head_dim <= MAX_HEAD_DIM and 1 <= head_dim_v <= MAX_HEAD_DIM):
-            raise ModelConfigError(f"{arch}: head sizes {head_dim}/{head_dim_v} are out of range (1..{MAX_HEAD_DIM})")
-        if not 2 <= n_rot <= head_dim or n_rot % 2:
-            raise ModelConfigError(f"{arch}: rope.dimension_count {n_rot} must be even and in 2..{head_dim} (the head size)")
         rope_scale = _rope_scale(get)
         rope_base = float(get("rope.freq_base", 10000.0))
         n_ctx_train = int(get("context_length", 2048))
-        if n_ctx_train < 1:
-            raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")
+        _check_sizes(arch, n_layer, head_dim, head_dim_v, n_rot, n_ctx_train)
         sliding_window = int(get("attention.sliding_window", spec.default_sliding_window)) if spec.swa_pattern else 0
         layer_swa = (_swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
                      if sliding_window > 0 else (False,) * n_layer)
@@ -200,3 +192,15 @@ class ModelConfig:
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             **{k: float(v) for k, v in own.items()},
         )
+
+
+def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot: int, n_ctx_train: int) -> None:
+    """Bounds a hostile file could otherwise push into huge or empty buffers before any tensor is checked."""
+    if not 1 <= n_layer <= MAX_LAYERS:
+        raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
+    if not (1 <= head_dim <= MAX_HEAD_DIM and 1 <= head_dim_v <= MAX_HEAD_DIM):
+        raise ModelConfigError(f"{arch}: head sizes {head_dim}/{head_dim_v} are out of range (1..{MAX_HEAD_DIM})")
+    if not 2 <= n_rot <= head_dim or n_rot % 2:
+        raise ModelConfigError(f"{arch}: rope.dimension_count {n_rot} must be even and in 2..{head_dim} (the head size)")
+    if n_ctx_train < 1:
+        raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")

@@ -9,8 +9,8 @@ so the header is parsed here with struct; gguf supplies the type enums.
 """
 from __future__ import annotations
 
-import re
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,9 +195,9 @@ def _read_one(path: Path) -> GGUFFile:
     for _ in range(n_tensors):
         name = cur.string()
         n_dims = cur.u32()
-        if not 1 <= n_dims <= 4:
+        if n_dims > 4:
             raise GGUFError(f"{path}: corrupt tensor info for {name!r} ({n_dims} dimensions)")
-        ne = [cur.u64() for _ in range(n_dims)]
+        ne = [cur.u64() for _ in range(n_dims)] or [1]  # no dimensions: a scalar (gguf.cpp's default of 1)
         infos.append((name, ne, cur.u32(), cur.u64()))
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)

@@ -6,8 +6,9 @@ mutate() picks fields of the header by what they are (counts, lengths, value typ
 counts, dimensions, tensor types, offsets, the alignment, token ids in the metadata) and gives
 them extreme or random values; or flips bits, overwrites bytes, truncates, or appends.  The
 worker (`python tests/gguf_fuzz.py`, one path per stdin line) answers one line per file: OK,
-ERR <message> (one of the errors the CLI reports as one line), or TB <exception> when an
-exception would have reached the user as a traceback.  A crash or a hang shows as the worker's
+ERR <message> (one of the errors the CLI reports as one line), RUN <message> (a one-line error
+too, but from a forward pass: the loader let a file through that a kernel then failed on), or
+TB <exception> when an exception would have reached the user as a traceback.  A crash or a hang shows as the worker's
 death or silence, which the caller detects.
 """
 from __future__ import annotations
@@ -176,7 +177,7 @@ def worker() -> None:
     import traceback
 
     from infer.cli.errors import user_errors
-    from infer.engine.engine import EngineConfig
+    from infer.engine.engine import EngineConfig, ModelRunError
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
 
@@ -200,6 +201,8 @@ def worker() -> None:
             ids = llm.encode_raw("Hello world")[:32]
             list(llm.generate(ids, SamplingParams(max_tokens=2, temperature=0)))
             answer = "OK"
+        except ModelRunError as e:  # one line for the user, but a kernel ran on what the loader let through
+            answer = "RUN " + str(e).splitlines()[0][:200]
         except expected as e:
             answer = "ERR " + (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         except Exception as e:  # what the CLI would show as a traceback

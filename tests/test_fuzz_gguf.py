@@ -21,7 +21,7 @@ def test_mutated_models_fail_cleanly(tmp_path):
         cases.append(p)
     results = run_cases(cases, timeout=120)
     bad = [(p.name, answer) for p, answer in results if not answer.startswith(("OK", "ERR "))]
-    assert not bad, bad
+    assert not bad, bad  # RUN too: a forward pass failing means the loader let a bad file through
     kinds = {answer.split(" ", 1)[0] for _, answer in results}
     assert kinds == {"OK", "ERR"}  # the mutations both break files and leave some loadable
 

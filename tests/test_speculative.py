@@ -65,7 +65,12 @@ def gemma(gemma_path):
 def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]):
     eng = llm.engine
     rids = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
-    return [list(eng.stream(r))[-1] for r in rids]
+    out = []
+    for r in rids:  # each request's finish event, carrying every logprob of its stream
+        evs = list(eng.stream(r))
+        evs[-1].logprobs = [lp for e in evs for lp in (e.logprobs or [])]
+        out.append(evs[-1])
+    return out
 
 
 def test_greedy_output_is_plain_decoding(gemma):
@@ -85,10 +90,14 @@ def test_seeded_sampling_batched_stops_and_limits_are_plain_decoding(gemma):
     params = [SamplingParams(temperature=0.7, seed=11, max_tokens=120),
               SamplingParams(temperature=0, max_tokens=37),  # ends inside a verified step
               SamplingParams(temperature=0, max_tokens=300, stop=("return out",)),
-              SamplingParams(temperature=1.0, seed=5, top_k=0, top_p=1.0, min_p=0.0, max_tokens=60)]
-    a, b = run(plain, [prompt] * 4, params), run(spec, [prompt] * 4, params)
+              SamplingParams(temperature=1.0, seed=5, top_k=0, top_p=1.0, min_p=0.0, max_tokens=60),
+              # penalties read the history the drafts extend; logprobs come from each verified row
+              SamplingParams(temperature=0.9, seed=3, repeat_penalty=1.3, presence_penalty=0.5,
+                             frequency_penalty=0.3, logprobs=3, max_tokens=80)]
+    a, b = run(plain, [prompt] * 5, params), run(spec, [prompt] * 5, params)
     for x, y in zip(a, b):
-        assert y.token_ids == x.token_ids and y.finish_reason == x.finish_reason
+        assert y.token_ids == x.token_ids and y.finish_reason == x.finish_reason and y.logprobs == x.logprobs
+    assert len(b[4].logprobs) == len(b[4].token_ids) > 0
     assert len(b[1].token_ids) == 37 and b[1].finish_reason == "length"
     assert sum(e.usage.drafted_tokens for e in b) > 0
 
@@ -127,7 +136,7 @@ def test_preemption_and_cancellation_in_verified_steps(gemma_path):
     assert [e.token_ids for e in outs["ngram"]] == [e.token_ids for e in outs[""]]
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe", "gemma3"])  # gemma3: a sliding window of 6
 def test_tiny_models_greedy_identical(arch, tmp_path):
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
     prompt = [1] + [5, 77, 300, 12, 260, 9] * 6  # a repeating prompt: drafts from the start

@@ -44,6 +44,7 @@ class KVGroup:
 
 MAX_LAYERS = 4096  # far past any model's block_count; a header claiming more is corrupt
 MAX_HEAD_DIM = 8192
+MAX_WIDTH = 1 << 20  # n_embd and the FFN widths: a million, ten times past any model's
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
 # (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
@@ -158,6 +159,7 @@ class ModelConfig:
         # each expert's width, else llama.cpp's default: n_ff (llama), n_ff / n_expert_used (qwen3moe)
         n_ff_exp = int(get("expert_feed_forward_length", 0)) or (
             n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
+        _check_widths(arch, n_embd, n_ff, n_ff_exp)
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
@@ -204,3 +206,12 @@ def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot:
         raise ModelConfigError(f"{arch}: rope.dimension_count {n_rot} must be even and in 2..{head_dim} (the head size)")
     if n_ctx_train < 1:
         raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")
+
+
+def _check_widths(arch: str, n_embd: int, n_ff: int, n_ff_exp: int) -> None:
+    """Widths the runner sizes buffers by, some of them (a mixture of experts' dense n_ff) checked
+    against no tensor."""
+    for name, v in (("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                    ("expert_feed_forward_length", n_ff_exp)):
+        if not 0 <= v <= MAX_WIDTH:
+            raise ModelConfigError(f"{arch}: {name} {v} is out of range (0..{MAX_WIDTH})")

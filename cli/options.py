@@ -28,7 +28,7 @@ SPEC = typer.Option(None, "--spec", help="ngram: speculative decoding by prompt 
                                          "(--draft). The output of plain decoding (on the cpu backend, token for "
                                          "token), faster where drafts are right.")
 SPEC_NGRAM_N = typer.Option(6, "--spec-ngram-n", help="--spec ngram: tokens that must repeat before a draft is taken (llama.cpp: 12).")
-DRAFT_MAX = typer.Option(16, "--draft-max", help="--spec: most tokens drafted per step.")
+DRAFT_MAX = typer.Option(8, "--draft-max", help="--spec: most tokens drafted per step.")
 DRAFT = typer.Option(None, "--draft", "-md", help="A draft model of the same vocabulary (pulled name or .gguf path): "
                                                   "--spec draft.")
 DRAFT_MIN = typer.Option(0, "--draft-min", help="--spec draft: shorter drafts are not verified.")

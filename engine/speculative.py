@@ -32,7 +32,7 @@ class SpeculationError(ValueError):
 class SpecConfig:
     kind: str = ""  # "" (off), "ngram" (prompt lookup) or "draft" (a draft model)
     ngram_n: int = 6  # --spec-ngram-n: tokens of the lookup n-gram (llama.cpp's --spec-ngram-simple-size-n, there 12)
-    draft_max: int = 16  # --draft-max: most tokens drafted per step (llama.cpp's m-gram size, there 48)
+    draft_max: int = 8  # --draft-max: most tokens drafted per step (llama.cpp's m-gram size, there 48)
     draft: str = ""  # --draft MODEL: the draft model's file (kind "draft"; draft.py)
     draft_min: int = 0  # --draft-min: a shorter draft is not verified
     draft_p_min: float = 0.0  # --draft-p-min: the draft model stops where its top token is less likely

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2, help="turns each program takes (best kept)")
     ap.add_argument("--ngram-n", type=int, default=6, help="both programs' lookup n-gram")
-    ap.add_argument("--draft-max", type=int, default=16, help="both programs' longest draft (llama.cpp's m-gram)")
+    ap.add_argument("--draft-max", type=int, default=8, help="both programs' longest draft (llama.cpp's m-gram)")
     ap.add_argument("--no-llama", action="store_true", help="infer only")
     a = ap.parse_args(argv)
     if a.model:

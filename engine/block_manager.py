@@ -286,6 +286,22 @@ class BlockManager:
                 if b >= 0:
                     pool.release(b)
 
+    def batch_tables(self, seq_ids: list, tok_seq: np.ndarray, positions: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """A forward pass's view of the blocks (backends/batch.py): per group the (S, max_blocks)
+        block tables of the sequences (-1: not held), and the (G, T) cache row each token writes,
+        for tokens of sequence row tok_seq at positions."""
+        bs = self.block_size
+        tables = []
+        slots = np.empty((len(self.pools), len(positions)), np.int32)
+        for g in range(len(self.pools)):
+            ts = [self.seqs[sid].tables[g] for sid in seq_ids]
+            arr = np.full((len(ts), max(len(t) for t in ts)), -1, np.int32)
+            for i, t in enumerate(ts):
+                arr[i, :len(t)] = t
+            tables.append(arr)
+            slots[g] = arr[tok_seq, positions // bs] * bs + positions % bs
+        return tables, slots
+
     def tables(self, seq_id) -> list[list[int]]:
         return self.seqs[seq_id].tables
 

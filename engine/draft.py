@@ -145,16 +145,8 @@ class DraftModel:
             pos.extend(range(start, start + len(t)))
             tok_seq.extend([i] * len(t))
             rows.append(len(toks) - 1)
-        positions = np.asarray(pos, np.int32)
-        tables, bs = [], self.bs
-        slots = np.empty((len(self.blocks.pools), len(toks)), np.int32)
-        for g in range(len(self.blocks.pools)):
-            ts = [self.blocks.tables(sid)[g] for sid, _, _ in items]
-            arr = np.full((len(ts), max(len(t) for t in ts)), -1, np.int32)
-            for i, t in enumerate(ts):
-                arr[i, :len(t)] = t
-            tables.append(arr)
-            slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
-        batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
+        positions, tok_seq = np.asarray(pos, np.int32), np.asarray(tok_seq, np.int32)
+        tables, slots = self.blocks.batch_tables([sid for sid, _, _ in items], tok_seq, positions)
+        batch = Batch(np.asarray(toks, np.int32), positions, tok_seq, slots, tables,
                       np.asarray(rows, np.int32), np.asarray([sid for sid, _, _ in items], np.int64))
         return batch, list(range(len(items)))

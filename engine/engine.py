@@ -296,7 +296,6 @@ class Engine:
         """The step's Batch, the sequences sampled after it (each with its first logits row: a
         sequence with a draft has one row per draft token more), and the embeddings it feeds:
         (request, its first row in batch.hidden, the position after its last)."""
-        bs = self.config.block_size
         toks, pos, tok_seq = [], [], []
         rows, sampled = [], []
         hidden_rows: list[int] = []
@@ -316,17 +315,9 @@ class Engine:
             elif start + n == seq.num_scheduled:  # its last token (and draft): sample from these logits
                 sampled.append((seq, len(rows)))
                 rows.extend(range(len(toks) - 1 - len(seq.draft), len(toks)))
-        positions = np.asarray(pos, np.int32)
-        tables = []
-        slots = np.empty((len(self.blocks.pools), len(toks)), np.int32)
-        for g in range(len(self.blocks.pools)):
-            ts = [self.blocks.tables(s.id)[g] for s in seqs]
-            arr = np.full((len(ts), max(len(t) for t in ts)), -1, np.int32)
-            for i, t in enumerate(ts):
-                arr[i, :len(t)] = t
-            tables.append(arr)
-            slots[g] = arr[np.asarray(tok_seq), positions // bs] * bs + positions % bs
-        batch = Batch(np.asarray(toks, np.int32), positions, np.asarray(tok_seq, np.int32), slots, tables,
+        positions, tok_seq = np.asarray(pos, np.int32), np.asarray(tok_seq, np.int32)
+        tables, slots = self.blocks.batch_tables([s.id for s in seqs], tok_seq, positions)
+        batch = Batch(np.asarray(toks, np.int32), positions, tok_seq, slots, tables,
                       np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64))
         if pooled:
             if self._hidden is None:

@@ -89,6 +89,8 @@ class HFTokenizer:
             raise TokenizerError(f"tokenizer.json cannot be loaded: {first}") from None
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared tokenizer
         n_tok = self._hf.get_vocab_size(with_added_tokens=True)
+        if n_vocab and n_tok > n_vocab:  # ids past the embedding would index outside it (MLX's take checks nothing)
+            raise TokenizerError(f"tokenizer.json has {n_tok} tokens but the model's embedding only {n_vocab} rows")
         # The embedding may have rows past the tokenizer (padding): those ids decode to nothing.
         self.vocab_size: int = max(n_tok, n_vocab or 0)
         self._n_tok = n_tok

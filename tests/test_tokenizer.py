@@ -459,3 +459,17 @@ def test_speed(gemma, gemma_meta):
     print(f"\nTokenizer.from_metadata (262k vocab): {build * 1e3:.1f} ms; encode 4000 chars: {encode * 1e3:.1f} ms")
     assert build < 0.5
     assert encode < 0.1
+
+
+def test_hf_tokenizer_larger_than_the_embedding_is_refused():
+    """A model folder whose tokenizer.json has ids past the embedding's rows: those ids would index
+    outside it (MLX's take checks nothing), so the folder is refused at load."""
+    from tokenizers import Tokenizer as Core
+    from tokenizers import models
+
+    from infer.engine.hf_tokenizer import HFTokenizer as Ours
+
+    core = Core(models.WordLevel({f"w{i}": i for i in range(40)}, unk_token="w0"))
+    with pytest.raises(TokenizerError, match="40 tokens but the model's embedding only 32 rows"):
+        Ours(core.to_str(), n_vocab=32)
+    assert Ours(core.to_str(), n_vocab=48).vocab_size == 48  # padding rows past the tokenizer are fine

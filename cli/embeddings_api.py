@@ -20,7 +20,7 @@ from infer.engine.engine import PromptError
 from infer.engine.request import Event
 from infer.engine.pooling import PoolingError, normalize
 
-from .openai_request import APIError, ClientGone, kind
+from .openai_request import APIError, ClientGone, disconnected, kind
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 
@@ -55,14 +55,7 @@ class EmbeddingsAPI:
                 engine.cancel(rid)
             raise APIError(400, str(e), "input", "invalid_value") from None
 
-        async def gone() -> None:
-            try:
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-            except Exception:
-                pass  # a broken connection is a gone client too
-
-        watcher = asyncio.ensure_future(gone())
+        watcher = asyncio.ensure_future(disconnected(request.receive))
         everything = asyncio.gather(*futures)
         try:
             await asyncio.wait([watcher, everything], return_when=asyncio.FIRST_COMPLETED)

@@ -28,7 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
-from .openai_request import APIError
+from .openai_request import APIError, disconnected
 from .server_metrics import Metrics
 from .webui import page_routes
 
@@ -157,7 +157,7 @@ class ModelRouter:
         """The loaded model (waiting while it loads); _Gone when the client leaves first (the load
         goes on for the others), a 400 when it fails to load."""
         leasing = asyncio.ensure_future(self.pool.acquire(name, path))
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait({leasing, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -375,12 +375,3 @@ def estimate_bytes(path: Path, config) -> int:
 
 class _Gone(Exception):
     """The client disconnected before its request was read."""
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client disconnects (after the body was read, receive() says nothing else)."""
-    try:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-    except Exception:
-        pass

@@ -259,3 +259,13 @@ def _tool_calls(calls: Any, p: str) -> list[dict]:
         out.append({"id": str(c.get("id", "")), "type": "function",
                     "function": {"name": f["name"], "arguments": f.get("arguments", "")}})
     return out
+
+
+async def disconnected(receive) -> None:
+    """Returns when the client disconnects: once the body is read, receive() says nothing else
+    (a broken connection is a gone client too)."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        pass

@@ -38,8 +38,8 @@ from .ollama_api import routes as ollama_routes
 from .tokenize_api import TokenizeAPI
 from .webui import page_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
-from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, int_field, kind, parse_job,
-                             text_field)
+from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, disconnected, int_field, kind,
+                             parse_job, text_field)
 from .server_metrics import Metrics
 
 
@@ -189,11 +189,7 @@ class OpenAIServer:
             raise APIError(400, str(e), None, "invalid_value") from None
 
         async def watch() -> None:
-            try:
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-            except Exception:
-                pass  # a broken connection is a gone client too
+            await disconnected(request.receive)
             q.put_nowait(None)
 
         watcher = asyncio.ensure_future(watch())

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from infer.backends.base import KV_CACHE_BYTES, check_cache_type
+from infer.backends.base import KV_CACHE_BYTES, BlockKVPool, check_cache_type
 from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
 
@@ -108,7 +108,7 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
-        if config.spec.kind and not getattr(runner, "embeddings", False):  # a block pool: rejected K/V just left behind
+        if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
             raise SpeculationError(f"speculative decoding needs the cpu or mlx backend, not {runner.backend}")
         self.spec = config.spec
         self.drafter = drafter  # draft.DraftModel when config.spec.kind is "draft"

@@ -181,7 +181,6 @@ def test_reply_streams_and_shows_stats(page, tmp_path):
     assert re.fullmatch(r"\d+ tokens · TTFT \d+ ms · [\d.]+ tok/s", stats.inner_text())
     assert page.locator(".msg.user").inner_text().endswith("Count from 1 to 20, separated by commas.")
     page.screenshot(path=str(tmp_path / "desktop.png"))
-    page.screenshot(path="/tmp/webui-desktop.png")
 
 
 def test_escape_stops_the_reply_and_the_server_cancels(page, served):

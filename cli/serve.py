@@ -13,6 +13,8 @@ from .errors import reported
 from .app import app
 from .sizes import parse_size
 
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default, said in --timeout's help)
+
 
 @app.command(help="Serve MODEL (a pulled name or a .gguf path) over OpenAI's and ollama's HTTP APIs; without MODEL, "
                   "every pulled model and the embedded one, each loaded when a request names it.")
@@ -48,6 +50,9 @@ def serve(
     draft_min: int = opt.DRAFT_MIN,
     draft_p_min: float = opt.DRAFT_P_MIN,
     max_body: str = typer.Option("8M", "--max-body", help="Largest request body; bigger ones get 413."),
+    timeout: float = typer.Option(60.0, "--timeout",
+                                  help="Seconds a client has to send a whole request (head and body); slower "
+                                       "ones are disconnected. Idle keep-alive connections close after 5 s."),
     shutdown_timeout: int = typer.Option(10, "--shutdown-timeout",
                                          help="Seconds running requests get to finish on SIGINT/SIGTERM."),
     reasoning_format: str = typer.Option("deepseek", "--reasoning-format",
@@ -68,6 +73,8 @@ def serve(
         raise typer.BadParameter(f"--max-queue must be >= 0, got {max_queue}")
     if shutdown_timeout < 0:
         raise typer.BadParameter(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+    if not timeout > 0:
+        raise typer.BadParameter(f"--timeout must be > 0 seconds, got {timeout}")
     body_limit = parse_size(max_body)
     if models not in (None, "all"):
         raise typer.BadParameter(f"--models takes 'all', got {models!r}")
@@ -98,13 +105,14 @@ def serve(
             sys.stderr.write(f"infer serve: every pulled model on http://{host}:{sock.getsockname()[1]}/v1 · "
                              f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
                              f"{' · API key required' if api_key else ''}\n")
-            return _run(app, host, port, shutdown_timeout, sock)
+            return _run(app, host, port, sock, shutdown_timeout, timeout)
         server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                      cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui)
-        _serve_one(model, config, server_config, host, sock, shutdown_timeout)
+        _serve_one(model, config, server_config, host, sock, shutdown_timeout, timeout)
 
 
-def _serve_one(model: str, config, server_config, host: str, sock: socket.socket, shutdown_timeout: int) -> None:
+def _serve_one(model: str, config, server_config, host: str, sock: socket.socket, shutdown_timeout: int,
+               timeout: float) -> None:
     """One model, loaded now (a bad file fails before the server answers anything)."""
     from dataclasses import replace
 
@@ -123,14 +131,18 @@ def _serve_one(model: str, config, server_config, host: str, sock: socket.socket
         f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
         f"{' · API key required' if server_config.api_key else ''}\n"
     )
-    _run(create_app(llm, server_config), host, port, shutdown_timeout, sock)
+    _run(create_app(llm, server_config), host, port, sock, shutdown_timeout, timeout)
 
 
-def _run(app, host: str, port: int, shutdown_timeout: int, sock: socket.socket) -> None:
+def _run(app, host: str, port: int, sock: socket.socket, shutdown_timeout: int, timeout: float) -> None:
     import uvicorn
 
-    uv = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                        access_log=False, timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    from .http_protocol import TimedH11Protocol, raise_open_files_limit
+
+    raise_open_files_limit()  # idle and slow connections cost a descriptor each until --timeout
+    uv = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                        http=TimedH11Protocol.for_timeout(timeout), timeout_keep_alive=KEEP_ALIVE_S,
+                        timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
     # previous handler; this one makes that a clean exit instead of a kill or a traceback.
     handled = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,7 +80,10 @@ class FrontDoor:
             response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
                 if path.startswith("/api/") else err.response()  # ollama's error shape, or OpenAI's
             return await response(scope, receive, counted)
-        await self.app(scope, receive, counted)
+        try:
+            await self.app(scope, receive, counted)
+        except ClientDisconnect:
+            pass  # the client left (or hit --timeout) before its request body was whole: nobody to answer
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .arch import Architecture, UnknownArchitecture, architecture
 
 
@@ -13,13 +15,25 @@ class ModelConfigError(ValueError):
 
 
 def _rope_scale(get) -> float:
-    """The RoPE position multiplier: 1 / the linear scaling factor (other scalings are refused). As
-    llama.cpp: an absent rope.scaling.type is linear, and "none" never scales."""
+    """The RoPE position multiplier: 1 / the scaling factor of linear or YaRN scaling (others are
+    refused). As llama.cpp: an absent rope.scaling.type is linear, and "none" never scales."""
     scaling = str(get("rope.scaling.type", "linear"))
     factor = float(get("rope.scaling.factor", 0.0) or 0.0)
-    if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
-        raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported")
-    return 1.0 / factor if factor > 0 and scaling == "linear" else 1.0
+    if scaling not in ("none", "linear", "yarn") and factor not in (0.0, 1.0):
+        raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported (linear, yarn)")
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ModelConfigError(f"rope.scaling.factor must be a positive number, got {factor}")
+    return 1.0 / factor if factor > 0 and scaling != "none" else 1.0
+
+
+def _yarn_attn_factor(scale: float, attn_factor: float) -> float:
+    """The magnitude llama.cpp hands its YaRN RoPE (llama_context's yarn_attn_factor, float32 as
+    there): YaRN's 0.1 ln(factor) + 1, divided by the same term that ggml's rope multiplies in
+    again, times rope.scaling.attn_factor."""
+    f32 = np.float32
+    factor = f32(1.0) / f32(scale)
+    mscale = f32(0.1) * np.log(factor) + f32(1.0) if factor > 1 else f32(1.0)
+    return float(f32(mscale * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))) * f32(attn_factor))
 
 
 def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
@@ -68,7 +82,7 @@ class ModelConfig:
     n_rot: int  # leading dims of each head that RoPE rotates
     rope_base: float
     rope_scale: float  # position multiplier (1/linear scaling factor)
-    rope_attn_factor: float  # multiplies RoPE's cos and sin (LongRoPE's magnitude correction; else 1)
+    rope_attn_factor: float  # multiplies RoPE's cos and sin (LongRoPE's magnitude correction, YaRN's; else 1)
     n_ctx_orig: int  # the context RoPE was trained at before scaling: LongRoPE's long factors beyond it
     rope_base_swa: float  # of the sliding-window layers
     rope_scale_swa: float
@@ -84,6 +98,9 @@ class ModelConfig:
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
+    rope_ext_factor: float = 0.0  # YaRN scaling: 1 (its ramp between scaled and unscaled angles); else 0
+    yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
+    yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
 
     @property
@@ -141,6 +158,8 @@ class ModelConfig:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
         rope_scale = _rope_scale(get)
+        yarn = str(get("rope.scaling.type", "linear")) == "yarn"
+        attn_factor = float(get("rope.scaling.attn_factor", 1.0))
         rope_base = float(get("rope.freq_base", 10000.0))
         n_ctx_train = int(get("context_length", 2048))
         _check_sizes(arch, n_layer, head_dim, head_dim_v, n_rot, n_ctx_train)
@@ -177,7 +196,8 @@ class ModelConfig:
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
-            rope_attn_factor=float(get("rope.scaling.attn_factor", 1.0)),
+            rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor) if yarn else attn_factor,
+            rope_ext_factor=1.0 if yarn else 0.0,
             n_ctx_orig=int(get("rope.scaling.original_context_length", n_ctx_train)),
             rope_scale=rope_scale,
             rope_base_swa=float(get("rope.freq_base_swa", rope_base if spec.swa_rope_base is None else spec.swa_rope_base)),

@@ -103,6 +103,9 @@ def _rope_scaling(cfg: ModelConfig, rope_freqs: np.ndarray | None) -> dict[str, 
         if not np.allclose(llama3_rope_factors(rs, cfg.rope_base, cfg.n_rot), rope_freqs, rtol=1e-5):
             raise QuantizeError("rope_freqs is not Llama 3.1's RoPE scaling curve: cannot describe it in config.json")
         return rs
+    if cfg.rope_ext_factor:  # YaRN, as transformers and mlx-lm read it
+        return {"rope_type": "yarn", "type": "yarn", "factor": 1.0 / cfg.rope_scale,
+                "original_max_position_embeddings": cfg.n_ctx_orig}
     if cfg.rope_scale != 1.0:
         return {"rope_type": "linear", "type": "linear", "factor": 1.0 / cfg.rope_scale}
     return None

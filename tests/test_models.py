@@ -136,6 +136,30 @@ def test_longrope_factors_follow_the_context(tmp_path):
     assert np.abs(out[300] - out[N_CTX]).max() > 0.1 * np.abs(out[N_CTX]).max()  # the factors took effect
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
+    # YaRN (Qwen's long-context GGUFs): each frequency pair's angle mixed between the scaled and the
+    # unscaled one along a ramp set by the original context (16 here: the ramp spans pairs 0-4 of
+    # 32, so all three regimes show), and cos/sin grown by 1 + 0.1 ln(factor). On these tiny models
+    # reading the file as linear scaling misses llama.cpp by ~5x the bound, without YaRN's
+    # magnitude by ~3x.
+    path = write_tiny_model(tmp_path / f"yarn-{arch}.gguf", arch, seed=11, rope_scaling=("yarn", 32.0, 16))
+    plain = write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=11)
+    prompt = np.arange(1, 60, dtype=np.int32) * 5 % 300
+    out = {}
+    for p in (path, plain):
+        model = load_model(p).for_context(N_CTX)
+        runner = CpuTransformer(model.config, model.weights, n_threads=2)
+        out[p] = runner.forward(prompt, 0, runner.new_kv_cache(N_CTX), all_logits=True).copy()
+    ref, ref_fa = llama_cpp_logits(path, prompt), llama_cpp_logits(path, prompt, flash_attn=True)
+    tol = max(0.02 * np.abs(ref).max(), np.abs(ref - ref_fa).max())
+    diff = np.abs(out[path] - ref).max()
+    print(f"{arch} yarn: max|ours-llama.cpp| {diff:.4g}, bound {tol:.4g}")
+    assert diff <= tol
+    assert (out[path].argmax(-1) == ref.argmax(-1)).sum() >= len(prompt) - 1
+    assert np.abs(out[path] - out[plain]).max() > 2 * tol  # the scaling took effect
+
+
 def test_tensors_infer_would_ignore_are_refused(tmp_path):
     # a bias infer has no place for (granite's attn_output.bias, phi3's output.bias) must not be
     # dropped silently: the file is refused in one line naming the tensor

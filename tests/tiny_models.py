@@ -112,11 +112,13 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
 
 
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
-                     chat_template: str | None = None, n_ctx: int = 256) -> Path:
+                     chat_template: str | None = None, n_ctx: int = 256,
+                     rope_scaling: tuple[str, float, int] | None = None) -> Path:
     """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout);
     split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
     PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first); chat_template:
-    its tokenizer.chat_template; n_ctx: its training context."""
+    its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
+    context) of its RoPE scaling."""
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe")
     types = ARCH_TYPES[arch]
@@ -130,6 +132,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_chat_template(chat_template)
     w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
     w.add_rope_freq_base(10000.0 if arch != "gemma3" else 1000000.0)
+    if rope_scaling is not None:
+        kind, factor, orig = rope_scaling
+        w.add_rope_scaling_type(gguf.RopeScalingType(kind))
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(orig)
     if arch.startswith("gemma"):
         w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
     if arch == "gemma2":  # caps small enough to bend these tiny models' scores and logits

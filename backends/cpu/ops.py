@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -59,19 +60,52 @@ def rmsnorm(x, w, eps, out):
 
 
 @njit(cache=True)
-def rope_cache(positions, n_rot, base, pos_scale, freq_factors, mscale, cos_out, sin_out):
+def rope_cache(positions, n_rot, base, pos_scale, freq_factors, mscale, ext_factor, corr_lo, corr_hi, cos_out, sin_out):
     # positions: (T,) int32; freq_factors: (n_rot/2,) f32 (ones when the model has none)
     # mscale: multiplies cos and sin (rope.scaling.attn_factor, LongRoPE's magnitude; else 1)
+    # ext_factor, corr_lo, corr_hi: YaRN (ggml's rope_yarn): pair i's angle mixes the scaled
+    #   (interpolated) and the unscaled (extrapolated) one by a ramp over pairs corr_lo..corr_hi,
+    #   and cos/sin grow by 1 + 0.1 ln(1/pos_scale); ext_factor 0: plain (linear) scaling
     # cos_out, sin_out: (T, n_rot/2) f32
     # theta is advanced by repeated float32 multiplication, as ggml does, so angles match llama.cpp.
     theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_rot))
+    m = np.float32(mscale)
+    if ext_factor != 0.0:
+        m = np.float32(m * (np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / np.float32(pos_scale))))
+    span = max(np.float32(0.001), np.float32(corr_hi) - np.float32(corr_lo))
     for t in range(positions.shape[0]):
         theta = np.float32(positions[t])
         for i in range(n_rot // 2):
-            angle = np.float32(pos_scale) * (theta / freq_factors[i])
-            cos_out[t, i] = np.float32(np.cos(angle)) * np.float32(mscale)
-            sin_out[t, i] = np.float32(np.sin(angle)) * np.float32(mscale)
+            extrap = theta / freq_factors[i]
+            angle = np.float32(pos_scale) * extrap
+            if ext_factor != 0.0:
+                y = (np.float32(i) - np.float32(corr_lo)) / span
+                mix = (np.float32(1.0) - min(np.float32(1.0), max(np.float32(0.0), y))) * np.float32(ext_factor)
+                angle = angle * (np.float32(1.0) - mix) + extrap * mix
+            cos_out[t, i] = np.float32(np.cos(angle)) * m
+            sin_out[t, i] = np.float32(np.sin(angle)) * m
             theta = np.float32(theta * theta_scale)
+
+
+def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """The pairs YaRN's ramp runs over (ggml_rope_yarn_corr_dims, in its float32 arithmetic): from the
+    pair turning beta_fast times over the original context to the one turning beta_slow times."""
+    f32 = np.float32
+
+    def corr_dim(turns: float) -> np.float32:
+        return f32(n_rot) * np.log(f32(n_ctx_orig) / (f32(turns) * f32(2) * f32(math.pi))) / (f32(2) * np.log(f32(base)))
+
+    return float(max(0.0, np.floor(corr_dim(beta_fast)))), float(min(n_rot - 1.0, np.ceil(corr_dim(beta_slow))))
+
+
+def rope_angles(cfg: Any, positions: np.ndarray, swa: bool, freq_factors: np.ndarray, cos_out: np.ndarray,
+                sin_out: np.ndarray) -> None:
+    """The cos and sin of a batch's positions for the global layers (swa False) or the sliding-window
+    ones, from the model's RoPE settings: what both the cpu and the mlx backend rotate by."""
+    base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
+    lo, hi = yarn_corr_dims(cfg.n_rot, cfg.n_ctx_orig, base, cfg.yarn_beta_fast, cfg.yarn_beta_slow)
+    rope_cache(positions, cfg.n_rot, base, scale, freq_factors, cfg.rope_attn_factor, cfg.rope_ext_factor, lo, hi,
+               cos_out, sin_out)
 
 
 @njit(cache=True)

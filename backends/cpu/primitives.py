@@ -19,7 +19,7 @@ from .attention import attention, qkv_post
 from .kv_pool import KVPool
 from .matmul import qmatmul
 from .moe import combine, experts_ffn, gather_tokens, group, route, scatter_slots
-from .ops import embed, glu, residual_norm, rmsnorm, rope_cache, softcap
+from .ops import embed, glu, residual_norm, rmsnorm, rope_angles, softcap
 
 
 class CpuPrimitives:
@@ -51,9 +51,9 @@ class CpuPrimitives:
         self.out = {"qkv": ws.qkv[:T], "attn_out": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
-        rope_cache(batch.positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, ff, cfg.rope_attn_factor, self.cos[0], self.sin[0])
+        rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
         if self.any_swa:
-            rope_cache(batch.positions, cfg.n_rot, cfg.rope_base_swa, cfg.rope_scale_swa, ff, cfg.rope_attn_factor, self.cos[1], self.sin[1])
+            rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from infer.backends.batch import Batch
 from infer.backends.cpu.moe import route
-from infer.backends.cpu.ops import rope_cache
+from infer.backends.cpu.ops import rope_angles
 
 from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool
@@ -61,18 +61,18 @@ class MlxPrimitives:
         self.T = len(batch.tokens)
         self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
         self.slots = [mx.array(s) for s in batch.slots]
-        self.ropes = [self._rope(cfg.rope_base, cfg.rope_scale)]
+        self.ropes = [self._rope(False)]
         if any(cfg.layer_swa):
-            self.ropes.append(self._rope(cfg.rope_base_swa, cfg.rope_scale_swa))
+            self.ropes.append(self._rope(True))
         self.q_scale = cfg.attn_scale if arch.prescale_q else 1.0
         self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
 
-    def _rope(self, base: float, scale: float) -> tuple[mx.array, mx.array]:
+    def _rope(self, swa: bool) -> tuple[mx.array, mx.array]:
         # the cpu backend's angles (ggml's arithmetic), so both rotate by the same cos and sin
         cfg = self.cfg
         c = np.empty((self.T, cfg.n_rot // 2), np.float32)
         s = np.empty_like(c)
-        rope_cache(self.batch.positions, cfg.n_rot, base, scale, self.runner.freq_factors, cfg.rope_attn_factor, c, s)
+        rope_angles(cfg, self.batch.positions, swa, self.runner.freq_factors, c, s)
         return mx.array(c)[:, None, :], mx.array(s)[:, None, :]
 
     def _norm(self, x: mx.array, w: mx.array | None) -> mx.array:

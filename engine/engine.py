@@ -59,7 +59,7 @@ class EngineConfig:
     max_batch_tokens: int = 512  # tokens one forward pass takes: decodes first, then prefill chunks
     kv_memory: int = 0  # bytes for the KV pool; 0: room for max_seqs sequences of n_ctx tokens
     block_size: int = BLOCK_SIZE
-    prefix_cache: bool = True
+    prefix_cache: bool = True  # False: no block is found again by its tokens (every prompt prefilled cold)
     mmap: bool = True  # --no-mmap sets False: weights read into memory, the file not read after loading
     mlock: bool = False  # --mlock: weights pinned in RAM
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
@@ -103,7 +103,8 @@ class Engine:
         per_block = runner.bytes_per_block(bs)
         n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config)
         self.pool = runner.new_kv_pool(n_blocks, bs)
-        self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence)
+        self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence,
+                                   naming=config.prefix_cache)
         budget = min(config.max_batch_tokens, runner.max_tokens)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
         self.eog = tokenizer.eog_ids

@@ -143,6 +143,14 @@ def test_preemption_recomputes_exactly(tiny_path):
     assert eng.usage().blocks_used == (0, 0)
 
 
+def test_prefix_cache_off(tiny_path):
+    """EngineConfig(prefix_cache=False): the same prompt again is prefilled cold, with the same result."""
+    eng = LLM.load(tiny_path, EngineConfig(n_ctx=256, n_threads=2, prefix_cache=False)).engine
+    prompt = [1] + list(range(10, 60))
+    first, again = (list(eng.generate(prompt, GREEDY))[-1] for _ in range(2))
+    assert again.usage.cached_tokens == 0 and again.token_ids == first.token_ids
+
+
 def test_prefix_cache_and_multi_turn_reuse(tiny_path):
     config = EngineConfig(n_ctx=256, n_threads=2)
     llm = LLM.load(tiny_path, config)

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from . import openapi
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected
@@ -105,6 +106,7 @@ class ModelRouter:
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/api/pull", self.pull, methods=["POST"]),
             Route("/api/delete", self.delete, methods=["DELETE"]),
+            Route("/openapi.json", openapi.endpoint, methods=["GET"]),
         ])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,7 +31,7 @@ from infer.engine.grammar import GrammarError
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams, TokenLogprob
 from infer.engine.tokenizer import TokenizerError
 
-from . import openai_chat
+from . import openai_chat, openapi
 from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
@@ -494,6 +494,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
+        Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]
     middleware = []
     if config.cors_origins:

@@ -61,9 +61,33 @@ class Grammar:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+            except RecursionError:
+                raise GrammarError(f"the JSON schema nests deeper than {MAX_DEPTH} levels") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        if too_deep(schema):
+            raise GrammarError(f"the JSON schema nests deeper than {MAX_DEPTH} levels")
         return cls("json_schema", json.dumps(as_llama_cpp(schema)))
+
+
+# How deep a schema from a request may nest: as_llama_cpp and the tool-call code walk schemas
+# recursively, and a request can nest hundreds of levels before json.loads gives up, enough to
+# exhaust Python's stack there; llguidance refuses schemas nested half as deep anyway.
+MAX_DEPTH = 100
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether parsed JSON nests more than limit arrays and objects (checked without recursing)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((c, depth + 1) for c in children)
+    return False
 
 
 INT_LIMIT = 10**16 - 1  # llama.cpp's JSON integers: at most 16 digits

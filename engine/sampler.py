@@ -31,9 +31,13 @@ def _number(name: str, value: object) -> float:
     # bool is an int subclass; rejecting it catches swapped keyword arguments.
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InvalidSamplingParams(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(float(value)):
+    try:
+        x = float(value)
+    except OverflowError:  # an integer past float's range: JSON numbers may have any number of digits
+        raise InvalidSamplingParams(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits") from None
+    if not math.isfinite(x):
         raise InvalidSamplingParams(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return x
 
 
 def _integer(name: str, value: object) -> int:

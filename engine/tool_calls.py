@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .grammar import JSON_OPTIONS, Grammar, as_llama_cpp
+from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
 FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
@@ -84,6 +84,8 @@ def parse_tools(tools: Any) -> list[Tool]:
         params = f.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(desc, str) or not isinstance(params, dict):
             raise ToolError(f"tools[{i}].function: 'description' must be a string and 'parameters' an object")
+        if too_deep(params):
+            raise ToolError(f"tools[{i}].function.parameters nests deeper than {MAX_DEPTH} levels")
         out.append(Tool(name, desc, params))
     return out
 

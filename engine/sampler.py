@@ -46,6 +46,9 @@ def _integer(name: str, value: object) -> int:
     return int(value)
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.8
@@ -69,6 +72,11 @@ class SamplingParams:
     thinking: bool = False  # the reply starts inside a <think> the prompt opened (lazy grammars wait past it)
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
+            value = _number(name, getattr(self, name))
+            if abs(value) > F32_MAX:  # would be infinite in the float32 arithmetic of the stages
+                raise InvalidSamplingParams(f"{name} must be within ±3.4e38 (a 32-bit float, as llama.cpp "
+                                            f"reads it), got {value:g}")
         if _number("temperature", self.temperature) < 0:
             raise InvalidSamplingParams(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if _integer("top_k", self.top_k) < 0:
@@ -157,9 +165,10 @@ def apply_penalties(
     out = logits.copy()
     x = out[hit]
     # llama.cpp tests `<= 0` for the multiply branch; at exactly 0 both branches agree.
-    x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
-    x -= count * np.float32(frequency_penalty) + np.float32(presence_penalty)
-    out[hit] = x
+    with np.errstate(over="ignore", invalid="ignore"):  # extreme penalties: infinities, handled below
+        x = np.where(x <= 0, x * np.float32(repeat_penalty), x / np.float32(repeat_penalty))
+        x -= count * np.float32(frequency_penalty) + np.float32(presence_penalty)
+    out[hit] = np.where(np.isnan(x), -np.inf, x)  # inf - inf: as good as forbidden
     return ids, out
 
 
@@ -252,12 +261,22 @@ def apply_temperature(ids: np.ndarray, logits: np.ndarray, t: float) -> Candidat
     """Divide logits by t (t must be > 0; greedy decoding never reaches this stage)."""
     if t == 1.0:
         return ids, logits
-    return ids, logits / np.float32(t)
+    with np.errstate(over="ignore"):
+        scaled = logits / np.float32(t)
+    if scaled.size and not math.isfinite(float(scaled.max())):
+        # so small a t that the top logits overflow: the softmax's limit, the highest of them (the
+        # overflow itself would have made every positive logit tie at inf)
+        top = logits == logits.max()
+        return ids[top], np.zeros(int(top.sum()), np.float32)
+    return ids, scaled
 
 
 def sample_softmax(ids: np.ndarray, logits: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one id from softmax(logits) using a single uniform draw from rng."""
-    cum = np.cumsum(_exp_shifted(logits, float(logits.max())), dtype=np.float64)
+    mx = float(logits.max())
+    if not math.isfinite(mx):  # +inf (an extreme temperature or penalty): the softmax's limit is the argmax
+        return greedy(ids, logits)
+    cum = np.cumsum(_exp_shifted(logits, mx), dtype=np.float64)
     # side="right" skips zero-probability entries (-inf logits), which form flat runs in cum.
     i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
     return int(ids[min(i, ids.size - 1)])

@@ -374,6 +374,8 @@ def test_sampler_needs_rng_when_sampling():
         (dict(repeat_penalty=-1.0), "repeat_penalty"),
         (dict(repeat_last_n=-2), "repeat_last_n"),
         (dict(frequency_penalty=float("inf")), "frequency_penalty"),
+        (dict(frequency_penalty=-1e300), "frequency_penalty"),  # infinite as a 32-bit float
+        (dict(temperature=10**400), "temperature"),  # past float64 too
         (dict(presence_penalty=None), "presence_penalty"),
         (dict(seed=-1), "seed"),
         (dict(seed=1.5), "seed"),
@@ -389,6 +391,22 @@ def test_validation_errors_name_the_field(kw, field):
         SamplingParams(**kw)
     assert isinstance(exc.value, ValueError)
     assert "\n" not in str(exc.value)
+
+
+def test_extreme_temperature_and_penalties_sample_their_limit():
+    """A temperature so small, or penalties so large, that float32 logits overflow: the softmax's
+    limit (the highest logit), not a NaN draw, and no numpy warnings."""
+    import warnings
+
+    logits = np.array([1.0, 3.0, 2.0, -1.0], np.float32)
+    rng = make_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make_sampler(SamplingParams(temperature=1e-40, top_k=0, top_p=1, min_p=0))(logits, [], rng) == 1
+        boosted = SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0, repeat_penalty=1e-38,
+                                 frequency_penalty=3e38, presence_penalty=-3e38)
+        for _ in range(20):  # token 2 in history: divided by ~0 it is +inf; frequency - presence is inf - inf
+            assert make_sampler(boosted)(logits, np.array([2, 2]), rng) in (0, 1, 3)
 
 
 def test_valid_params_and_stop_list_becomes_tuple():

@@ -64,9 +64,12 @@ def keep_alive_seconds(value: Any) -> float | None:
     s = value.strip()
     try:
         seconds = float(s)
-        return -1.0 if seconds < 0 or seconds > FOREVER else seconds
     except ValueError:
         pass
+    else:
+        if math.isnan(seconds):
+            raise ValueError("keep_alive must be a number of seconds or a duration such as '5m', not NaN")
+        return -1.0 if seconds < 0 or seconds > FOREVER else seconds
     sign, s = (-1.0, s[1:]) if s.startswith("-") else (1.0, s)
     units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
     total, num = 0.0, ""

@@ -12,7 +12,6 @@ served), /api/ps (what is loaded, its memory and expiry), /health, /metrics, /ap
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 from . import openapi
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
-from .openai_request import APIError, disconnected
+from .openai_request import APIError, disconnected, parse_json
 from .server_metrics import Metrics
 from .webui import page_routes
 
@@ -201,11 +200,7 @@ class ModelRouter:
     def _parse(raw: bytes) -> dict:
         if not raw.strip():
             return {}
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise APIError(400, f"the request body is not valid JSON: {msg}"[:300], None, "invalid_json") from None
+        body = parse_json(raw)
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object", None, "invalid_type")
         return body

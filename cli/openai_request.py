@@ -7,6 +7,7 @@ raising the same APIError.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,19 @@ from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -9999
 
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, strictly: Python's parser also takes NaN and Infinity, which JSON
+    does not have (and which would reach the sampler or keep_alive as numbers)."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        return json.loads(raw, parse_constant=constant)
+    except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, absurd nesting
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise APIError(400, f"the request body is not valid JSON: {msg}"[:300], None, "invalid_json") from None
 
 
 class ClientGone(Exception):

@@ -39,7 +39,7 @@ from .tokenize_api import TokenizeAPI
 from .webui import page_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
 from .openai_request import (APIError, ClientGone, Job, bool_field, chat_messages, disconnected, int_field, kind,
-                             parse_job, text_field)
+                             parse_job, parse_json, text_field)
 from .server_metrics import Metrics
 
 
@@ -118,11 +118,7 @@ class OpenAIServer:
             if size > self.config.max_body:
                 raise self._too_large()
             chunks.append(chunk)
-        try:
-            body = json.loads(b"".join(chunks))
-        except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, absurd nesting
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise APIError(400, f"the request body is not valid JSON: {msg}"[:300], None, "invalid_json") from None
+        body = parse_json(b"".join(chunks))
         if not isinstance(body, dict):
             raise APIError(400, f"the request body must be a JSON object, got {kind(body)}", None, "invalid_type")
         return body

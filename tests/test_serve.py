@@ -318,6 +318,8 @@ BAD = {
     "negative temperature": (CHAT, j(messages=OK_MSGS, temperature=-1), 400),
     "temperature a string": (CHAT, j(messages=OK_MSGS, temperature="hot"), 400),
     "NaN temperature": (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400),
+    "Infinity max_tokens (not JSON)": (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": Infinity}', 400),
+    "temperature past float32": (CHAT, j(messages=OK_MSGS, temperature=1e300), 400),
     "top_p zero": (CHAT, j(messages=OK_MSGS, top_p=0), 400),
     "frequency_penalty a list": (CHAT, j(messages=OK_MSGS, frequency_penalty=[1]), 400),
     "stop a number": (CHAT, j(messages=OK_MSGS, stop=42), 400),

@@ -165,9 +165,9 @@ def _repl(llm, conv, params, verbose: bool) -> None:
         atexit.register(lambda: readline.write_history_file(hist))
     except OSError:
         pass  # a read-only home: chat without saved history
-    from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
+    from infer.engine.reasoning import opened_in_prompt, reply_stream, style
 
-    thinking = thinks(llm.template.source)  # a model that thinks: its thoughts shown dimmed, apart
+    thinking = style(llm.template.source)  # a model that thinks: its thoughts shown dimmed, apart
     engine = llm.engine
     engine.start()  # Ctrl-C then lands in this thread, never inside an engine step
     name = llm.model.config.name or llm.model.path.name
@@ -190,11 +190,14 @@ def _repl(llm, conv, params, verbose: bool) -> None:
             st = TurnStats()
             try:
                 think = None
-                for ev in conv.turn(text, params, st):
+                # gpt-oss's channel markers are control tokens: spelled out for the splitter
+                turn_params = dataclasses.replace(params, special=True) if thinking == "harmony" else params
+                for ev in conv.turn(text, turn_params, st):
                     if think is None:  # the prompt is rendered by now: did it open a <think>?
                         # JSON held from the first token leaves no room to think (--format, --json-schema)
                         forced = params.grammar is not None and params.grammar.kind in ("json", "json_schema")
-                        think = ThinkStream(opened_in_prompt(conv.prompt_text) and not forced) if thinking else False
+                        think = reply_stream(thinking, opened_in_prompt(conv.prompt_text) and not forced) \
+                            if thinking else False
                     _show(console, think.feed(ev.text) if think else ("", ev.text))
                 if think:
                     _show(console, think.finish())

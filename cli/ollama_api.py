@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from infer.engine.grammar import Grammar, GrammarError
+from infer.engine.reasoning import style
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 from . import openai_chat
@@ -157,8 +158,14 @@ class OllamaAPI:
             if think is not None and not isinstance(think, (bool, str)):
                 raise APIError(400, f"'think' must be true, false or a level, got {kind(think)}")
             src = self.llm.template.source
-            plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False else "deepseek", job,
-                                                  self.llm.tokenizer.token_id)
+            harmony = style(src) == "harmony"  # gpt-oss: always thinks; a level is its reasoning effort
+            if isinstance(think, str):
+                if think not in ("low", "medium", "high"):
+                    raise APIError(400, f"'think' must be true, false, low, medium or high, got {think!r}"[:200])
+                if harmony:
+                    body = {**body, "reasoning_effort": think}
+            plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False and not harmony else
+                                                  "deepseek", job, self.llm.tokenizer.token_id)
             if think is False and "enable_thinking" in src:
                 plan = replace(plan, variables={**plan.variables, "enable_thinking": False})
             prompt, opened = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)
@@ -350,7 +357,7 @@ def show_body(entry: dict, info: Any, template: str, n_ctx: int, path: Path, emb
     """/api/show's answer for a model: its details, template, capabilities and context; an
     embedding model (its file names a pooling) says "embedding", as ollama's do."""
     caps = ["embedding"] if embedding else ["completion"] + (["tools"] if "tools" in template else []) + \
-        (["thinking"] if "<think>" in template else [])
+        (["thinking"] if style(template) else [])
     return {"modelfile": f"FROM {path}\n", "parameters": f"num_ctx {n_ctx}", "template": template,
             "details": entry["details"], "capabilities": caps, "modified_at": entry["modified_at"],
             "model_info": {"general.architecture": info.architecture, "general.parameter_count": info.parameters,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from infer.engine.chat_template import ChatTemplateError
-from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
+from infer.engine.reasoning import opened_in_prompt, reply_stream, style
 from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
 from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
 
@@ -19,7 +19,7 @@ class ChatPlan:
     messages: list[dict]
     variables: dict  # template variables (tools)
     family: str | None  # the tool-call syntax read from the reply (None: no tools in play)
-    reasoning: bool  # split <think>...</think> off as reasoning_content
+    reasoning: str  # how reasoning_content is split off: "think" (<think> tags), "harmony" (gpt-oss's channels), "" not
     tools: list[Tool] = field(default_factory=list)
     triggers: tuple[str, ...] = ()  # where the tools' grammar starts ("auto": at a call)
 
@@ -45,7 +45,13 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
     if g is not None and job.params.grammar is not None:
         raise APIError(400, f"'tools' with tool_choice {mode!r} cannot be combined with '{job.grammar_param}'",
                        job.grammar_param, "invalid_value")
-    reasoning = reasoning_format == "deepseek" and thinks(template_source)
+    reasoning = style(template_source) if reasoning_format == "deepseek" else ""
+    effort = body.get("reasoning_effort")  # OpenAI's field; gpt-oss's template takes it as a variable
+    if effort is not None:
+        if effort not in ("low", "medium", "high"):
+            raise APIError(400, f"'reasoning_effort' must be low, medium or high, got {effort!r}"[:200],
+                           "reasoning_effort", "invalid_value")
+        variables = {**variables, "reasoning_effort": effort}
     return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers), g
 
 
@@ -55,6 +61,8 @@ def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job
     the prompt opened: not where a grammar holds JSON from the first token (a forced tool call, a
     JSON response format), which leaves no room to think; a GBNF grammar is the client's whole reply."""
     params = job.params
+    if plan.reasoning == "harmony":  # its channel markers are control tokens: spelled out for the splitter
+        params = replace(params, special=True)
     if tool_grammar is not None or plan.family:
         params = replace(params, grammar=tool_grammar or params.grammar, grammar_triggers=plan.triggers, special=True)
         if tool_grammar is not None:
@@ -74,14 +82,14 @@ def encode(llm, plan: ChatPlan) -> tuple[list[int], bool]:
         if not any(m.get("tool_calls") for m in plan.messages):
             raise
         ids = llm.encode_chat(with_text_arguments(plan.messages), **plan.variables)
-    return ids, plan.reasoning and opened_in_prompt(llm.tokenizer.decode(ids[-16:], special=True))
+    return ids, plan.reasoning == "think" and opened_in_prompt(llm.tokenizer.decode(ids[-16:], special=True))
 
 
 class ChatReply:
     """One reply's text, split as it arrives: reasoning, content, and tool calls at the end."""
 
     def __init__(self, plan: ChatPlan, opened: bool):
-        self.think = ThinkStream(opened) if plan.reasoning else None
+        self.think = reply_stream(plan.reasoning, opened) if plan.reasoning else None
         self.calls = ReplyStream(plan.family) if plan.family else None
 
     def feed(self, text: str) -> tuple[str, str]:

@@ -160,6 +160,8 @@ def _openai_requests() -> dict:
             "tools": nullable({"type": "array", "items": ref("Tool")}),
             "tool_choice": nullable(ref("ToolChoice")),
             "parallel_tool_calls": {"type": "boolean", "default": True},
+            "reasoning_effort": nullable({"enum": ["low", "medium", "high"],
+                                          "description": "gpt-oss: how much it reasons (its template's variable)."}),
             "functions": ref("Unset"),
         }, ("messages",), "The chat template must accept the conversation.")]},
         "CompletionRequest": {"allOf": [ref("GenerationOptions"), obj({
@@ -228,7 +230,8 @@ def _ollama_requests() -> dict:
             **generation, "messages": nullable({"type": "array", "items": ref("OllamaChatMessage"),
                                                 "description": "Empty: loads the model and answers done_reason "
                                                                "\"load\"."}),
-            "think": {"type": ["boolean", "string", "null"]}, "tools": nullable({"type": "array", "items": ref("Tool")}),
+            "think": {"anyOf": [BOOLEAN, NULL, {"enum": ["low", "medium", "high"]}],
+                      "description": "A level is gpt-oss's reasoning effort."}, "tools": nullable({"type": "array", "items": ref("Tool")}),
             "tool_choice": nullable(ref("ToolChoice")), "parallel_tool_calls": {"type": "boolean", "default": True}})},
         "OllamaGenerateRequest": {**named, **obj({
             **generation, "prompt": {"type": "string", "description": "Empty: loads the model."},

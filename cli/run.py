@@ -54,7 +54,10 @@ def run(
     if raw and system:
         raise typer.BadParameter("--system has no effect with --raw")
     with reported():
+        from dataclasses import replace
+
         from infer.engine.engine import EngineConfig
+        from infer.engine.reasoning import style
         from infer.engine.sampler import SamplingParams
 
         params = SamplingParams(
@@ -70,6 +73,8 @@ def run(
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
             ids = llm.encode_chat(messages)
+            if style(llm.template.source) == "harmony":  # gpt-oss: its channel markers shown, as llama.cpp's CLI
+                params = replace(params, special=True)
         _generate(llm, ids, params, as_json)
 
 

@@ -25,6 +25,11 @@ _LLAMA3 = _CONTRACTIONS + (
 _QWEN2 = _CONTRACTIONS + (
     r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# gpt-4o / o200k (gpt-oss, llama4): llama.cpp's form of tokenizer.json's regex, where a "capital"
+# letter is any letter but a-z and a "lower-case" one any letter but A-Z
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + r"?"
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + r"?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # llama.cpp's fallback for 'default': its regex engine sees \p{P} as Unicode punctuation
 # and [0-9] as ASCII digits only, which is what onig does with the same text.
 _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
@@ -75,6 +80,8 @@ PRE_TOKENIZERS: MappingProxyType[str, PreTokenizer] = MappingProxyType({
     "llama-v3": _LLAMA3_PRE,
     "qwen2": _QWEN2_PRE,
     "deepseek-r1-qwen": _QWEN2_PRE,
+    "gpt-4o": PreTokenizer((_GPT4O,), clean_spaces=False),
+    "llama4": PreTokenizer((_GPT4O,), clean_spaces=False),
 })
 
 

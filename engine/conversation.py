@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .engine import Event, PromptError
+from .reasoning import split_reply, style
 from .sampler import SamplingParams
 
 ROLES = ("system", "user", "assistant")
@@ -63,19 +64,25 @@ class Conversation:
         n_ctx = self.llm.engine.n_ctx
         budget = max(n_ctx - min(self.reserve, n_ctx // 4), 1)
         dropped = 0
-        while True:
-            text, ids = self._encode()
-            if len(ids) < budget or len(self.messages) <= 1:
-                break
-            # drop the oldest exchange (a user turn and the reply to it)
-            n = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
-            del self.messages[:n]
-            dropped += n
-            self._last = None
-        if len(ids) >= n_ctx:
-            raise PromptError(
-                f"the message alone has {len(ids)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
-            )
+        kept, last = list(self.messages), self._last
+        try:
+            while True:
+                text, ids = self._encode()
+                if len(ids) < budget or len(self.messages) <= 1:
+                    break
+                # drop the oldest exchange (a user turn and the reply to it)
+                n = 2 if len(self.messages) > 2 and self.messages[1]["role"] == "assistant" else 1
+                del self.messages[:n]
+                dropped += n
+                self._last = None
+            if len(ids) >= n_ctx:
+                raise PromptError(f"the message alone has {len(ids)} tokens but the context holds {n_ctx}; "
+                                  f"shorten it or raise --ctx")
+        except BaseException:
+            # Nothing fitted (a message too long even alone, a template error, Ctrl-C while rendering):
+            # put back the turns dropped for it, or one failed message would cost the whole conversation.
+            self.messages[:], self._last = kept, last
+            raise
         self._prompt = (text, ids)
         return ids, dropped
 
@@ -85,7 +92,9 @@ class Conversation:
         self.messages.append({"role": "user", "content": text})
         try:
             ids, stats.dropped_turns = self.fit()
-        except PromptError:
+        except BaseException:
+            # No reply began (too long, a template error, Ctrl-C while the prompt was rendered): the
+            # message goes too, or the roles would stop alternating and every later turn would fail.
             self.messages.pop()
             raise
         stats.prompt_tokens = len(ids)
@@ -104,7 +113,12 @@ class Conversation:
                         self._last = (text + "".join(parts), prompt_ids + ev.token_ids)
                 yield ev
         finally:
-            self.messages.append({"role": "assistant", "content": "".join(parts)})
+            reply = "".join(parts)
+            if style(self.llm.template.source) == "harmony":  # its markers in the text: the answer, and
+                thinking, reply = split_reply("harmony", reply)  # the thinking where the template keeps it
+                self.messages.append({"role": "assistant", "content": reply, "thinking": thinking})
+            else:
+                self.messages.append({"role": "assistant", "content": reply})
 
     @property
     def prompt_text(self) -> str:

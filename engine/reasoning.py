@@ -76,3 +76,80 @@ class ThinkStream:
         if self.inside:
             return held, ""
         return "", held
+
+
+# gpt-oss's chat format (OpenAI's harmony): the reply is messages on channels, each
+# "<|channel|>NAME<|message|>TEXT<|end|>", the next one after "<|start|>assistant"; "analysis" is
+# the thinking, "final" (and "commentary", the text around tool calls) the answer; the reply ends
+# at <|return|> or <|call|> (end-of-generation tokens, so never in the text).  The markers are
+# control tokens: the reply must be detokenized with them spelled out (SamplingParams.special).
+CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
+_STOPS = (END, START, "<|return|>", "<|call|>")
+
+
+def style(template_source: str) -> str:
+    """How a model's template says it reasons: "harmony" (gpt-oss's channels), "think" (<think>
+    tags), or "" (it does not)."""
+    if CHANNEL in template_source and MESSAGE in template_source:
+        return "harmony"
+    return "think" if thinks(template_source) else ""
+
+
+class HarmonyStream:
+    """Splits a streamed harmony reply into (reasoning, content) pieces, the markers dropped; a
+    marker cut between two pieces is held back until it is whole."""
+
+    def __init__(self):
+        self.channel: str | None = None  # in a message's text on this channel; None: in a header
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        text = self.held + text
+        self.held = ""
+        reasoning, content = [], []
+        while text:
+            if self.channel is None:  # a header: "[<|start|>assistant]<|channel|>NAME[ ...]<|message|>"
+                i = text.find(MESSAGE)
+                if i < 0:
+                    if not text.lstrip().startswith("<|") and not any(t.startswith(text.lstrip()) for t in (CHANNEL, START)):
+                        self.channel = "final"  # no header at all: plain text is the answer
+                        continue
+                    self.held = text
+                    break
+                header, text = text[:i], text[i + len(MESSAGE):]
+                name = header.split(CHANNEL, 1)[1] if CHANNEL in header else "final"
+                self.channel = name.split("<|", 1)[0].split()[0] if name.split() else "final"
+                continue
+            ends = [(i, t) for t in _STOPS if (i := text.find(t)) >= 0]
+            if ends:
+                i, tag = min(ends)
+                (reasoning if self.channel == "analysis" else content).append(text[:i])
+                text = text[i + len(tag):] if tag != START else text[i:]
+                self.channel = None
+                continue
+            keep = next((n for n in range(max(map(len, _STOPS)) - 1, 0, -1)
+                         if any(text.endswith(t[:n]) for t in _STOPS)), 0)
+            (reasoning if self.channel == "analysis" else content).append(text[:len(text) - keep])
+            self.held = text[len(text) - keep:]
+            break
+        return "".join(reasoning), "".join(content)
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back at the end: text of the channel it was in (a header alone: nothing)."""
+        held, self.held = self.held, ""
+        if self.channel is None:
+            return "", ""
+        return (held, "") if self.channel == "analysis" else ("", held)
+
+
+def reply_stream(kind: str, opened: bool = False) -> "ThinkStream | HarmonyStream":
+    """The splitter of a reply in a model's reasoning style (style()); opened: a <think> the prompt opened."""
+    return HarmonyStream() if kind == "harmony" else ThinkStream(opened)
+
+
+def split_reply(kind: str, text: str) -> tuple[str, str]:
+    """A whole reply's (reasoning, content)."""
+    s = reply_stream(kind)
+    r1, c1 = s.feed(text)
+    r2, c2 = s.finish()
+    return r1 + r2, c1 + c2

@@ -47,6 +47,13 @@ class LayerWeights:
     # a mixture of experts: the router (n_expert, n_embd) and per expert its gate, up, down matrices
     router: Matrix | None = None
     experts: tuple[tuple[Matrix, Matrix, Matrix], ...] = ()
+    # gpt-oss (architecture.extra_biases, attn_sinks): the attention output's bias (n_embd,), the
+    # sink logit per head (n_head,), the router's bias (n_expert,) and the experts' biases
+    # (n_expert, n_ff_exp) for gate and up, (n_expert, n_embd) for down; None where absent
+    bo: np.ndarray | None = None
+    sinks: np.ndarray | None = None
+    router_bias: np.ndarray | None = None
+    expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -105,8 +112,9 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
         return t.raw.view(np.float32).reshape(n) if t.type_id == F32 else t.dequantize().reshape(n)
 
+    used = _USED_BIASES + cfg.architecture.extra_biases
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
-        if name.endswith(".bias") and not name.endswith(_USED_BIASES):
+        if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
     D, F = cfg.n_embd, cfg.n_ff
     q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
@@ -125,10 +133,11 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] else None,
             k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
-            ffn_norm=vec(p + "ffn_norm.weight", D) if arch.pre_norms else None,
+            ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(get, p, cfg) if cfg.n_expert else {**_gate_up(tensors, get, p, D, F),
                                                         "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
+            **(_gpt_oss_extras(get, vec, p, cfg) if arch.attn_sinks else {}),
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -203,3 +212,21 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
     return {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
             "experts": experts}
 
+
+
+def _gpt_oss_extras(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """gpt-oss's attention sinks and biases (models/arch/gpt_oss.py), as float32."""
+    D, E, F = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+
+    def table(name: str, shape: tuple[int, int]) -> np.ndarray:  # a bias per expert: a 2-D F32 tensor
+        t = get(p + name, shape)
+        if isinstance(t, np.ndarray):
+            return np.asarray(t, np.float32)
+        if not isinstance(t, QTensor) or t.type_id not in (F32, F16, BF16):
+            raise ModelLoadError(f"tensor {p + name!r} must be F32, F16 or BF16")
+        return t.dequantize().reshape(shape).astype(np.float32)
+
+    return {"bo": vec(p + "attn_output.bias", D), "sinks": vec(p + "attn_sinks.weight", cfg.n_head),
+            "router_bias": vec(p + "ffn_gate_inp.bias", E),
+            "expert_biases": (table("ffn_gate_exps.bias", (E, F)), table("ffn_up_exps.bias", (E, F)),
+                              table("ffn_down_exps.bias", (E, D)))}

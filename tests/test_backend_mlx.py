@@ -37,15 +37,15 @@ PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250,
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,
-# 1.81%, 0.02%, 0.06%, 0.05%, 0.71%; most of it is the Q6_K weights re-quantized to 8 bits)
+# 1.81%, 0.02%, 0.06%, 0.05%, 0.71%, gpt-oss 0.50%; most of it is the Q6_K weights re-quantized to 8 bits)
 EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
-               "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012}
+               "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008}
 # max |MLX - cpu backend| / max |logit| (measured 0.89%, 0.10%, 0.68%, 3.57%, 1.72%, 0.39%, 2.6%, 4.5%:
 # tiny gemma2, olmo2, phi3 and qwen3moe amplify the cpu backend's 8-bit activations, 3.0%, 1.7%, 2.6%
 # and 4.1% from exact; llama.cpp's two attention paths differ by 2.5% on the tiny qwen3moe);
-# tiny gemma3: see the test
+# tiny gemma3: see the test; gpt-oss 0.85%
 CPU_BOUND = {"llama": 0.01, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
-             "phi3": 0.04, "qwen3moe": 0.065}
+             "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015}
 
 
 # ------------------------------------------------------------------------------ exact reference
@@ -57,9 +57,18 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x, n_rot, base, scale, ff, neox, mscale=1.0):
+def _rope(x, n_rot, base, scale, ff, neox, mscale=1.0, yarn=None):
+    # yarn: (n_ctx_orig, beta_fast, beta_slow): YaRN's ramp between scaled and unscaled angles, and its magnitude
     half = n_rot // 2
-    ang = scale * np.arange(len(x))[:, None] * (base ** (-2.0 * np.arange(half) / n_rot) / ff)[None, :]
+    theta = np.arange(len(x))[:, None] * (base ** (-2.0 * np.arange(half) / n_rot) / ff)[None, :]
+    ang = scale * theta
+    if yarn is not None:
+        n_orig, fast, slow = yarn
+        dim = [n_rot * np.log(n_orig / (b * 2 * np.pi)) / (2 * np.log(base)) for b in (fast, slow)]
+        lo, hi = max(0.0, np.floor(dim[0])), min(n_rot - 1.0, np.ceil(dim[1]))
+        mix = 1 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0, 1)
+        ang = ang * (1 - mix) + theta * mix
+        mscale *= 1 + 0.1 * np.log(1 / scale)
     c, s = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
     lo, hi = (slice(0, half), slice(half, n_rot)) if neox else (slice(0, n_rot, 2), slice(1, n_rot, 2))
     a, b = x[..., lo].copy(), x[..., hi].copy()
@@ -96,8 +105,9 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         outs = []
         for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
             T = len(qs)
-            qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor)
-            ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor)
+            yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
+            qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+            ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
             ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
             sc = np.einsum("thd,shd->hts", qs, ks) * cfg.attn_scale
             if cfg.attn_logit_softcap > 0:
@@ -105,9 +115,16 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
             qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
             visible = (ki <= qi) & ((qi - ki < cfg.sliding_window) if swa else True)
             sc = np.where(visible[None], sc, -np.inf)
-            p = np.exp(sc - sc.max(-1, keepdims=True))
-            outs.append(np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), vs).reshape(T, -1))
+            top = sc.max(-1, keepdims=True)
+            sink = 0.0
+            if lw.sinks is not None:  # gpt-oss: each head's sink logit joins the softmax, without a value
+                top = np.maximum(top, lw.sinks[:, None, None])
+                sink = np.exp(lw.sinks[:, None, None] - top)
+            p = np.exp(sc - top)
+            outs.append(np.einsum("hts,shd->thd", p / (p.sum(-1, keepdims=True) + sink), vs).reshape(T, -1))
         o = np.concatenate(outs) @ _dense(lw.wo).T
+        if lw.bo is not None:
+            o = o + lw.bo
         x = x + _rms(o, lw.post_attn_norm, eps) * cfg.residual_scale
         h = _rms(x, lw.ffn_norm, eps)
         o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
@@ -115,26 +132,39 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
     return np.split(_rms(x, w.output_norm, eps), ends)
 
 
-def _exact_ffn(cfg, h, w_gate, w_up, w_down):
-    g, u = h @ _dense(w_gate).T, h @ _dense(w_up).T
+def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
+    g, u = h @ _dense(w_gate).T + biases[0], h @ _dense(w_up).T + biases[1]
     if cfg.architecture.activation == "gelu":
         act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    elif cfg.architecture.activation == "swiglu_oai":  # gpt-oss
+        x = np.minimum(g, 7.0)
+        act, u = x / (1 + np.exp(-1.702 * x)), np.clip(u, -7.0, 7.0) + 1
     else:
         act = g / (1 + np.exp(-g))
-    return (act * u) @ _dense(w_down).T
+    return (act * u) @ _dense(w_down).T + biases[2]
 
 
 def _exact_moe(cfg, lw, h):
-    """The mixture of experts in float64: softmax router, the top experts, weights renormalized."""
+    """The mixture of experts in float64: softmax router, the top experts, weights renormalized
+    (gpt-oss: the router's bias, the top logits' own softmax, the experts' biases)."""
     logits = h @ _dense(lw.router).T
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
+    if lw.router_bias is not None:
+        logits = logits + lw.router_bias
+    after = cfg.architecture.moe_gating == "softmax_weight"
+    p = logits if after else np.exp(logits - logits.max(-1, keepdims=True))
+    if not after:
+        p /= p.sum(-1, keepdims=True)
     out = np.zeros_like(h)
     for t in range(len(h)):
         top = np.argsort(-p[t])[:cfg.n_expert_used]
-        wts = p[t, top] / p[t, top].sum() if cfg.architecture.moe_norm_weights else p[t, top]
+        wts = p[t, top]
+        if after:
+            wts = np.exp(wts - wts.max()) / np.exp(wts - wts.max()).sum()
+        if cfg.architecture.moe_norm_weights:
+            wts = wts / wts.sum()
         for e, wt in zip(top, wts):
-            out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e])[0]
+            biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
+            out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]
     return out
 
 

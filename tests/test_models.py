@@ -160,6 +160,39 @@ def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     assert np.abs(out[path] - out[plain]).max() > 2 * tol  # the scaling took effect
 
 
+def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
+    """gpt-oss's sinks, biases, swiglu_oai, sliding window and YaRN each change the logits by far
+    more than infer's distance from llama.cpp: none of them is matched by accident."""
+    from dataclasses import replace
+
+    path = write_tiny_model(tmp_path / "tiny-gpt-oss.gguf", "gpt-oss", seed=3)
+    model = load_model(path).for_context(N_CTX)
+    cfg, w = model.config, model.weights
+
+    def run(c, weights):
+        runner = CpuTransformer(c, weights, n_threads=2)
+        return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+
+    def layers(**change):
+        return replace(w, layers=tuple(replace(ly, **{k: f(ly) for k, f in change.items()}) for ly in w.layers))
+
+    ref = llama_cpp_logits(path, PROMPT)
+    diff = np.abs(run(cfg, w) - ref).max()
+    ablations = {
+        "no sinks": (cfg, layers(sinks=lambda ly: np.full_like(ly.sinks, -30.0))),
+        "no attention output bias": (cfg, layers(bo=lambda ly: np.zeros_like(ly.bo))),
+        "no router bias": (cfg, layers(router_bias=lambda ly: np.zeros_like(ly.router_bias))),
+        "no expert biases": (cfg, layers(expert_biases=lambda ly: tuple(np.zeros_like(b) for b in ly.expert_biases))),
+        "silu": (replace(cfg, architecture=replace(cfg.architecture, activation="silu")), w),
+        "no sliding window": (replace(cfg, layer_swa=(False,) * cfg.n_layer), w),
+        "no yarn": (replace(cfg, rope_ext_factor=0.0), w),
+    }
+    for name, (c, weights) in ablations.items():
+        off = np.abs(run(c, weights) - ref).max()
+        print(f"{name}: {off:.3g} from llama.cpp (infer: {diff:.3g})")
+        assert off > 4 * diff, name
+
+
 def test_tensors_infer_would_ignore_are_refused(tmp_path):
     # a bias infer has no place for (granite's attn_output.bias, phi3's output.bias) must not be
     # dropped silently: the file is refused in one line naming the tensor

@@ -284,7 +284,7 @@ def test_spm_space_prefix_matches_llama_cpp(llama_cpp, spm_prefix_gguf):
 
 # ---------------------------------------------------------------- gpt2 byte-level BPE
 
-PRE_TYPES = ["default", "llama-bpe", "qwen2", "gpt-2"]
+PRE_TYPES = ["default", "llama-bpe", "qwen2", "gpt-2", "gpt-4o"]
 
 
 @pytest.fixture(scope="module")

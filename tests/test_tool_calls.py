@@ -204,6 +204,63 @@ def test_thinking_is_split_off():
     assert opened_in_prompt("<｜Assistant｜><think>\n") and not opened_in_prompt("<|im_start|>assistant\n")
 
 
+def test_harmony_channels_are_split():
+    """gpt-oss's replies (harmony): the analysis channel is the thinking, final (and commentary) the
+    answer, the markers dropped, whatever the chunking."""
+    from infer.engine.reasoning import reply_stream, split_reply, style
+
+    def run(chunks):
+        t, r, c = reply_stream("harmony"), "", ""
+        for ch in chunks:
+            a, b = t.feed(ch)
+            r, c = r + a, c + b
+        a, b = t.finish()
+        return r + a, c + b
+
+    text = ("<|channel|>analysis<|message|>User asks 2+2. Answer 4.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>2 + 2 = 4.")
+    for size in (1, 2, 3, 7, len(text)):
+        assert run([text[i:i + size] for i in range(0, len(text), size)]) == ("User asks 2+2. Answer 4.", "2 + 2 = 4.")
+    assert run(["Just an answer."]) == ("", "Just an answer.")  # no header at all
+    assert run(["<|channel|>analysis<|message|>cut short"]) == ("cut short", "")
+    assert split_reply("harmony", "<|channel|>commentary<|message|>Looking it up.<|end|>") == ("", "Looking it up.")
+    assert split_reply("harmony", "<|channel|>analysis<|message|>a < b <|im<|end|>") == ("a < b <|im", "")
+    assert style("<|start|>{{ m.role }}<|channel|>final<|message|>{{ m.content }}<|end|>") == "harmony"
+    assert style("{{ '<think>' }}") == "think" and style("{{ messages }}") == ""
+
+
+HARMONY = ("{%- for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}"
+           "<|message|>{{ m.content }}<|end|>{% endfor %}{%- if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
+    """A harmony template: chat requests detokenize with the markers spelled out (the splitter needs
+    them), reasoning_effort reaches the template, and a conversation keeps the final answer (and
+    the thinking apart) for the next turn, not the raw channels."""
+    from infer.cli import openai_chat
+    from infer.cli.openai_request import parse_job
+    from infer.engine.conversation import Conversation, TurnStats
+    from infer.engine.request import Event, Usage
+    from tiny_models import write_tiny_model
+
+    job = parse_job({"messages": [{"role": "user", "content": "hi"}]}, None)
+    plan, _ = openai_chat.plan({"reasoning_effort": "high"}, [{"role": "user", "content": "hi"}], HARMONY,
+                               "deepseek", job, lambda text: None)
+    assert plan.reasoning == "harmony" and plan.variables["reasoning_effort"] == "high"
+    constrained, _ = openai_chat.constrain(job, plan, None, False)
+    assert constrained.params.special
+    path = write_tiny_model(tmp_path / "h.gguf", "gpt-oss", seed=3, chat_template=HARMONY, n_ctx=512)
+    llm = LLM.load(path, EngineConfig(n_ctx=512, n_threads=2))
+    raw = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hello"
+    real = llm.generate
+    llm.generate = lambda ids, params: iter([Event(0, raw, None, "stop", Usage())])
+    conv = Conversation(llm)
+    list(conv.turn("hi", SamplingParams(special=True), TurnStats()))
+    llm.generate = real
+    assert conv.messages[-1] == {"role": "assistant", "content": "Hello", "thinking": "think"}
+    assert "<|channel|>final<|message|>Hello<|end|>" in llm.template.render(conv.messages)
+
+
 DS_LIKE = ("{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
            "{% elif m.tool_calls %}{% for c in m.tool_calls %}<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
            "{{ c.function.name + '\\n```json\\n' + c.function.arguments + '\\n```' }}<｜tool▁call▁end｜>{% endfor %}"

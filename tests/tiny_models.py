@@ -46,11 +46,17 @@ ARCH_TYPES = {
     "llama-moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q5_K,
                   "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q6_K,
                   "token_embd": GT.Q8_0, "output": GT.Q8_0},
+    # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
+    "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
+                "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
+                "token_embd": GT.Q8_0, "output": GT.Q6_K},
 }
 # A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
+# gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4}
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
@@ -120,7 +126,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
     context) of its RoPE scaling."""
     rng = np.random.default_rng(seed)
-    moe = arch in ("qwen3moe", "llama-moe")
+    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss")
+    if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
+        rope_scaling = ("yarn", 8.0, 16)
     types = ARCH_TYPES[arch]
     arch = "llama" if arch == "llama-moe" else arch
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
@@ -137,7 +145,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_rope_scaling_type(gguf.RopeScalingType(kind))
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(orig)
-    if arch.startswith("gemma"):
+    if arch.startswith("gemma") or arch == "gpt-oss":
         w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
     if arch == "gemma2":  # caps small enough to bend these tiny models' scores and logits
         w.add_attn_logit_softcapping(0.1)
@@ -151,7 +159,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
-        if arch == "qwen3moe":  # llama takes feed_forward_length as the experts' width
+        if arch in ("qwen3moe", "gpt-oss"):  # llama takes feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "granite":  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
@@ -159,7 +167,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_attention_scale(0.09)
         w.add_logit_scale(0.25)
     # llama.cpp marks a phi3 model's <|endoftext|> (and fails to load one without it)
-    add_spm_vocab(w, n_vocab, ("<|endoftext|>",) if arch == "phi3" else ())
+    add_spm_vocab(w, n_vocab, ("<|endoftext|>",) if arch == "phi3" else HARMONY_TOKENS if arch == "gpt-oss" else ())
     w.add_unk_token_id(0)
 
     def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:
@@ -190,7 +198,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
             add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
         add(p + "attn_output.weight", (D, H * hd), types["attn_output"])
-        if arch == "qwen2":
+        if arch == "gpt-oss":
+            add(p + "attn_output.bias", (D,))
+            add(p + "attn_sinks.weight", (H,))
+        if arch in ("qwen2", "gpt-oss"):
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
@@ -203,14 +214,20 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch in ("gemma3", "gemma2", "olmo2"):
             add(p + "post_attention_norm.weight", (D,))
             add(p + "post_ffw_norm.weight", (D,))
-        if arch != "olmo2":
+        if arch == "gpt-oss":  # its pre-FFN norm's name
+            add(p + "post_attention_norm.weight", (D,))
+        elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
         if moe:  # the router and the experts' 3-D tensors
             t = types
-            Fe = N_FF_EXP if arch == "qwen3moe" else F
+            Fe = N_FF_EXP if arch in ("qwen3moe", "gpt-oss") else F
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
                 add(p + f"ffn_{name}_exps.weight", (N_EXPERT, *shape), t[f"ffn_{name}_exps"])
+            if arch == "gpt-oss":  # the router's and each expert's biases
+                add(p + "ffn_gate_inp.bias", (N_EXPERT,))
+                for name, width in (("gate", Fe), ("up", Fe), ("down", D)):
+                    add(p + f"ffn_{name}_exps.bias", (N_EXPERT, width), GT.F32)
         elif arch == "phi3":  # gate and up in one matrix, gate first
             add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])
         else:

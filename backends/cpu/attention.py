@@ -304,13 +304,15 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
 
 
 @njit(cache=True, fastmath=True, parallel=True)
-def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, rot_v, out, scores):
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)
     # tables: (S, max_blocks) int32: block b of sequence s holds its positions b*bs .. b*bs+bs-1
     # tok_seq: (T,) int32 row of tables for each query; q_pos: (T,) int32 its position;
     #   keys 0..q_pos[t] of that sequence are visible (causal)
     # window: 0 or the sliding window (key p visible iff q_pos - p < window)
+    # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
+    #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
     # rot_v: 0 or the size of the rotation V was stored with (qkv_post), undone on each output head
     # out: (T, Hq, Dv) f32; scores: (n_chunks, >= longest sequence) f32 scratch, a row per parallel chunk
     T, Hq, D = q.shape
@@ -346,11 +348,15 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
                     a = softcap * np.float32(math.tanh(a / softcap))
                 sw[j] = a
                 mx = max(mx, a)
+            if sinks.shape[0]:
+                mx = max(mx, sinks[h])
             total = np.float32(0.0)
             for j in range(n):
                 e = np.float32(math.exp(sw[j] - mx))
                 sw[j] = e
                 total += e
+            if sinks.shape[0]:
+                total += np.float32(math.exp(sinks[h] - mx))
             inv = np.float32(1.0) / total
             for j in range(n):
                 sw[j] *= inv

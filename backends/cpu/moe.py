@@ -21,23 +21,33 @@ from .qdot import matmul_packed
 
 
 @njit(cache=True)
-def route(logits, k, norm, sel, w, p):
-    # logits: (T, E) f32, the router's product; p: (E,) f32 scratch; sel: (T, k) int32 out, the k experts of each token,
-    # most probable first (ggml_argsort_top_k); w: (T, k) f32 out, their softmax probabilities
-    # (ggml_soft_max: exp(x - max) summed in double, times the f32 of 1/sum), renormalized to sum 1
-    # if norm (ggml: the f32 sum clamped at 2^-14, then divided)
+def _softmax(x, out):
+    # x, out: (n,) f32 (may alias): ggml_soft_max, exp(x - max) summed in double, times the f32 of 1/sum
+    mx = x[0]
+    for e in range(1, x.shape[0]):
+        mx = max(mx, x[e])
+    total = 0.0
+    for e in range(x.shape[0]):
+        out[e] = np.float32(math.exp(np.float32(x[e] - mx)))
+        total += out[e]
+    inv = np.float32(1.0 / total)
+    for e in range(x.shape[0]):
+        out[e] = out[e] * inv
+
+
+@njit(cache=True)
+def route(logits, k, norm, after, sel, w, p):
+    # logits: (T, E) f32, the router's product (its bias added); p: (E,) f32 scratch
+    # sel: (T, k) int32 out, the k experts of each token, most probable first (ggml_argsort_top_k)
+    # w: (T, k) f32 out: their softmax probabilities over all experts, or with after (gpt-oss's
+    # SOFTMAX_WEIGHT) the softmax of their k logits alone; renormalized to sum 1 if norm (ggml:
+    # the f32 sum clamped at 2^-14, then divided)
     T, E = logits.shape
     for t in range(T):
-        mx = logits[t, 0]
-        for e in range(1, E):
-            mx = max(mx, logits[t, e])
-        total = 0.0
-        for e in range(E):
-            p[e] = np.float32(math.exp(np.float32(logits[t, e] - mx)))
-            total += p[e]
-        inv = np.float32(1.0 / total)
-        for e in range(E):
-            p[e] = p[e] * inv
+        if after:
+            p[:] = logits[t]
+        else:
+            _softmax(logits[t], p)
         for j in range(k):
             best = -1
             for e in range(E):
@@ -49,6 +59,8 @@ def route(logits, k, norm, sel, w, p):
                     best = e
             sel[t, j] = best
             w[t, j] = p[best]
+        if after:
+            _softmax(w[t], w[t])
         if norm:
             s = 0.0
             for j in range(k):
@@ -107,8 +119,19 @@ def combine(y, w, out):
 
 
 @njit(cache=True)
-def experts_ffn(h, order, starts, k, gelu, g, g_info, d, d_info, xq, dxb, bsum, acc, expanded, x, gu, act, y, slots):
+def add_row(y, b):
+    # y: (n, N) f32 += b: (N,) f32 on every row; b (0,): nothing (an expert without biases)
+    if b.shape[0]:
+        for i in range(y.shape[0]):
+            for j in range(y.shape[1]):
+                y[i, j] += b[j]
+
+
+@njit(cache=True)
+def experts_ffn(h, order, starts, k, act_kind, g, g_info, d, d_info, gu_bias, down_bias, xq, dxb, bsum, acc, expanded,
+                x, gu, act, y, slots):
     # h: (T, D) f32 the FFN input; order, starts: the grouping (group); k: experts per token
+    # act_kind: the gate activation (ops.glu); gu_bias: (E, 2F) f32 gate|up biases, down_bias: (E, D), or (0, 0)
     # g, d: (lo, hi, s, m, sc) planes of the gate_up and down PackedExperts, expert axis first;
     # g_info, d_info: (type_id, activation rounding, rows N, lo_bits, hi_bits, group) of each
     # xq, dxb, bsum, acc, expanded: matmul_packed's scratch (MatmulWorkspace)
@@ -125,7 +148,11 @@ def experts_ffn(h, order, starts, k, gelu, g, g_info, d, d_info, xq, dxb, bsum, 
         gather_tokens(h, sl, k, x)
         matmul_packed(g_info[0], g_info[1], x[:n], g[0][e], g[1][e], g[2][e], g[3][e], g[4][e], g_info[2], xq, dxb,
                       bsum, gu[:n], 0, acc, g_info[3], g_info[4], g_info[5], expanded)
-        glu(gu[:n], F, gelu, act[:n])
+        if gu_bias.shape[0]:
+            add_row(gu[:n], gu_bias[e])
+        glu(gu[:n], F, act_kind, act[:n])
         matmul_packed(d_info[0], d_info[1], act[:n], d[0][e], d[1][e], d[2][e], d[3][e], d[4][e], d_info[2], xq, dxb,
                       bsum, y[:n], 0, acc, d_info[3], d_info[4], d_info[5], expanded)
+        if down_bias.shape[0]:
+            add_row(y[:n], down_bias[e])
         scatter_slots(y[:n], sl, slots)

@@ -139,14 +139,26 @@ def _gelu_slow(g):
     return GELU_F16[f32_to_f16(g)]
 
 
+ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI = 0, 1, 2  # glu's activations (Architecture.activation)
+ACTIVATIONS = {"silu": ACT_SILU, "gelu": ACT_GELU, "swiglu_oai": ACT_SWIGLU_OAI}
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oai (llama.cpp's constants)
+
+
 @njit(cache=True)
-def glu(gu, F, gelu, out):
+def glu(gu, F, act, out):
     # gu: (T, 2F) f32 C-contiguous, gate then up side by side; out: (T, F) f32 = act(gate) * up
+    # act: ACT_SILU, ACT_GELU, or ACT_SWIGLU_OAI: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(up, ±7) + 1)
+    # (ggml_swiglu_oai's float arithmetic)
     # Serial: with the table, a whole prompt's activations take about a millisecond.
     T = gu.shape[0]
     gbits = gu.view(np.uint32)
     for t in range(T):
-        if gelu:
+        if act == ACT_SWIGLU_OAI:
+            for i in range(F):
+                x = min(gu[t, i], OAI_LIMIT)
+                y = min(max(gu[t, F + i], -OAI_LIMIT), OAI_LIMIT)
+                out[t, i] = x / (np.float32(1.0) + np.float32(math.exp(OAI_ALPHA * -x))) * (y + np.float32(1.0))
+        elif act == ACT_GELU:
             # f16(gelu(f16(g))) from the table, as ggml_gelu.  First every element as if it were a normal
             # half below 10 in magnitude (branch-free, so it vectorizes), then the rare others again.
             for i in range(F):

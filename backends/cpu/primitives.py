@@ -18,8 +18,8 @@ from infer.backends.batch import Batch
 from .attention import attention, qkv_post
 from .kv_pool import KVPool
 from .matmul import qmatmul
-from .moe import combine, experts_ffn, gather_tokens, group, route, scatter_slots
-from .ops import embed, glu, residual_norm, rmsnorm, rope_angles, softcap
+from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
+from .ops import ACTIVATIONS, embed, glu, residual_norm, rmsnorm, rope_angles, softcap
 
 
 class CpuPrimitives:
@@ -33,7 +33,8 @@ class CpuPrimitives:
         self.runner, self.cfg = weakref.proxy(runner), cfg
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
-        self.gelu = arch.activation == "gelu"
+        self.act = ACTIVATIONS[arch.activation]
+        self.gating_after = arch.moe_gating == "softmax_weight"
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
         self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
         self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
@@ -98,11 +99,18 @@ class CpuPrimitives:
                  self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
                  r.rot_k, r.rot_v)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, pool.block_size,
-                  pool.windows[g], self.kq_scale, self.attn_softcap, r.rot_v,
+                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
                   self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, self.attn)
         return self.attn
+
+    def bias(self, y: np.ndarray, b: np.ndarray, name: str, il: int) -> np.ndarray:
+        if b.shape[0]:
+            add_row(y, b)
+            if self.trace is not None:
+                self._seen(name, il, y)
+        return y
 
     def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +122,7 @@ class CpuPrimitives:
 
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
         act = self.ws.act[:self.T]
-        glu(gu, self.cfg.n_ff, self.gelu, act)
+        glu(gu, self.cfg.n_ff, self.act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act
@@ -126,13 +134,14 @@ class CpuPrimitives:
         logits, sel, wts = ws.router[:T], ws.sel[:T], ws.wts[:T]
         for w, col in ly.router:
             qmatmul(w, h, logits, mm, col)
-        route(logits, k, cfg.architecture.moe_norm_weights, sel, wts, ws.probs)
+        add_row(logits, ly.router_bias)
+        route(logits, k, cfg.architecture.moe_norm_weights, self.gating_after, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.gelu, g.planes, g.info, d.planes, d.info,
-                        xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
+            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.act, g.planes, g.info, d.planes, d.info,
+                        ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
             self._each_expert(h, ly)
         out = ws.o[:T]
@@ -154,9 +163,13 @@ class CpuPrimitives:
             gu, act, y = ws.egu[:n], ws.eact[:n], ws.ey[:n]
             for w, col in gate_up:
                 qmatmul(w, x, gu, mm, col)
-            glu(gu, self.cfg.n_ff_exp, self.gelu, act)
+            if ly.gu_bias.shape[0]:
+                add_row(gu, ly.gu_bias[e])
+            glu(gu, self.cfg.n_ff_exp, self.act, act)
             for w, col in down:
                 qmatmul(w, act, y, mm, col)
+            if ly.down_bias.shape[0]:
+                add_row(y, ly.down_bias[e])
             scatter_slots(y, slots, ws.slots)
 
     def logits(self, h: np.ndarray) -> np.ndarray:

@@ -24,12 +24,13 @@ from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
-from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
+from .repack import PackedExperts, PackedWeight, fits_layout, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
 from .target import ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
+_NONE2 = np.zeros((0, 0), np.float32)  # absent per-expert biases
 
 
 def _packed(ws, alloc=huge_empty):
@@ -78,9 +79,10 @@ def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
     pages, and a decode step reads ~8 of them per token per layer at scattered places."""
     ups, downs = [(g, u) for g, u, _ in experts], [(d,) for _, _, d in experts]
     shapes = [PackedExperts.shapes(ups), PackedExperts.shapes(downs)]
-    if None not in shapes:
+    # (fits_layout: every MXFP4 expert's scales fit Q5_0's f16 ones; checked before the arena is taken)
+    if None not in shapes and all(fits_layout(ws, release=True) for ws in ups + downs):
         arena = HugeArena(sum(HugeArena.span(*sd) for sh in shapes for sd in sh))
-        gu, dn = (PackedExperts.pack(groups, arena.take, release=True) for groups in (ups, downs))
+        gu, dn = (PackedExperts.pack(groups, arena.take, release=True, checked=True) for groups in (ups, downs))
         return [([(g, 0)], [(d, 0)]) for g, d in zip(gu.weights, dn.weights)], (gu, dn)
     arena = HugeArena(sum(_packed_span(ws) for ws in ups + downs))
     return [(_products(u, mmap, arena.take), _products(d, mmap, arena.take)) for u, d in zip(ups, downs)], None
@@ -117,6 +119,12 @@ class _Layer:
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
+    # gpt-oss (models/weights.py): (0,) / (0, 0) when absent
+    bo: np.ndarray  # (D,) the attention output's bias
+    sinks: np.ndarray  # (n_head,) attention sink logits
+    router_bias: np.ndarray  # (E,)
+    gu_bias: np.ndarray  # (E, 2F): each expert's gate and up biases side by side, as its gate_up product
+    down_bias: np.ndarray  # (E, D)
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
@@ -131,6 +139,9 @@ class _Layer:
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
+            bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
+            gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
+            down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
         )
 
 

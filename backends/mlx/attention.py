@@ -79,9 +79,11 @@ class AttentionPlan:
     def _index(idx: np.ndarray, T: int) -> mx.array | None:
         return None if np.array_equal(idx, np.arange(T)) else mx.array(idx.astype(np.int32))
 
-    def attend(self, q: mx.array, k_rows: mx.array, v_rows: mx.array, scale: float, softcap: float) -> mx.array:
+    def attend(self, q: mx.array, k_rows: mx.array, v_rows: mx.array, scale: float, softcap: float,
+               sinks: mx.array | None = None) -> mx.array:
         """q (T, H, D) -> (T, H * Dv); k_rows (n_rows, Hkv, D), v_rows (n_rows, Hkv, Dv): a layer's cache,
-        this batch's K/V already written.  Computes in q's dtype."""
+        this batch's K/V already written; sinks (H,): gpt-oss's sink logits, or None.  Computes in
+        q's dtype."""
         outs = []
         for idx, rows, mask in self.parts:
             qs = q if idx is None else q[idx]
@@ -92,7 +94,8 @@ class AttentionPlan:
             if softcap > 0:
                 o = _softcapped(qb, kb, vb, scale, softcap, mask)
             else:
-                o = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask=mask[:, None])
+                o = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask=mask[:, None],
+                                                         sinks=None if sinks is None else as_dtype(sinks, q.dtype))
             outs.append(o.transpose(0, 2, 1, 3).reshape(B * n, -1))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if self.perm is None else out[self.perm]

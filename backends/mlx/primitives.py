@@ -15,7 +15,7 @@ import numpy as np
 
 from infer.backends.batch import Batch
 from infer.backends.cpu.moe import route
-from infer.backends.cpu.ops import rope_angles
+from infer.backends.cpu.ops import OAI_ALPHA, OAI_LIMIT, rope_angles
 
 from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool
@@ -114,7 +114,10 @@ class MlxPrimitives:
         kc, vc = self.pool.k[g][j], self.pool.v[g][j]
         kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
         vc[self.slots[g]] = v.astype(KV_DTYPE)
-        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap)
+        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
+
+    def bias(self, y: mx.array, b: mx.array | None, name: str, il: int) -> mx.array:
+        return y if b is None else y + b
 
     def add_norm(self, x: mx.array, o: mx.array, post: mx.array | None, w: mx.array | None, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[mx.array, mx.array]:
@@ -127,7 +130,12 @@ class MlxPrimitives:
     def glu(self, gu: mx.array, il: int) -> mx.array:
         F = gu.shape[-1] // 2  # n_ff, or an expert's width
         gate, up = gu[:, :F], gu[:, F:]
-        act = gelu_ggml(gate) if self.cfg.architecture.activation == "gelu" else gate / (1.0 + mx.exp(-gate))
+        kind = self.cfg.architecture.activation
+        if kind == "swiglu_oai":  # gpt-oss (ggml_swiglu_oai)
+            limit, alpha = float(OAI_LIMIT), float(OAI_ALPHA)
+            x = mx.minimum(gate, limit)
+            return x / (1.0 + mx.exp(-alpha * x)) * (mx.clip(up, -limit, limit) + 1.0)
+        act = gelu_ggml(gate) if kind == "gelu" else gate / (1.0 + mx.exp(-gate))
         return act * up
 
     def moe(self, h: mx.array, ly: Any, il: int) -> mx.array:
@@ -135,16 +143,26 @@ class MlxPrimitives:
         (backends/cpu/moe.py's route), then each expert the batch uses once, on its tokens."""
         cfg, T = self.cfg, self.T
         k = cfg.n_expert_used
-        logits = np.ascontiguousarray(np.array(self.linear(ly.router, h, "ffn_moe_logits", il)), np.float32)
+        logits = self.linear(ly.router, h, "ffn_moe_logits", il)
+        if ly.router_bias is not None:
+            logits = logits + ly.router_bias
+        logits = np.ascontiguousarray(np.array(logits), np.float32)
         sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
-        route(logits, k, cfg.architecture.moe_norm_weights, sel, w, np.zeros(cfg.n_expert, np.float32))
+        arch = cfg.architecture
+        route(logits, k, arch.moe_norm_weights, arch.moe_gating == "softmax_weight", sel, w,
+              np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)
         for e in np.unique(flat).tolist():
             where = np.flatnonzero(flat == e)  # slots t * k + j routed to e
             x = h[mx.array(where // k)]
             gate_up, down = ly.experts[e]
-            y = self.linear(down, self.glu(self.linear(gate_up, x, "ffn_gate_up", il), il), "ffn_out", il)
+            gu = self.linear(gate_up, x, "ffn_gate_up", il)
+            if ly.expert_biases is not None:  # gpt-oss: (gate|up, down) biases of each expert
+                gu = gu + ly.expert_biases[0][e]
+            y = self.linear(down, self.glu(gu, il), "ffn_out", il)
+            if ly.expert_biases is not None:
+                y = y + ly.expert_biases[1][e]
             slots[mx.array(where)] = y
         slots = slots.reshape(T, k, cfg.n_embd)
         wts = mx.array(w)[:, :, None]

@@ -42,12 +42,18 @@ class _Layer:
     k_norm: mx.array | None
     router: list[Matrix]  # a mixture of experts: the router, and per expert (gate_up, down)
     experts: list
+    # gpt-oss (models/weights.py), None where absent: the attention output's bias, the sink logit per
+    # head, the router's bias, each expert's (gate|up biases (E, 2F), down biases (E, D))
+    bo: mx.array | None = None
+    sinks: mx.array | None = None
+    router_bias: mx.array | None = None
+    expert_biases: tuple[mx.array, mx.array] | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts)
                 for a in m.arrays()]
-        return mats + [a for a in vars(self).values() if isinstance(a, mx.array)]
+        return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
 
 def _products(mats: list[Matrix]) -> list[Matrix]:
@@ -100,6 +106,9 @@ class MlxTransformer:
                 attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
                 post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
                 bqkv=bqkv, q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
+                bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
+                expert_biases=None if lw.expert_biases is None else (
+                    _vec(np.concatenate(lw.expert_biases[:2], axis=1)), _vec(lw.expert_biases[2])),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

@@ -13,13 +13,16 @@ The primitives (x: the residual stream, h: a normalized input, both (T, n_embd))
 - embed(name) -> x: the batch's token embeddings times config.embed_scale;
 - norm(x, w, name, il) -> h: RMSNorm(x) * w, or x itself where w is absent;
 - linear(w, h, name, il) -> y: h times a prepared weight (several side by side: Q|K|V, gate|up);
+- bias(y, b, name, il) -> y: y plus a bias where the layer has one (gpt-oss's attention output);
 - attention(qkv, layer, il) -> a: from the Q|K|V products to the attention output: biases, Q/K
-  norms, RoPE, the cache write and the attention over the cache ("kqv_out");
+  norms, RoPE, the cache write and the attention over the cache, with the layer's sinks where it
+  has them ("kqv_out");
 - add_norm(x, o, post, w, il, name, next_name, next_il) -> (x, h): x += residual_scale *
   RMSNorm(o) * post (o alone where post is absent), then h = norm(x, w) under next_name;
 - glu(gu, il) -> y: act(gate) * up of the two halves of gu ("ffn_act");
 - moe(h, layer, il) -> o: the mixture of experts (router, the chosen experts' gated FFNs, their
-  weighted sum: llama.cpp's build_moe_ffn) ("ffn_moe_out");
+  weighted sum, with the layer's router and expert biases where it has them: llama.cpp's
+  build_moe_ffn) ("ffn_moe_out");
 - logits(h) -> the output product of the wanted rows (softcaps and logit_scale applied).
 A backend may fuse what follows a product into one call (the cpu backend does): the primitives
 are the unit of the recipe, not of the kernels.
@@ -35,7 +38,7 @@ def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str,
     norm that follows: the next layer's attn_norm, or the output norm ("result_norm", -1)."""
     qkv = ops.linear(ly.qkv, h, "qkv", il)
     a = ops.attention(qkv, ly, il)
-    o = ops.linear(ly.wo, a, "attn_out", il)
+    o = ops.bias(ops.linear(ly.wo, a, "attn_out", il), ly.bo, "attn_out", il)
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
     if ly.experts:
         o = ops.moe(h, ly, il)

@@ -38,7 +38,7 @@ class Architecture:
     qk_norm: str = ""
     pre_norms: bool = True  # RMSNorm before attention and before the FFN (all but olmo2)
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add (gemma, olmo2)
-    activation: str = "silu"  # gate activation of the FFN
+    activation: str = "silu"  # gate activation of the FFN: silu, gelu, or swiglu_oai (gpt-oss's clamped one)
     swa_pattern: int = 0  # every swa_pattern-th layer is global, the others sliding-window
     default_sliding_window: int = 0  # the window when the metadata gives none (gemma2: 4096)
     # RoPE of the sliding-window layers: base when the metadata has no rope.freq_base_swa (None: the
@@ -52,6 +52,14 @@ class Architecture:
     # expert_used_count of them, their weights renormalized to sum 1 (moe_norm_weights)
     experts: str = "never"
     moe_norm_weights: bool = True
+    # "softmax": the router's softmax over all experts, then the top ones; "softmax_weight" (gpt-oss):
+    # the top logits, then a softmax over those alone (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*)
+    moe_gating: str = "softmax"
+    # gpt-oss: a learned logit per head that joins each softmax of the attention (llama.cpp's attn_sinks)
+    attn_sinks: bool = False
+    # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
+    extra_biases: tuple[str, ...] = ()
+    ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

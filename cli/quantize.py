@@ -17,7 +17,7 @@ from .app import app
 def quantize(
     src: Path = typer.Argument(..., metavar="IN", help="GGUF file (F32/F16/BF16, or quantized for --format mlx) or HF safetensors folder."),
     out: Path = typer.Argument(..., metavar="OUT", help="GGUF file to write (--format mlx: folder to write)."),
-    type_: Optional[str] = typer.Option(None, "--type", help="GGUF: Q4_K_M (default), Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q8_0, Q4_0, Q5_0, F16 or BF16."),
+    type_: Optional[str] = typer.Option(None, "--type", help="GGUF: Q4_K_M (default), Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q8_0, Q4_0, Q5_0, MXFP4_MOE, F16 or BF16."),
     format_: str = typer.Option("gguf", "--format", help="gguf, or mlx: an MLX folder of affine-quantized safetensors."),
     bits: int = typer.Option(4, "--bits", help="MLX: bits per weight (4 or 8; also 2, 3, 5, 6)."),
     group_size: int = typer.Option(64, "--group-size", help="MLX: weights sharing one scale and bias (32, 64 or 128)."),

@@ -1,9 +1,10 @@
-"""Numba dequantization of GGML rows (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
+"""Numba dequantization of GGML rows (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4).
 
 `dequant_row(type_id, src, dst)` is a plain njit function: call it from njit code (a matmul's
 prange loop) to expand one row of raw GGUF bytes into float32.  `dequantize(raw, type_id, shape)`
 is the Python entry point for whole tensors.  Results are bit-identical to
-`gguf.quants.dequantize` (float32, multiplying left to right, no fused multiply-add).
+`gguf.quants.dequantize` (float32, multiplying left to right, no fused multiply-add), and MXFP4's
+to llama.cpp's dequantize_row_mxfp4.
 
 The row functions never raise and never allocate.  A row whose sizes disagree is expanded only
 as far as both arrays hold whole blocks (the rest of dst is left as it was); an unknown type id
@@ -60,6 +61,9 @@ __all__ = [
     "dequant_row_q5_0",
     "dequant_row_q5_1",
     "dequant_row_q8_0",
+    "dequant_row_mxfp4",
+    "mxfp4_value",
+    "e8m0_half",
     "dequant_row_q2_k",
     "dequant_row_q3_k",
     "dequant_row_q4_k",
@@ -227,6 +231,45 @@ def dequant_row_q8_0(src, dst):
             dst[t + j] = d * int_to_f32(np.int8(src[o + 2 + j]))
 
 
+# --------------------------------------------------------------------------- MXFP4
+
+
+@njit(cache=True, inline="always")
+def mxfp4_value(c):
+    # c: a 4-bit e2m1 code -> ggml's kvalues_mxfp4[c] (the e2m1 value doubled, an integer):
+    # 0, 1, 2, 3, 4, 6, 8, 12 for magnitudes 0..7, negated when bit 3 is set (code 8 is 0).
+    # Arithmetic rather than a table, so that the loop vectorizes (selects, no gathers).
+    m = c & 7
+    mag = m if m < 4 else (2 | (m & 1)) << (((m >> 1) - 1) & 3)  # & 3: no negative shift in the unused arm
+    return -mag if c & 8 else mag
+
+
+@njit(cache=True, inline="always")
+def e8m0_half(e):
+    # e: an E8M0 exponent byte -> ggml's GGML_E8M0_TO_FP32_HALF(e) = 2**(e - 128) as float32 bits
+    # (e < 2: the subnormals 2**-128, 2**-127; 255 gives 2**127, not the NaN of the OCP spec, as ggml)
+    return _as_f32(np.uint32(0x00200000) << np.uint32(e) if e < 2 else np.uint32(e - 1) << np.uint32(23))
+
+
+@njit(cache=True)
+def dequant_row_mxfp4(src, dst):
+    # src: (nb*17,) uint8, blocks of [e u8, qs[16]]; dst: (nb*32,) float32
+    # weight = kvalues_mxfp4[code] * 2**(e - 128): element j in qs[j]'s low nibble, j+16 in its high
+    n = dst.shape[0]
+    nb = min(n // 32, src.shape[0] // 17)
+    if nb == 0:
+        return
+    h = opaque32(n, nb, 0) >> 1  # 16
+    for b in range(nb):
+        o = b * 17
+        t = b * 32
+        d = e8m0_half(np.int32(src[o]))
+        for j in range(h):
+            x = np.int32(src[o + 1 + j])
+            dst[t + j] = int_to_f32(mxfp4_value(x & 15)) * d
+            dst[t + 16 + j] = int_to_f32(mxfp4_value(x >> 4)) * d
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -254,6 +297,8 @@ def dequant_row(type_id, src, dst):
         dequant_row_q2_k(src, dst)
     elif type_id == 11:
         dequant_row_q3_k(src, dst)
+    elif type_id == 39:
+        dequant_row_mxfp4(src, dst)
     elif type_id == 0:
         dequant_row_f32(src, dst)
     elif type_id == 1:

@@ -2,7 +2,7 @@
 
 `quantize(type_id, x, imatrix)` produces what llama.cpp's `ggml_quantize_chunk` produces for the
 same rows: without an importance matrix the `quantize_row_*_ref` reference quantizers, with one
-the importance-weighted row quantizers (Q8_0 ignores the matrix, as llama.cpp does).  The legacy
+the importance-weighted row quantizers (Q8_0 and MXFP4 ignore the matrix, as llama.cpp does).  The legacy
 32-element types live here, the K-quants and the shared numerics in `kquantize.py`; the formats
 and algorithms are llama.cpp's (ggml/src/ggml-quants.c).
 
@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
+from infer.quant.dequant import e8m0_half, mxfp4_value
 from infer.quant.kquants import f32_to_bf16, f32_to_f16
 from infer.quant.kquantize import (
     importance,
@@ -29,12 +30,12 @@ from infer.quant.kquantize import (
 __all__ = ["QUANTIZE_TYPES", "quantize", "quantize_rows"]
 
 QUANTIZE_TYPES: frozenset[int] = frozenset(
-    {qt.F32, qt.F16, qt.BF16, qt.Q4_0, qt.Q4_1, qt.Q5_0, qt.Q5_1, qt.Q8_0, qt.Q4_K, qt.Q5_K, qt.Q6_K}
+    {qt.F32, qt.F16, qt.BF16, qt.Q4_0, qt.Q4_1, qt.Q5_0, qt.Q5_1, qt.Q8_0, qt.Q4_K, qt.Q5_K, qt.Q6_K, qt.MXFP4}
 )
 
 # Byte offsets of the f16 scale fields inside each block type's block (for the overflow check).
 _F16_FIELDS = {qt.Q4_0: (0,), qt.Q4_1: (0, 2), qt.Q5_0: (0,), qt.Q5_1: (0, 2), qt.Q8_0: (0,),
-               qt.Q4_K: (0, 2), qt.Q5_K: (0, 2), qt.Q6_K: (208,)}
+               qt.Q4_K: (0, 2), qt.Q5_K: (0, 2), qt.Q6_K: (208,), qt.MXFP4: ()}
 
 
 # --------------------------------------------------------------------------- F32 / F16 / BF16
@@ -180,6 +181,53 @@ def quantize_row_q41_q51(x, qw, y, nmax):
                 y[o + 4 + j] = np.uint8((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4))
 
 
+# --------------------------------------------------------------------------- MXFP4
+
+
+@njit(cache=True, inline="always")
+def _mxfp4_code(x, d):
+    # ggml's best_index_mxfp4: the first of the 16 codes c minimizing |kvalues_mxfp4[c] * d - x|,
+    # errors in float32.  Only 8 can win: for x >= 0 an opposite-signed value's error
+    # |v| + x rounds to >= x, code 0's, and so never beats code 0 (which comes first), and
+    # likewise for x < 0; code 8 (also 0) comes after code 0.  So x's own sign's 7 codes and 0.
+    base = 0 if x >= 0 else 8
+    best = 0
+    best_err = np.abs(np.float32(0.0) * d - x)
+    for m in range(1, 8):
+        c = base + m
+        err = np.abs(np.float32(mxfp4_value(c)) * d - x)
+        if err < best_err:
+            best = c
+            best_err = err
+    return best
+
+
+@njit(cache=True)
+def quantize_row_mxfp4(x, y):
+    # x: (K,) float32; y: (K/32*17,) uint8 out, blocks of [e, qs[16]] (ggml's quantize_row_mxfp4_ref)
+    for b in range(x.shape[0] // 32):
+        xo = 32 * b
+        o = 17 * b
+        amax = np.float32(0.0)
+        for j in range(32):
+            if amax < np.abs(x[xo + j]):
+                amax = np.abs(x[xo + j])
+        e = 0
+        if amax > 0:
+            # floorf(log2f(amax)): log2 in double rounded to float32 is what glibc's log2f returns
+            # wherever it matters (a float just below a power of two, whose log2f rounds up to the
+            # integer, ties being >= 0.004 ulp away); then C's (uint8_t) of the float, which x86
+            # truncates through int32 (a subnormal amax wraps around, as there)
+            lg = np.floor(np.float32(np.log2(np.float64(amax))))
+            e = np.int64(np.int32(lg - np.float32(2.0) + np.float32(127.0))) & 0xFF
+        d = e8m0_half(np.int32(e))
+        y[o] = np.uint8(e)
+        for j in range(16):
+            lo = _mxfp4_code(x[xo + j], d)
+            hi = _mxfp4_code(x[xo + 16 + j], d)
+            y[o + 1 + j] = np.uint8(lo | (hi << 4))
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
@@ -202,6 +250,8 @@ def quantize_row(type_id, x, qw, y):
         quantize_row_q41_q51(x, qw, y, 15)
     elif type_id == 7:
         quantize_row_q41_q51(x, qw, y, 31)
+    elif type_id == 39:
+        quantize_row_mxfp4(x, y)
     else:
         quantize_row_float(type_id, x, y)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .types import BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, qtype
+from .types import BF16, F16, F32, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, qtype
 
 
 class RecipeError(ValueError):
@@ -31,11 +31,12 @@ FILE_TYPES: dict[str, FileType] = {
         FileType("Q6_K", 18, Q6_K), FileType("Q8_0", 7, Q8_0),
         FileType("Q4_0", 2, Q4_0), FileType("Q5_0", 8, Q5_0),
         FileType("F16", 1, F16), FileType("BF16", 32, BF16),
+        FileType("MXFP4_MOE", 38, MXFP4),  # experts MXFP4, everything else Q8_0 (_choose)
     )
 }
 
 # Types a user may name for --output-tensor-type / --token-embedding-type: those quantize.py writes.
-TENSOR_TYPE_NAMES = {qtype(t).name: t for t in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)}
+TENSOR_TYPE_NAMES = {qtype(t).name: t for t in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 
 def file_type(name: str) -> FileType:
@@ -158,9 +159,12 @@ _FALLBACK = {Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0, Q2_K: Q4_0, Q3_K: Q4_0}
 
 
 def _fallback(dst: int, ne0: int) -> tuple[int, bool]:
-    """A type whose block fits the row length: K-quants need ne0 % 256 == 0, legacy ones % 32."""
+    """A type whose block fits the row length: K-quants need ne0 % 256 == 0, legacy ones % 32.
+    A 32-element type has no smaller block to fall back to: F16 (llama.cpp's tensor_type_fallback)."""
     if ne0 % qtype(dst).block_size == 0:
         return dst, False
+    if qtype(dst).block_size <= 32:
+        return F16, True
     if dst not in _FALLBACK:
         raise RecipeError(f"no fallback type for {qtype(dst).name} with rows of {ne0}")
     alt = _FALLBACK[dst]
@@ -175,17 +179,26 @@ class _State:
         self.model = model
 
 
-def _choose(st: _State, opts: RecipeOptions, name: str, ne0: int, cat: int) -> int:
+def _choose(st: _State, opts: RecipeOptions, name: str, shape: tuple[int, ...], cat: int) -> int:
     """The mixing rules proper, for a quantized default type; mutates the layer counters."""
     m, f = st.model, opts.ftype.name
     falcon = m.arch == "falcon"
     t = opts.ftype.default_type
+    ne0 = shape[-1]
     if cat == _OUTPUT or (st.tied and cat == _TOKEN_EMBD):
         if opts.output_tensor_type is not None:
             return opts.output_tensor_type
-        if falcon or ne0 % qtype(t).block_size:
+        if falcon or ne0 % qtype(t).block_size or f == "MXFP4_MOE":
             return Q8_0
         return t if t == Q8_0 else Q6_K
+    if f == "MXFP4_MOE":
+        # Experts (3-D tensors of more than one matrix: GGML's ne[2] > 1) in MXFP4, every other
+        # tensor, the untied token embeddings included, in Q8_0.  bailingmoe3's MLA projections
+        # are 3-D too: there only the FFN's count as experts.
+        experts = len(shape) >= 3 and shape[-3] > 1
+        if m.arch == "bailingmoe3":
+            experts = experts and cat in (_FFN_UP, _FFN_GATE, _FFN_DOWN)
+        return MXFP4 if experts else Q8_0
     if cat == _TOKEN_EMBD:
         return opts.token_embedding_type if opts.token_embedding_type is not None else t
     if cat == _ATTN_V:
@@ -248,7 +261,7 @@ def plan(tensors: list[tuple[str, tuple[int, ...], int]], model: ModelParams, op
         elif not quantized_default:
             dst = default
         else:
-            dst = default if opts.pure else _choose(st, opts, name, ne0, cat)
+            dst = default if opts.pure else _choose(st, opts, name, shape, cat)
             dst, fallback = _fallback(dst, ne0)
         if ne0 % qtype(dst).block_size:
             raise RecipeError(f"{name}: rows of {ne0} do not fit {qtype(dst).name}'s blocks of {qtype(dst).block_size}")

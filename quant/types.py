@@ -6,6 +6,7 @@ from dataclasses import dataclass
 # Ids are GGML's (and gguf.GGMLQuantizationType's), so raw GGUF type fields map directly.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+MXFP4 = 39  # OCP microscaling FP4: per 32 weights an E8M0 exponent byte, then 16 bytes of e2m1 codes
 
 QK_K = 256
 
@@ -34,6 +35,7 @@ QTYPES: dict[int, QType] = {
         QType(Q4_K, "Q4_K", QK_K, 144),
         QType(Q5_K, "Q5_K", QK_K, 176),
         QType(Q6_K, "Q6_K", QK_K, 210),
+        QType(MXFP4, "MXFP4", 32, 17),
     )
 }
 

@@ -21,6 +21,7 @@ F16_FIELDS = {
     qt.Q4_K: (0, 2),
     qt.Q5_K: (0, 2),
     qt.Q6_K: (208,),
+    qt.MXFP4: (),  # its scale is an E8M0 exponent byte: every value is a valid one
 }
 QUANT_TYPES = sorted(F16_FIELDS)
 ALL_TYPES = [qt.F32, qt.F16, qt.BF16, *QUANT_TYPES]
@@ -67,7 +68,8 @@ def _rows_via_dequant_row(type_id, src, dst):
 def test_quant_types_match_gguf(type_id, blocks):
     n = row_length(type_id, blocks)
     raw = random_blocks(type_id, rows=7, n=n, seed=blocks)
-    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id))
+    with np.errstate(over="ignore"):  # MXFP4's largest exponents overflow to inf, in ggml too
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id))
     assert want.shape == (7, n)
 
     assert_same_bits(dequantize(raw, type_id, (7, n)), want)
@@ -82,8 +84,56 @@ def test_quant_all_byte_values(type_id):
     """Many rows so every quant byte value and scale bit pattern shows up."""
     n = row_length(type_id, 4)
     raw = random_blocks(type_id, rows=300, n=n, seed=99)
-    want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id))
+    with np.errstate(over="ignore"):
+        want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(type_id))
     assert_same_bits(dequantize(raw, type_id, (300, n)), want)
+
+
+def _llama_cpp_to_float(type_id: int):
+    """llama.cpp's own dequantizer of a type (ggml_get_type_traits(type)->to_float), from the ggml
+    library llama-cpp-python ships."""
+    import ctypes
+    import os
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
+    if not os.path.exists(path):
+        pytest.skip("llama-cpp-python ships no libggml-base.so")
+    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+    class Traits(ctypes.Structure):  # ggml.h's struct ggml_type_traits
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", to_float_t), ("from_float_ref", ctypes.c_void_p)]
+
+    lib = ctypes.CDLL(path)
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    traits = lib.ggml_get_type_traits(type_id).contents
+    assert traits.type_name.decode() == qt.qtype(type_id).name.lower()
+
+    def run(raw: np.ndarray, n: int) -> np.ndarray:
+        raw = np.ascontiguousarray(raw)
+        out = np.empty(raw.size // qt.qtype(type_id).type_size * qt.qtype(type_id).block_size, np.float32)
+        traits.to_float(raw.ctypes.data, out.ctypes.data, out.size)
+        return out.reshape(-1, n)
+
+    return run
+
+
+def test_mxfp4_matches_llama_cpp():
+    """MXFP4 against llama.cpp's dequantize_row_mxfp4: every exponent byte (subnormal 2**-128 and
+    2**-127, 255 as 2**127, overflowing to inf) under every code."""
+    ref = _llama_cpp_to_float(qt.MXFP4)
+    rng = np.random.default_rng(39)
+    raw = random_blocks(qt.MXFP4, rows=256, n=32 * 8, seed=39).reshape(256, 8, 17)
+    raw[:, 0, 0] = np.arange(256)  # each exponent once per row's first block ...
+    raw[:, 0, 1:] = np.arange(16, dtype=np.uint8) | ((15 - np.arange(16, dtype=np.uint8)) << 4)  # ... with every code
+    raw = raw.reshape(256, -1)
+    want = ref(raw, 256)
+    assert_same_bits(dequantize(raw, qt.MXFP4, (256, 256)), want)
+    assert np.isinf(want[255]).any() and (want[0, :32] != 0).sum() == 28  # 2**127 * 12, subnormal weights
+    big = rng.integers(0, 256, size=(64, 17 * 40), dtype=np.uint8)
+    assert_same_bits(dequantize(big, qt.MXFP4, (64, 32 * 40)), ref(big, 32 * 40))
 
 
 def test_f32():

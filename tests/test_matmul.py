@@ -9,17 +9,35 @@ from gguf import GGMLQuantizationType as GT
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
 from infer.backends.cpu.qdot import EXPAND_MIN_TOKENS
-from infer.backends.cpu.qdot import LAYOUTS
-from infer.backends.cpu.repack import pack_stacked
+from infer.backends.cpu.qdot import LAYOUTS, NC
+from infer.backends.cpu.repack import layout_type, pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
 from tiny_models import random_tensor
 
 TYPES = [GT.F32, GT.F16, GT.BF16, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0,
-         GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K]
+         GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.MXFP4]
+
+
+def random_mxfp4(rng: np.random.Generator, rows: int, n: int, e_range=(112, 134)) -> np.ndarray:
+    """(rows, n // 32 * 17) uint8 MXFP4 blocks: random codes under exponents drawn from e_range
+    (2**(e - 128): 2**-16 .. 2**5), with f16's extremes (e - 128 = -24 and 15) and blocks of
+    zeros under exponent 0 (what llama.cpp writes for them, beyond f16's range) sprinkled in."""
+    b = rng.integers(0, 256, size=(rows, n // 32, 17), dtype=np.uint8)
+    b[:, :, 0] = rng.integers(*e_range, size=(rows, n // 32))
+    pick = rng.random((rows, n // 32))
+    b[pick < 0.02, 0] = 104
+    b[(pick >= 0.02) & (pick < 0.04), 0] = 143
+    zero = pick > 0.95
+    b[zero, 0] = 0
+    b[zero, 1:] = rng.choice(np.array([0x00, 0x08, 0x80, 0x88], np.uint8), size=(int(zero.sum()), 16))  # +-0 codes
+    return b.reshape(rows, -1)
 
 
 def random_weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
+    if qtype == GT.MXFP4:
+        raw = random_mxfp4(np.random.default_rng(seed), rows, n)
+        return QTensor.from_bytes(int(qtype), (rows, n), raw.reshape(-1))
     data, qt = random_tensor(np.random.default_rng(seed), (rows, n), qtype)
     raw = np.ascontiguousarray(data).view(np.uint8)
     return QTensor.from_bytes(int(qt), (rows, n), raw.reshape(-1))
@@ -47,7 +65,7 @@ def reference_product(qtype, w, x):
     return xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
 
 
-REPACKED = [t for t in TYPES if int(t) in LAYOUTS]
+REPACKED = [t for t in TYPES if layout_type(int(t)) in LAYOUTS]
 
 
 @pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
@@ -102,6 +120,66 @@ SAME_BYTES = [GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q4_K, GT.
 def test_packed_costs_the_file_bytes(qtype):
     w = random_weight(qtype, 128, 512, seed=3)
     assert pack_stacked((w,)).nbytes == w.raw.nbytes
+
+
+def mxfp4_as_q5_0(raw: np.ndarray) -> np.ndarray:
+    """MXFP4 rows (rows, nb * 17) rewritten as the Q5_0 rows (rows, nb * 22) of the same weights:
+    d = 2**(e - 128) in f16 (0 for a block of zeros beyond f16's range), q = kvalue + 16."""
+    rows = raw.shape[0]
+    b = raw.reshape(rows, -1, 17)
+    kv = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int32)
+    q = kv[np.concatenate([b[..., 1:] & 15, b[..., 1:] >> 4], axis=-1)] + 16  # (rows, nb, 32) in 0..28
+    k = b[..., 0].astype(np.int32) - 128
+    assert ((-24 <= k) & (k <= 15) | (q == 16).all(-1)).all()
+    d = np.where((-24 <= k) & (k <= 15), np.ldexp(np.float32(1), np.clip(k, -24, 15)), 0).astype(np.float16)
+    out = np.zeros((rows, b.shape[1], 22), np.uint8)
+    out[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
+    qh = ((q >> 4).astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(-1).astype("<u4")
+    out[..., 2:6] = qh.view(np.uint8).reshape(rows, -1, 4)
+    out[..., 6:22] = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    return out.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("T", [1, 5, EXPAND_MIN_TOKENS + 3])
+def test_mxfp4_is_packed_as_q5_0(T):
+    """An MXFP4 weight packs into Q5_0's layout (5.5 bits per weight against the file's 4.25) and
+    runs on its kernels: the same planes, so the same floats, as the Q5_0 tensor of its weights
+    (whose dequantization is the MXFP4 one, exactly)."""
+    rows, n = 130, 512
+    w = random_weight(GT.MXFP4, rows, n, seed=T)
+    q5 = QTensor.from_bytes(int(GT.Q5_0), (rows, n), mxfp4_as_q5_0(w.raw).reshape(-1))
+    np.testing.assert_array_equal(q5.dequantize(), w.dequantize())
+    x = np.random.default_rng(T).normal(0, 1, size=(T, n)).astype(np.float32)
+    ws = MatmulWorkspace(32, n, 4)
+    for int_kernel in ([False, True] if INT_KERNEL else [False]):
+        p, pq = pack_stacked((w,), int_kernel=int_kernel), pack_stacked((q5,), int_kernel=int_kernel)
+        # 22 bytes per 32 weights (the file: 17), for each row of whole tiles
+        assert p.type_id == int(GT.Q5_0) and p.src == (w,) and p.nbytes == pq.nbytes == -(-rows // NC) * NC * n // 32 * 22
+        for a, b in zip((p.lo, p.hi, p.s), (pq.lo, pq.hi, pq.s)):
+            np.testing.assert_array_equal(a, b)
+        out, want = np.zeros((T, rows), np.float32), np.zeros((T, rows), np.float32)
+        qmatmul(p, x, out, ws)
+        qmatmul(pq, x, want, ws)
+        assert np.array_equal(out, want)
+
+
+def test_mxfp4_beyond_f16_runs_on_the_reference_path():
+    """A block of nonzero weights whose scale f16 cannot hold (2**(e - 128) below 2**-24 or above
+    2**15) is not packed: the tensor stays raw, for the reference path, with a warning.  (e = 255,
+    NaN in the OCP spec and refused by ggml's row validation, is 2**127 to ggml's arithmetic.)"""
+    x = np.random.default_rng(0).normal(0, 1, size=(3, 256)).astype(np.float32)
+    for e in (103, 144, 255):
+        w = random_weight(GT.MXFP4, 64, 256, seed=e)
+        w.raw[5, 17 * 3] = e
+        w.raw[5, 17 * 3 + 1] = 0x21  # nonzero codes
+        with pytest.warns(RuntimeWarning, match="beyond f16's range"):
+            assert pack_stacked((w,)) is None
+        if e == 255:
+            continue  # infinite weights: no product to compare
+        out = np.zeros((3, 64), np.float32)
+        qmatmul(w, x, out, MatmulWorkspace(32, 256, 4))
+        ref = reference_product(GT.MXFP4, w, x)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
 def test_portable_kernel_env(monkeypatch):

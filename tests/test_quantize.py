@@ -90,6 +90,29 @@ def test_block_types_match_llama_cpp(ggml, type_id):
             assert_rows_equal(quantize(type_id, x, imatrix), ggml(type_id, x, imatrix))
 
 
+def test_mxfp4_exponent_edges_match_llama_cpp(ggml):
+    """MXFP4's exponent is floorf(log2f(amax)) - 2 + 127 as a uint8: blocks whose amax is each
+    power of two from the subnormals (where the uint8 wraps) to 2**127, the 100 floats below it
+    (where log2f rounds up to the integer) and 5 above; and halfway ties between code values."""
+    rng = np.random.default_rng(39)
+    amax = []
+    for k in range(-149, 128):
+        p = np.float32(np.ldexp(1.0, k))
+        below, above = [p], [p]
+        for _ in range(99):
+            below.append(np.nextafter(below[-1], np.float32(0)))
+        for _ in range(5):
+            above.append(np.nextafter(above[-1], np.float32(np.inf)))
+        amax += below + above[1:]
+    amax = np.array([a for a in amax if 0 < a < np.inf], np.float32)
+    x = amax[:, None] * rng.uniform(-1, 1, (len(amax), 32)).astype(np.float32)
+    x[:, 0] = np.where(np.arange(len(amax)) % 2, amax, -amax)
+    assert_rows_equal(quantize(qt.MXFP4, x), ggml(qt.MXFP4, x))
+    d = np.ldexp(np.float32(1), rng.integers(-20, 10, (2000, 1))).astype(np.float32)  # 2**(e - 128)
+    ties = rng.integers(-24, 25, (2000, 32)).astype(np.float32) * np.float32(0.5) * d
+    assert_rows_equal(quantize(qt.MXFP4, ties), ggml(qt.MXFP4, ties))
+
+
 @pytest.mark.parametrize("type_id", [qt.F32, qt.F16, qt.BF16], ids=lambda t: qt.QTYPES[t].name)
 def test_float_types_match_ggml_on_every_kind_of_bits(ggml, type_id):
     rng = np.random.default_rng(7)
@@ -119,7 +142,8 @@ def test_round_trip_error_is_small(type_id):
     x = rng.standard_normal((32, 512)).astype(np.float32)
     back = dequantize(quantize(type_id, x), type_id, x.shape)
     rel = np.sqrt(np.mean((back - x) ** 2) / np.mean(x ** 2))
-    bits = {qt.Q4_0: 4, qt.Q4_1: 4, qt.Q4_K: 4, qt.Q5_0: 5, qt.Q5_1: 5, qt.Q5_K: 5, qt.Q6_K: 6, qt.Q8_0: 8}
+    bits = {qt.Q4_0: 4, qt.Q4_1: 4, qt.Q4_K: 4, qt.Q5_0: 5, qt.Q5_1: 5, qt.Q5_K: 5, qt.Q6_K: 6, qt.Q8_0: 8,
+            qt.MXFP4: 4}
     assert rel < 2.0 ** -bits[type_id] * 2.5, rel  # about the step of a b-bit grid over a normal block
 
 
@@ -161,7 +185,7 @@ def test_converts_input_dtype_and_layout(ggml):
     assert quantize(qt.Q6_K, x.T).shape == (16, qt.row_bytes(qt.Q6_K, 512))
 
 
-@pytest.mark.parametrize("type_id", [qt.Q4_K, qt.Q6_K], ids=lambda t: qt.QTYPES[t].name)
+@pytest.mark.parametrize("type_id", [qt.Q4_K, qt.Q6_K, qt.MXFP4], ids=lambda t: qt.QTYPES[t].name)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     data=arrays(np.float32, (2, 256), elements=st.floats(-1e4, 1e4, width=32)),

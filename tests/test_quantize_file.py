@@ -21,7 +21,8 @@ FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLA
           "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
           "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S,
           "Q5_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_S, "Q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0,
-          "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
+          "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+          "MXFP4_MOE": llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE}
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
@@ -178,9 +179,25 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
+def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
+    """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
+    tied embeddings too; a model without experts is all Q8_0."""
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    quantize_model(models[arch], ours, QuantizeOptions(type="MXFP4_MOE", threads=2))
+    llama_quantize(models[arch], ref, "MXFP4_MOE")
+    assert_same_file(ours, ref)
+    g = read_gguf(ours)
+    types = {n: t.type_name for n, t in g.tensors.items() if len(t.shape) > 1 and "gate_inp" not in n}
+    want = {n: "MXFP4" if n.endswith("_exps.weight") else "Q8_0" for n in types}
+    assert types == want and g.metadata["general.file_type"] == 38
+    assert ("MXFP4" in types.values()) == (arch == "qwen3moe")
+
+
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "MXFP4_MOE"])
 def test_fallback_types_for_odd_row_lengths(tmp_path: Path, ftype: str):
-    # ne0 = 288 fits 32-blocks but not 256 (Q4_K -> Q5_0, Q6_K -> Q8_0); ffn_down's 200 fits neither (-> F16).
+    # ne0 = 288 fits 32-blocks but not 256 (Q4_K -> Q5_0, Q6_K -> Q8_0); ffn_down's 200 fits neither (-> F16,
+    # also straight from a 32-element type: Q8_0).
     src = write_float_model(tmp_path / "odd.gguf", "llama", D=288, F=200)
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     s = quantize_model(src, ours, QuantizeOptions(type=ftype))

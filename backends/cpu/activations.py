@@ -2,8 +2,8 @@
 quants the packed kernels (qdot.py) take.
 
 llama.cpp quantizes the activations for its dot products to the weight type's "vec_dot_type":
-Q8_0 (a scale per 32) for the legacy types, Q8_K (per 256) for the K-quants, f16 or bf16 for
-those float types.  Applying the same rounding keeps our logits within llama.cpp's own rounding
+Q8_0 (a scale per 32) for the legacy types and MXFP4, Q8_K (per 256) for the K-quants, f16 or
+bf16 for those float types.  Applying the same rounding keeps our logits within llama.cpp's own rounding
 of the same file.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ ACT_ROUNDING = {
     qt.F32: ACT_NONE, qt.F16: ACT_F16, qt.BF16: ACT_BF16,
     qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_0, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_0, qt.Q8_0: ACT_Q8_0,
     qt.Q2_K: ACT_Q8_K, qt.Q3_K: ACT_Q8_K, qt.Q4_K: ACT_Q8_K, qt.Q5_K: ACT_Q8_K, qt.Q6_K: ACT_Q8_K,
+    qt.MXFP4: ACT_Q8_0,
 }
 
 PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in parallel

@@ -23,16 +23,29 @@ into one matrix (Q, K and V; gate and up), so one call computes them side by sid
 a parallel pass over the tensor, done once by whoever runs the weights, CHUNK_TILES tiles at a
 time: each chunk's pages of the file are mapped in one call before (a page fault per 4 KiB cost
 more than the packing) and released as soon as it is packed.
+
+MXFP4 has no layout of its own: its blocks are Q5_0 blocks (PACKED_AS).  Its codes' values
+(ggml's kvalues_mxfp4) are the integers 0, +-1, +-2, +-3, +-4, +-6, +-8, +-12, so u = value + 16
+fits Q5_0's 5 bits, and its scale 2**(e - 128) is a power of two, exact in f16 for e - 128 in
+[-24, 15]: weight = d * (u - 16) exactly, and llama.cpp's MXFP4 dot (ggml_vec_dot_mxfp4_q8_0)
+is its Q5_0 dot: Q8_0 activations, (d_x * d_y) * the block's integer dot.  The price is memory:
+5.5 bits per weight packed against the file's 4.25.  A block of zeros scales by 0 whatever its e
+(llama.cpp writes e = 0 for one).  A tensor with a block of nonzero weights that f16 cannot scale
+(e - 128 outside [-24, 15]: llama.cpp's quantizer writes one only for 32 weights all below ~2**-21
+and not all zero, or for one reaching ~2**19) is not packed (fits_layout, with a warning): it runs on the
+reference path (matmul.py), exact as well, only slower.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
+from infer.quant.dequant import mxfp4_value
 from infer.quant.kquants import q3_scale
 from infer.quant.tensor import populate_mapped, release_mapped
 
@@ -43,12 +56,20 @@ from .target import INT_KERNEL
 
 CHUNK_TILES = 64  # tiles packed per call (4096 rows): the most of a tensor's file pages resident at once
 
+# Types packed into another type's layout, and run by its kernels (module doc).
+PACKED_AS = {qt.MXFP4: qt.Q5_0}
+
+
+def layout_type(type_id: int) -> int:
+    """The GGML type whose layout (qdot.LAYOUTS) and kernels a weight of type_id packs into."""
+    return PACKED_AS.get(type_id, type_id)
+
 
 @dataclass(frozen=True, eq=False)
 class PackedWeight:
     """A (N, K) weight in the planes of its type's Layout (see module doc)."""
 
-    type_id: int  # GGML type (of every part, for a stack)
+    type_id: int  # GGML type of its layout and kernels: the parts' type, or layout_type's (MXFP4: Q5_0)
     n: int  # rows N (output features)
     k: int  # row length K (input features)
     layout: Layout
@@ -57,7 +78,7 @@ class PackedWeight:
     s: np.ndarray  # (NT, K//G or K//256, NC) uint16 f16 bits
     m: np.ndarray  # like s; (0, 0, 0) without mins
     sc: np.ndarray  # (NT, K//G or 12*K//256, NC) uint8 K-quant sub-block scales; (0, 0, 0) for legacy types
-    src: tuple  # the QTensors it was packed from, stacked row-wise
+    src: tuple  # the QTensors it was packed from, stacked row-wise (of the file's type)
     act: int  # how the activations are rounded for it (ACT_ROUNDING of its type)
     int_kernel: bool = False  # run by the integer kernel (VNNI, AVX-512BW or AVX2), else the portable one
 
@@ -70,8 +91,17 @@ class PackedWeight:
 def unpack_row(type_id, src, u):
     # src: (row_bytes,) uint8, one raw row; u: (K,) uint8, its quants as the planes keep them,
     # u = q + LAYOUTS[type].offset (weight = scale * q - min): the unsigned value each type stores
-    # (Q8_0's signed byte with its sign bit flipped)
+    # (Q8_0's signed byte with its sign bit flipped; MXFP4's code value + 16, as Q5_0's)
     K = u.shape[0]
+    if type_id == qt.MXFP4:
+        for b in range(K // 32):
+            o = b * 17
+            t = b * 32
+            for j in range(16):
+                x = np.int32(src[o + 1 + j])
+                u[t + j] = np.uint8(mxfp4_value(x & 15) + 16)
+                u[t + 16 + j] = np.uint8(mxfp4_value(x >> 4) + 16)
+        return
     if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
         size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
             22 if type_id == qt.Q5_0 else 24)  # bytes per block
@@ -150,6 +180,8 @@ def unpack_typed(type_id, src, u):
         unpack_row(qt.Q5_1, src, u)
     elif type_id == qt.Q3_K:
         unpack_row(qt.Q3_K, src, u)
+    elif type_id == qt.MXFP4:
+        unpack_row(qt.MXFP4, src, u)
     else:
         unpack_row(qt.Q2_K, src, u)
 
@@ -160,9 +192,44 @@ def _u16(src, o):
 
 
 @njit(cache=True, inline="always")
+def mxfp4_scale_f16(src, o):
+    # src: (row_bytes,) uint8; the MXFP4 block at byte o ([e, qs[16]]) -> the f16 bits of its scale
+    # 2**(e - 128) as Q5_0's d (int32): f16's normals reach 2**-14 .. 2**15, its subnormals 2**-24;
+    # 0 for a block of zeros (codes 0 or 8) outside that range, -1 for one that cannot be scaled
+    k = np.int32(src[o]) - 128
+    if -14 <= k <= 15:
+        return (k + 15) << 10
+    if -24 <= k < -14:
+        return np.int32(1) << (k + 24)
+    for j in range(16):
+        if src[o + 1 + j] & np.uint8(0x77):  # a nibble with a nonzero magnitude
+            return -1
+    return 0
+
+
+@njit(cache=True, parallel=True)
+def mxfp4_unscalable(raw):
+    # raw: (N, row_bytes) uint8 MXFP4 rows -> how many rows have a block mxfp4_scale_f16 cannot scale
+    bad = 0
+    for r in prange(raw.shape[0]):
+        row = raw[r]
+        flag = 0
+        for b in range(row.shape[0] // 17):
+            if mxfp4_scale_f16(row, 17 * b) < 0:
+                flag = 1
+                break
+        bad += flag
+    return bad
+
+
+@njit(cache=True, inline="always")
 def row_scales(type_id, src, s, m, sc):
     # src: (row_bytes,) uint8, one raw row; writes the row's scales as the planes keep them
     # (module doc): s, m: (X,) uint16 f16 bits; sc: (Y,) uint8
+    if type_id == qt.MXFP4:  # as Q5_0's d; rows with unscalable blocks are never packed (fits_layout)
+        for b in range(s.shape[0]):
+            s[b] = np.uint16(max(mxfp4_scale_f16(src, 17 * b), 0))
+        return
     if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
         size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
             22 if type_id == qt.Q5_0 else 24)
@@ -264,12 +331,33 @@ def pack_rows(type_id, group, lo_bits, hi_bits, has_m, has_sc, raw, lo, hi, s, m
 def stackable(ws) -> bool:
     """Whether QTensors can be packed as one matrix, their rows stacked: one repackable type, one
     row length, and every part but the last a whole number of tiles (so each part's outputs
-    start at a known column)."""
+    start at a known column).  From the shapes alone: see fits_layout for the values."""
     return (
-        ws[0].type_id in LAYOUTS
+        layout_type(ws[0].type_id) in LAYOUTS
         and len({(w.type_id, w.shape[-1]) for w in ws}) == 1
         and all(w.raw.shape[0] % NC == 0 for w in ws[:-1])
     )
+
+
+def fits_layout(ws, release: bool = False) -> bool:
+    """Whether the values of QTensors fit their layout exactly: always but for MXFP4 tensors with
+    a block whose scale f16 cannot hold (module doc), which a pass over the tensor finds (CHUNK_TILES
+    tiles at a time, each chunk's file pages released after it if release)."""
+    for w in ws:
+        if w.type_id != qt.MXFP4:
+            continue
+        step = CHUNK_TILES * NC
+        for r in range(0, w.raw.shape[0], step):
+            rows = w.raw[r:r + step]
+            populate_mapped(rows)
+            bad = mxfp4_unscalable(rows)
+            if release:
+                release_mapped(rows)
+            if bad:
+                warnings.warn(f"an MXFP4 weight ({' x '.join(map(str, w.shape))}) has blocks scaled beyond f16's range "
+                              "(2**-24 .. 2**15): it runs on the slower reference path", RuntimeWarning, stacklevel=3)
+                return False
+    return True
 
 
 def use_int_kernel() -> bool:
@@ -281,7 +369,7 @@ def use_int_kernel() -> bool:
 
 def packed_shapes(ws) -> list[tuple[tuple[int, ...], type]]:
     """The (shape, dtype) of lo, hi, s, m and sc of pack_stacked(ws) (ws stackable)."""
-    L, K = LAYOUTS[ws[0].type_id], ws[0].shape[-1]
+    L, K = LAYOUTS[layout_type(ws[0].type_id)], ws[0].shape[-1]
     nt = sum(-(-w.raw.shape[0] // NC) for w in ws)
     nb, nsb = K // L.group, K // 256
     legacy = L.scales == SC_F16
@@ -292,20 +380,22 @@ def packed_shapes(ws) -> list[tuple[tuple[int, ...], type]]:
             ((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)]
 
 
-def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, alloc=huge_empty) -> PackedWeight | None:
-    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be.
+def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, alloc=huge_empty,
+                 checked: bool = False) -> PackedWeight | None:
+    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be
+    (stackable, fits_layout: decided before anything is allocated; checked: fits_layout is known).
     int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs target.INT_KERNEL.
     release: drop each chunk's pages of a mapped file once packed (quant.tensor.release_mapped),
     so a tensor and its packed copy are never resident together.  alloc(shape, dtype): where the
     planes go (np.empty-like; by default huge pages where the OS has them, see hugepages.py)."""
     ws = tuple(ws)
-    if not stackable(ws):
+    if not stackable(ws) or not (checked or fits_layout(ws, release)):
         return None
     int_kernel = use_int_kernel() if int_kernel is None else bool(int_kernel)
     if int_kernel and not INT_KERNEL:
         raise ValueError("the integer kernel needs a CPU with AVX-512 VNNI, AVX-512BW or AVX2")
-    type_id = ws[0].type_id
-    L, K = LAYOUTS[type_id], ws[0].shape[-1]
+    type_id = ws[0].type_id  # the file's: unpack_row and row_scales read its blocks
+    L, K = LAYOUTS[layout_type(type_id)], ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
     legacy = L.scales == SC_F16
     # what every decode step streams
@@ -329,7 +419,8 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
             if release:
                 release_mapped(rows)
         a += n
-    return PackedWeight(type_id, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[type_id], int_kernel)
+    kt = layout_type(type_id)
+    return PackedWeight(kt, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[kt], int_kernel)
 
 
 @dataclass(frozen=True, eq=False)
@@ -368,14 +459,16 @@ class PackedExperts:
         return [((len(groups),) + shape, dtype) for shape, dtype in first]
 
     @classmethod
-    def pack(cls, groups, alloc=huge_empty, release: bool = False) -> "PackedExperts | None":
-        """Every expert packed (pack_stacked) into the planes' expert slices, or None as shapes()."""
+    def pack(cls, groups, alloc=huge_empty, release: bool = False, checked: bool = False) -> "PackedExperts | None":
+        """Every expert packed (pack_stacked) into the planes' expert slices, or None as shapes(),
+        or where an expert's values do not fit the layout (fits_layout; checked: known to fit),
+        decided before anything is allocated."""
         shapes = cls.shapes(groups)
-        if shapes is None:
+        if shapes is None or not (checked or all(fits_layout(ws, release) for ws in groups)):
             return None
         planes = [alloc(shape, dtype) for shape, dtype in shapes]
         weights = []
         for e, ws in enumerate(groups):
             views = iter([p[e] for p in planes])
-            weights.append(pack_stacked(ws, release=release, alloc=lambda shape, dtype: next(views)))
+            weights.append(pack_stacked(ws, release=release, alloc=lambda shape, dtype: next(views), checked=True))
         return cls(tuple(weights), *planes)

@@ -26,6 +26,16 @@ weights kept dense: 0.6-1.8% of max |logit| on the embedded Gemma (9 Q6_K layers
 distance from exact arithmetic), 0.3% on the tiny llama, 0.001% on the tiny qwen2 (tests/tiny_models).
 Exactness would need each 16-weight sub-block in a group of its own (twice the products).
 F32, F16 and BF16 matrices become dense float arrays.
+
+MXFP4 is MLX's own "mxfp4" mode, bit for bit: MLX's 4-bit codes are OCP e2m1 (sign bit 3,
+magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6) and its uint8 scales E8M0 (2**(s - 127)) per group of 32;
+ggml's kvalues_mxfp4 are those magnitudes doubled and its scale 2**(e - 128) is half of E8M0's,
+so weight = e2m1(code) * 2**(e - 127) in both, for the same code and the same byte.  Only the
+nibble order moves (ggml: element j in byte j's low nibble and j + 16 in its high one; MLX: a
+little-endian stream, element j at bits 4j).  4.25 bits per weight on the device, as in the file,
+and exact for every exponent (dequantized: equal as numbers, a zero's sign aside; e = 255, which
+ggml's row validation refuses, is NaN to MLX and 2**127 to ggml).  Affine 5-bit (Q5_0's mapping)
+would cost 5 bits plus a float scale and bias per 32, and lose the exponents f16 cannot hold on a GPU.
 """
 from __future__ import annotations
 
@@ -132,6 +142,14 @@ def requantize(x: np.ndarray, bits: int, group_size: int = GROUP) -> tuple[np.nd
     return q.reshape(rows, n), scale.astype(np.float32), lo.astype(np.float32)
 
 
+def mxfp4_codes(t: QTensor) -> tuple[np.ndarray, np.ndarray]:
+    """An MXFP4 matrix as MLX's mxfp4 arrays: (codes packed as MLX packs 4 bits: (rows, n // 8)
+    uint32, E8M0 scales: (rows, n // 32) uint8), the very bytes of the file reordered (module doc)."""
+    b = t.raw.reshape(t.rows, t.n // 32, 17)
+    q = np.concatenate([b[..., 1:] & 15, b[..., 1:] >> 4], axis=-1)  # (rows, nb, 32) in element order
+    return pack(q.reshape(t.rows, t.n), 4), np.ascontiguousarray(b[..., 0])
+
+
 def to_affine(t: QTensor) -> AffineTensor:
     """A GGML block-quantized matrix in MLX's affine format (exact, or re-quantized: see the module doc)."""
     if len(t.shape) != 2:
@@ -159,14 +177,16 @@ def to_affine(t: QTensor) -> AffineTensor:
 
 @dataclass(frozen=True, eq=False)
 class Matrix:
-    """A weight matrix (rows, cols) on the device: affine-quantized (bits > 0: packed words,
-    scales, biases) or dense (bits == 0: w is the float matrix)."""
+    """A weight matrix (rows, cols) on the device: quantized (bits > 0: packed words, scales and,
+    in mode "affine", biases; mode "mxfp4": uint8 E8M0 scales, no biases) or dense (bits == 0: w
+    is the float matrix)."""
 
     w: mx.array
     scales: mx.array | None = None
     biases: mx.array | None = None
     bits: int = 0
     group_size: int = 0
+    mode: str = "affine"
 
     @property
     def rows(self) -> int:
@@ -176,14 +196,17 @@ class Matrix:
         """x (T, cols) -> x @ W.T (T, rows)."""
         if self.bits:
             return mx.quantized_matmul(x, self.w, self.scales, self.biases, transpose=True,
-                                       group_size=self.group_size, bits=self.bits)
+                                       group_size=self.group_size, bits=self.bits, mode=self.mode)
         return x @ self.w.T
 
     def take(self, ids: mx.array) -> mx.array:
         """Rows ids (T,) as floats (T, cols): the embedding lookup, dequantizing only those rows."""
         if self.bits:
-            return mx.dequantize(self.w[ids], self.scales[ids], self.biases[ids],
-                                 group_size=self.group_size, bits=self.bits)
+            biases = None if self.biases is None else self.biases[ids]
+            # mxfp4: no float scales to take the type from; float32, what the embedding is made
+            dtype = mx.float32 if self.biases is None else None
+            return mx.dequantize(self.w[ids], self.scales[ids], biases, group_size=self.group_size,
+                                 bits=self.bits, mode=self.mode, dtype=dtype)
         return self.w[ids]
 
     def dense(self) -> mx.array:
@@ -201,6 +224,11 @@ def upload(t: QTensor | AffineTensor, dtype=mx.float32) -> Matrix:
     """A weight as a device Matrix; scales, biases and dense weights in dtype (the compute type)."""
     if isinstance(t, AffineTensor):
         a = t
+    elif t.type_id == qt.MXFP4:
+        if len(t.shape) != 2:
+            raise ValueError(f"expected a matrix, got a tensor of shape {t.shape}")
+        codes, scales = mxfp4_codes(t)
+        return Matrix(mx.array(codes), mx.array(scales), None, 4, 32, "mxfp4")
     elif t.type_id in DENSE_TYPES:
         x = t.raw.view(np.float32).reshape(t.shape) if t.type_id == qt.F32 else t.dequantize()
         return Matrix(mx.array(x, dtype=dtype))
@@ -214,10 +242,11 @@ def stack(mats: list[Matrix]) -> Matrix | None:
     """One matrix with the rows of all (so Q, K and V, or gate and up, take one product), or None
     when they differ in format."""
     first = mats[0]
-    if any(m.bits != first.bits or m.group_size != first.group_size or m.w.dtype != first.w.dtype
-           or m.w.shape[1] != first.w.shape[1] for m in mats):
+    if any(m.bits != first.bits or m.group_size != first.group_size or m.mode != first.mode
+           or m.w.dtype != first.w.dtype or m.w.shape[1] != first.w.shape[1] for m in mats):
         return None
     if not first.bits:
         return Matrix(mx.concatenate([m.w for m in mats]))
+    biases = None if first.biases is None else mx.concatenate([m.biases for m in mats])
     return Matrix(mx.concatenate([m.w for m in mats]), mx.concatenate([m.scales for m in mats]),
-                  mx.concatenate([m.biases for m in mats]), first.bits, first.group_size)
+                  biases, first.bits, first.group_size, first.mode)

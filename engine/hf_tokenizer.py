@@ -88,7 +88,9 @@ class HFTokenizer:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise TokenizerError(f"tokenizer.json cannot be loaded: {first}") from None
         self._lock = threading.Lock()  # encode_special_tokens is a setting of the shared tokenizer
-        n_tok = self._hf.get_vocab_size(with_added_tokens=True)
+        # The id space, not the token count (get_vocab_size): a vocabulary with gaps has ids past its size.
+        n_tok = max(self._hf.get_vocab_size(with_added_tokens=True),
+                    max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1) + 1)
         if n_vocab and n_tok > n_vocab:  # ids past the embedding would index outside it (MLX's take checks nothing)
             raise TokenizerError(f"tokenizer.json has {n_tok} tokens but the model's embedding only {n_vocab} rows")
         # The embedding may have rows past the tokenizer (padding): those ids decode to nothing.
@@ -123,12 +125,19 @@ class HFTokenizer:
         bos_text, eos_text = _token_content(tc.get("bos_token")), _token_content(tc.get("eos_token"))
         self._bos = self._hf.token_to_id(bos_text) if bos_text else None
         self._eos = self._hf.token_to_id(eos_text) if eos_text else None
-        cfg_eos = _ids(mc.get("eos_token_id")) + _ids((mc.get("text_config") or {}).get("eos_token_id"))
+        text_config = mc.get("text_config") if isinstance(mc.get("text_config"), dict) else {}
+        cfg_eos = _ids(mc.get("eos_token_id")) + _ids(text_config.get("eos_token_id"))
         if self._bos is None:
             self._bos = next(iter(_ids(mc.get("bos_token_id")) + _ids(gc.get("bos_token_id"))), None)
         if self._eos is None:
             self._eos = next(iter(cfg_eos + _ids(gc.get("eos_token_id"))), None)
-        self.add_bos, self.add_eos = self._post_processor_adds()
+        try:  # the first encode: tokenizers finds some broken files only now (an unk token not in the vocabulary)
+            self.add_bos, self.add_eos = self._post_processor_adds()
+        except Exception as e:
+            if type(e) is not Exception:  # tokenizers' errors are plain Exceptions; anything else is a bug
+                raise
+            first = str(e).splitlines()[0] if str(e) else repr(e)
+            raise TokenizerError(f"tokenizer.json cannot encode text: {first}") from None
         if isinstance(tc.get("add_bos_token"), bool):
             self.add_bos = tc["add_bos_token"]
         if isinstance(tc.get("add_eos_token"), bool):
@@ -147,7 +156,11 @@ class HFTokenizer:
         if not path.is_file():
             raise TokenizerError(f"{folder}: no tokenizer.json")
         tc = _read_json(folder / "tokenizer_config.json")
-        return cls(path.read_text(encoding="utf-8"), tc, _read_json(folder / "config.json"),
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        return cls(text, tc, _read_json(folder / "config.json"),
                    _read_json(folder / "generation_config.json"), n_vocab, architecture,
                    folder_chat_template(folder, tc))
 

@@ -22,7 +22,7 @@ from .hf_files import (ST_DTYPES, ConvertError, ConvertWarning, Kvs, StEntry, re
                        st_array)
 from .hf_vocab import UNUSED, bpe_vocab, detect_pre_tokenizer, special_kvs, spm_vocab
 from .arch import architecture, for_hf_model_type
-from .arch.hf_keys import generic_kvs
+from .arch.hf_keys import check_hparams, generic_kvs
 from .source import SourceModel, SourceTensor
 
 __all__ = ["ConvertError", "ConvertWarning", "TensorNamer", "detect_pre_tokenizer",
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 def text_hparams(config: dict[str, Any], path: Path) -> tuple[str, dict[str, Any]]:
     """The GGUF architecture a config.json converts to, and its text model's hyperparameters."""
     arch = for_hf_model_type(config.get("model_type"), path)
-    return arch.name, (arch.hf_text_hparams or dict)(config)
+    return arch.name, check_hparams((arch.hf_text_hparams or dict)(config), path)
 
 
 def hparam_kvs(arch: str, hp: dict[str, Any], name: str, path: Path) -> tuple[Kvs, dict[str, np.ndarray]]:

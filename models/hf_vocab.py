@@ -88,6 +88,20 @@ def _read_sentencepiece(path: Path) -> tuple[list[str], list[float], list[int], 
     return tokens, scores, types, add_dummy_prefix
 
 
+# Far past any real vocabulary (the largest have ~262k tokens): the token lists are sized by the
+# largest id, so a corrupt id of 2**40 would otherwise mean a list of 2**40 tokens.
+MAX_TOKEN_ID = 1 << 24
+
+
+def _token_id(v: Any, text: Any, path: Path) -> int:
+    if isinstance(v, str) and v.isdecimal():  # added_tokens_decoder's keys are ids as strings
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_TOKEN_ID:
+        raise ConvertError(f"{path}: token {str(text)[:40]!r} has id {str(v)[:40]!r}, not an integer in "
+                           f"0..{MAX_TOKEN_ID - 1}")
+    return v
+
+
 def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
     """id -> (text, special) from tokenizer_config.json's added_tokens_decoder and tokenizer.json."""
     out: dict[int, tuple[str, bool]] = {}
@@ -95,12 +109,13 @@ def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
     if tj.is_file():
         for t in read_json(tj, "tokenizer").get("added_tokens") or []:
             if isinstance(t, dict) and "id" in t and "content" in t:
-                out[int(t["id"])] = (str(t["content"]), bool(t.get("special", False)))
+                out[_token_id(t["id"], t["content"], tj)] = (str(t["content"]), bool(t.get("special", False)))
     tc = folder / "tokenizer_config.json"
     if tc.is_file():
-        for tid, t in (read_json(tc, "tokenizer config").get("added_tokens_decoder") or {}).items():
+        decoder = read_json(tc, "tokenizer config").get("added_tokens_decoder")
+        for tid, t in (decoder.items() if isinstance(decoder, dict) else ()):
             if isinstance(t, dict) and "content" in t:
-                out[int(tid)] = (str(t["content"]), bool(t.get("special", False)))
+                out[_token_id(tid, t["content"], tc)] = (str(t["content"]), bool(t.get("special", False)))
     return out
 
 
@@ -181,7 +196,7 @@ def bpe_vocab(folder: Path, kv: Kvs, n_rows: int | None) -> int:
         warnings.warn(msg, ConvertWarning, stacklevel=3)
         logger.warning(msg)
         pre = "default"
-    by_id: dict[int, str] = {int(i): t for t, i in model["vocab"].items()}
+    by_id: dict[int, str] = {_token_id(i, t, path): t for t, i in model["vocab"].items()}
     added = _added_tokens(folder)
     n = max([*by_id, *added, -1]) + 1
     if n_rows is not None:
@@ -218,7 +233,13 @@ _SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eo
 def special_kvs(folder: Path, kv: Kvs, n_vocab: int) -> None:
     # gguf's SpecialVocab reads tokenizer_config.json / tokenizer.json / config.json /
     # chat_template.jinja exactly as llama.cpp's converter does (it is the converter's own helper).
-    sv = gguf.vocab.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
+    try:
+        sv = gguf.vocab.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab)
+    except (ValueError, AttributeError, TypeError, KeyError) as e:
+        # Its only ways of meeting a malformed file: a negative id (ValueError), an object that is
+        # a list or a string where it expects a dict (AttributeError, TypeError, KeyError).
+        raise ConvertError(f"{folder}: malformed special-token settings in tokenizer.json, tokenizer_config.json "
+                           f"or config.json ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     for typ, tid in sv.special_token_ids.items():
         if typ in _SPECIAL_KEYS and tid is not None:
             kv.u32(_SPECIAL_KEYS[typ], tid)

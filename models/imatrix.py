@@ -65,7 +65,7 @@ def _load_legacy(path: Path) -> Imatrix:
         ncall, nval = i32(), i32()
         if nval < 1:
             raise ImatrixError(f"{path}: entry {name!r} has {nval} values")
-        sums = np.frombuffer(take(4 * nval), dtype="<f4").astype(np.float32)
+        sums = _checked(path, name, np.frombuffer(take(4 * nval), dtype="<f4").astype(np.float32))
         # The file stores sums over ncall calls; llama.cpp divides in float32 before quantizing.
         values[name] = sums / np.float32(ncall) if ncall > 0 else sums
     chunks, datasets = 0, ()
@@ -89,8 +89,8 @@ def _load_gguf(path: Path) -> Imatrix:
         counts_t = g.tensors.get(name + ".counts")
         if counts_t is None:
             raise ImatrixError(f"{path}: {tname} has no matching .counts tensor")
-        sums = t.dequantize().reshape(-1, t.shape[-1]).astype(np.float32)
-        counts = counts_t.dequantize().reshape(-1).astype(np.float32)
+        sums = _checked(path, tname, t.dequantize().reshape(-1, t.shape[-1]).astype(np.float32))
+        counts = _checked(path, name + ".counts", counts_t.dequantize().reshape(-1).astype(np.float32))
         if counts.size != sums.shape[0]:
             raise ImatrixError(f"{path}: {name}: {counts.size} counts for {sums.shape[0]} matrices")
         # Per matrix (expert): mean of the squared activations; unseen experts get a flat 1.
@@ -100,5 +100,20 @@ def _load_gguf(path: Path) -> Imatrix:
         values[name] = out.reshape(-1)
     if not values:
         raise ImatrixError(f"{path}: GGUF file has no imatrix data (.in_sum2 tensors)")
-    ds = g.metadata.get("imatrix.datasets", [])
-    return Imatrix(path, values, tuple(str(d) for d in ds), int(g.metadata.get("imatrix.chunk_count", 0)), legacy=False)
+    # Both end up in the output's metadata (quantize.imatrix.*): a string list and a uint32.
+    ds, chunks = g.metadata.get("imatrix.datasets", []), g.metadata.get("imatrix.chunk_count", 0)
+    if not isinstance(ds, list) or not all(isinstance(d, str) for d in ds):
+        raise ImatrixError(f"{path}: imatrix.datasets is not a list of strings")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks < 2**32:
+        raise ImatrixError(f"{path}: imatrix.chunk_count {chunks!r} is not a uint32 count")
+    return Imatrix(path, values, tuple(ds), chunks, legacy=False)
+
+
+def _checked(path: Path, name: str, v: np.ndarray) -> np.ndarray:
+    """Sums of squared activations (and call counts) are finite and never negative; the quantizers
+    weigh their error by them, and a negative or NaN weight makes them zero out whole blocks."""
+    if not np.isfinite(v).all():
+        raise ImatrixError(f"{path}: entry {name!r} has non-finite values")
+    if (v < 0).any():
+        raise ImatrixError(f"{path}: entry {name!r} has negative values (it holds sums of squares)")
+    return v

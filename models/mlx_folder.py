@@ -75,7 +75,12 @@ def _weight_entries(folder: Path) -> dict[str, StEntry]:
         weight_map = read_json(index, "safetensors index").get("weight_map")
         if not isinstance(weight_map, dict):
             raise ModelLoadError(f"{index}: no weight_map")
-        files = sorted({folder / str(f) for f in weight_map.values()})
+        for name, f in weight_map.items():
+            # A file of this folder, by name: not a path that reaches out of it (/proc/self/mem, ../other).
+            if not isinstance(f, str) or f in ("", ".", "..") or "/" in f or "\\" in f or "\0" in f:
+                raise ModelLoadError(f"{index}: weight_map gives tensor {name!r} the file {f!r}, "
+                                     "which is not a file name in the folder")
+        files = sorted({folder / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise ModelLoadError(f"{folder}: weights file {missing[0]} named by {index.name} is missing")
@@ -120,17 +125,17 @@ def quantization_of(config: dict[str, Any], path: Path) -> QuantSpec:
     mode = q.get("mode", "affine")
     if mode != "affine" or "quant_method" in q:
         raise ModelLoadError(f"{path}: quantization {q.get('quant_method', mode)!r} is not supported (MLX affine only)")
-    try:
-        bits, group_size = int(q["bits"]), int(q["group_size"])
-    except (KeyError, TypeError, ValueError):
-        raise ModelLoadError(f"{path}: 'quantization' needs integer 'bits' and 'group_size'") from None
+    bits, group_size = q.get("bits"), q.get("group_size")
+    if bits is None or group_size is None:
+        raise ModelLoadError(f"{path}: 'quantization' needs integer 'bits' and 'group_size'")
     overrides = {k: v for k, v in q.items() if isinstance(v, (dict, bool))}
     for spec in [(bits, group_size)] + [(v.get("bits", bits), v.get("group_size", group_size))
                                         for v in overrides.values() if isinstance(v, dict)]:
+        # Membership first, int() after: 4.5 or Infinity must not round or overflow into a valid value.
         if spec[0] not in BITS or spec[1] not in GROUP_SIZES:
-            raise ModelLoadError(f"{path}: quantization with {spec[0]} bits and group size {spec[1]} is not "
+            raise ModelLoadError(f"{path}: quantization with {spec[0]!r} bits and group size {spec[1]!r} is not "
                                  f"supported (bits {BITS}, group sizes {GROUP_SIZES})")
-    return QuantSpec(bits, group_size, overrides)
+    return QuantSpec(int(bits), int(group_size), overrides)
 
 
 # ----------------------------------------------------------------------------- tensors

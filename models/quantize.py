@@ -203,7 +203,8 @@ def _imatrix_for(imatrix, p: recipe.TensorPlan, note) -> np.ndarray | None:
     if v.size != p.shape[-1] * n_mat:
         if p.name in ("token_embd.weight", "per_layer_token_embd.weight"):
             return None  # embeddings are lookups: imatrix tools record no sensible data for them
-        raise QuantizeError(f"imatrix has {v.size} values for {p.name}, which needs {p.shape[-1] * n_mat}")
+        raise QuantizeError(f"{imatrix.path}: imatrix entry {p.name} has {v.size} values, the tensor needs "
+                            f"{p.shape[-1] * n_mat}")
     return v.reshape(n_mat, p.shape[-1])
 
 

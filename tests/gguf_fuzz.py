@@ -133,10 +133,12 @@ def seeds(folder: Path) -> list[Path]:
     return out
 
 
-def run_cases(cases: list[Path], timeout: float = 60.0) -> list[tuple[Path, str]]:
+def run_cases(cases: list[Path], timeout: float = 60.0, worker_argv: list[str] | None = None) -> list[tuple[Path, str]]:
     """Each case through the worker: (path, answer) with answer OK / ERR ... / TB ... from the
     worker, or CRASH <signal or exit code> / HANG when the worker died or said nothing for
-    `timeout` seconds on that case (a new worker takes the next one)."""
+    `timeout` seconds on that case (a new worker takes the next one). The worker is this file's
+    (load and run a model) unless `worker_argv` names another script speaking the same protocol
+    (serve())."""
     import os
     import selectors
     import subprocess
@@ -145,8 +147,9 @@ def run_cases(cases: list[Path], timeout: float = 60.0) -> list[tuple[Path, str]
     proc = None
     for case in cases:
         if proc is None:
-            proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            proc = subprocess.Popen([sys.executable, *(worker_argv or [__file__])], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    env={**os.environ, "PYTHONWARNINGS": "ignore"})
             if proc.stdout.readline().strip() != "READY":
                 raise RuntimeError("the fuzz worker did not start")
         proc.stdin.write(f"{case}\n")
@@ -172,14 +175,13 @@ def run_cases(cases: list[Path], timeout: float = 60.0) -> list[tuple[Path, str]
     return results
 
 
-def worker() -> None:
-    """Load each file named on stdin and generate two tokens from it; one answer line per file."""
+def serve(handle) -> None:
+    """The worker's loop: `handle(path)` for each path on stdin, one answer line each: OK when it
+    returns, ERR / RUN for the errors the CLI reports as one line, TB for anything else."""
     import traceback
 
     from infer.cli.errors import user_errors
-    from infer.engine.engine import EngineConfig, ModelRunError
-    from infer.engine.llm import LLM
-    from infer.engine.sampler import SamplingParams
+    from infer.engine.engine import ModelRunError
 
     expected = user_errors()
     print("READY", flush=True)
@@ -197,9 +199,7 @@ def worker() -> None:
             print("TB RuntimeError: selftest at gguf_fuzz.py", flush=True)
             continue
         try:
-            llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=1, max_seqs=1))
-            ids = llm.encode_raw("Hello world")[:32]
-            list(llm.generate(ids, SamplingParams(max_tokens=2, temperature=0)))
+            handle(path)
             answer = "OK"
         except ModelRunError as e:  # one line for the user, but a kernel ran on what the loader let through
             answer = "RUN " + str(e).splitlines()[0][:200]
@@ -209,6 +209,20 @@ def worker() -> None:
             where = traceback.extract_tb(e.__traceback__)[-1]
             answer = f"TB {type(e).__name__}: {str(e)[:120]!r} at {Path(where.filename).name}:{where.lineno}"
         print(answer.replace("\n", " "), flush=True)
+
+
+def worker() -> None:
+    """Load each model (file or folder) named on stdin and generate two tokens from it."""
+    from infer.engine.engine import EngineConfig
+    from infer.engine.llm import LLM
+    from infer.engine.sampler import SamplingParams
+
+    def load_and_run(path: str) -> None:
+        llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=1, max_seqs=1))
+        ids = llm.encode_raw("Hello world")[:32]
+        list(llm.generate(ids, SamplingParams(max_tokens=2, temperature=0)))
+
+    serve(load_and_run)
 
 
 if __name__ == "__main__":

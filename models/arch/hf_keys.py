@@ -21,6 +21,78 @@ def need(hp: dict[str, Any], key: str, path: Path) -> Any:
     return hp[key]
 
 
+# config.json keys read as numbers (by generic_kvs, the architectures' hf_kvs, the tensor loaders),
+# checked once by check_hparams so that a hostile value is refused naming its key rather than
+# failing some later int() / float(), or reaching a kernel as NaN or a wrapped-around size.
+INT_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "vocab_size", "max_position_embeddings", "n_ctx", "n_positions", "max_length",
+               "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "original_max_position_embeddings")
+FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_logit_softcapping",
+                 "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",
+                 "residual_multiplier", "logits_scaling")
+ROPE_FLOATS = ("factor", "low_freq_factor", "high_freq_factor", "rope_theta", "attention_factor", "beta_fast",
+               "beta_slow")
+F32_MAX = float(np.finfo(np.float32).max)  # GGUF keeps these as float32
+
+
+def check_hparams(hp: dict[str, Any], path: Path) -> dict[str, Any]:
+    """hp with its numeric keys checked: integers in uint32 range (GGUF stores them so), finite
+    float32 numbers; null is dropped, which is how transformers reads it (the key's default)."""
+    from ..config import MAX_LAYERS  # here, not at the top: models.config imports this package
+
+    out = {k: v for k, v in hp.items() if not (v is None and k in INT_HPARAMS + FLOAT_HPARAMS)}
+    for key in INT_HPARAMS:
+        if key in out:
+            out[key] = _check_int(out[key], key, path)
+    if not 1 <= out.get("num_hidden_layers", 1) <= MAX_LAYERS:  # the tensor-name map is built per layer
+        raise ConvertError(f"{path}: num_hidden_layers {out['num_hidden_layers']} is out of range (1..{MAX_LAYERS})")
+    for key in FLOAT_HPARAMS:
+        if key in out:
+            _check_float(out[key], key, path)
+    if not isinstance(out.get("tie_word_embeddings", False), bool):
+        raise ConvertError(f"{path}: tie_word_embeddings {_short(out['tie_word_embeddings'])} is not true or false")
+    for name in ("rope_scaling", "rope_parameters"):
+        rs = out.get(name)
+        if not isinstance(rs, dict):
+            continue
+        for key in ROPE_FLOATS:
+            if rs.get(key) is not None:
+                _check_float(rs[key], f"{name}.{key}", path)
+        if rs.get("original_max_position_embeddings") is not None:
+            key = "original_max_position_embeddings"
+            out[name] = rs = {**rs, key: _check_int(rs[key], f"{name}.{key}", path)}
+        for key in ("long_factor", "short_factor"):
+            if rs.get(key) is not None:
+                if not isinstance(rs[key], list):
+                    raise ConvertError(f"{path}: {name}.{key} {_short(rs[key])} is not a list of numbers")
+                for v in rs[key]:
+                    _check_float(v, f"{name}.{key}", path)
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind in ("linear", "yarn") and rs.get("factor") is None:  # the converters read it unguarded
+            raise ConvertError(f"{path}: {name} of type {kind!r} has no factor")
+    return out
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _check_int(v: Any, key: str, path: Path) -> int:
+    # 2.0 is an integer too (some tools write every number as a float): returned as 2
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ConvertError(f"{path}: {key} {_short(v)} is not an integer")
+    if not 0 <= v < 2**32:
+        raise ConvertError(f"{path}: {key} {_short(v)} is out of range (0..{2**32 - 1})")
+    return int(v)
+
+
+def _check_float(v: Any, key: str, path: Path) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= F32_MAX:  # NaN fails <= too
+        raise ConvertError(f"{path}: {key} {_short(v)} is not a finite number")
+
+
 def rope_scaling(hp: dict[str, Any]) -> dict[str, Any] | None:
     # transformers >= 4.56 renamed rope_scaling to rope_parameters (which also carries rope_theta)
     rs = hp.get("rope_scaling") or hp.get("rope_parameters")
@@ -46,6 +118,14 @@ def llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndarr
     factor = float(rs.get("factor", 8.0))
     low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
     old_ctx = float(rs.get("original_max_position_embeddings", 8192))
+    if not (factor > 0 and 0 < low < high and old_ctx > 0 and base > 0):  # else divisions by zero: NaN factors
+        raise ConvertError(f"llama3 RoPE scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor, "
+                           f"original_max_position_embeddings > 0 and rope_theta > 0; got {factor}, {low}, {high}, "
+                           f"{old_ctx:g}, {base}")
+    from ..config import MAX_HEAD_DIM  # here, not at the top: models.config imports this package
+
+    if not 0 < n_rot <= MAX_HEAD_DIM:  # one factor per rotated pair: hidden_size 2**32 would ask for 2**31
+        raise ConvertError(f"llama3 RoPE scaling over {n_rot} dims: out of range (1..{MAX_HEAD_DIM})")
     freqs = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     wavelen = 2 * math.pi / freqs
     smooth = (old_ctx / wavelen - low) / (high - low)
@@ -98,7 +178,10 @@ def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) ->
     if rs is not None:
         kind = rs["rope_type"]
         if kind == "llama3" and llama:
-            rope_factors = llama3_rope_factors(rs, theta if theta is not None else 10000.0, n_rot)
+            try:
+                rope_factors = llama3_rope_factors(rs, theta if theta is not None else 10000.0, n_rot)
+            except ConvertError as e:
+                raise ConvertError(f"{path}: {e}") from None
         elif kind in ("linear", "yarn"):
             kv.add("{arch}.rope.scaling.type", VT.STRING, kind)
             kv.f32("{arch}.rope.scaling.factor", rs["factor"])

@@ -68,9 +68,12 @@ SHAPES = {
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 1e6),
     # Qwen3-30B-A3B's layers (128 experts of width 768, 8 per token), 4 of its 48 to fit this machine
     "qwen3-30b-a3b-4l": Shape("qwen3moe", 2048, 6144, 4, 32, 4, 151936, False, 1e6, 128, 128, 8, 768),
+    # gpt-oss-20b's layers (32 experts of width 2880, 4 per token; sinks, biases, a 128-token window
+    # every other layer, YaRN), 4 of its 24; its files are MXFP4_MOE (2880 is no multiple of 256)
+    "gpt-oss-20b-4l": Shape("gpt-oss", 2880, 2880, 4, 64, 8, 201088, False, 150000, 64, 32, 4, 2880),
 }
 # llama.cpp's llama_ftype of each target type
-FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7}
+FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
 
 
 def write_f16(shape: Shape, path: Path) -> None:
@@ -86,19 +89,25 @@ def write_f16(shape: Shape, path: Path) -> None:
                                                        ("output_norm.weight", (D,), False)]
     if not shape.tied:
         tensors.append(("output.weight", (shape.n_vocab, D), True))
+    oss = shape.arch == "gpt-oss"
     for i in range(shape.n_layer):
         p = f"blk.{i}."
         tensors += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
                     (p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
-                    (p + "attn_output.weight", (D, H * hd), True), (p + "ffn_norm.weight", (D,), False)]
+                    (p + "attn_output.weight", (D, H * hd), True),
+                    (p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (D,), False)]
         if E:  # the router and the experts' 3-D tensors; qwen3's Q/K norms
-            tensors += [(p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False),
-                        (p + "ffn_gate_inp.weight", (E, D), True), (p + "ffn_gate_exps.weight", (E, Fe, D), True),
+            tensors += [] if oss else [(p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False)]
+            tensors += [(p + "ffn_gate_inp.weight", (E, D), True), (p + "ffn_gate_exps.weight", (E, Fe, D), True),
                         (p + "ffn_up_exps.weight", (E, Fe, D), True), (p + "ffn_down_exps.weight", (E, D, Fe), True)]
+        if oss:  # its sinks and biases (vectors, and a bias row per expert), kept in F32 by the quantizer
+            tensors += [(p + "attn_sinks.weight", (H,), False), (p + "attn_output.bias", (D,), False),
+                        (p + "ffn_gate_inp.bias", (E,), False), (p + "ffn_gate_exps.bias", (E, Fe), False),
+                        (p + "ffn_up_exps.bias", (E, Fe), False), (p + "ffn_down_exps.bias", (E, D), False)]
         else:
             tensors += [(p + "ffn_gate.weight", (F, D), True), (p + "ffn_up.weight", (F, D), True),
                         (p + "ffn_down.weight", (D, F), True)]
-        if shape.arch == "qwen2":
+        if shape.arch in ("qwen2", "gpt-oss"):
             tensors += [(p + "attn_q.bias", (H * hd,), False), (p + "attn_k.bias", (Hkv * hd,), False),
                         (p + "attn_v.bias", (Hkv * hd,), False)]
     tmp = path.with_suffix(".partial")
@@ -118,6 +127,11 @@ def write_f16(shape: Shape, path: Path) -> None:
         w.add_expert_used_count(shape.n_expert_used)
         w.add_expert_feed_forward_length(Fe)
     w.add_rope_freq_base(shape.rope_base)
+    if oss:
+        w.add_sliding_window(128)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(1)  # MOSTLY_F16
     add_vocab(w, shape.n_vocab)

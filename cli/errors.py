@@ -38,7 +38,11 @@ def reported() -> Iterator[None]:
     """Report expected failures as `error: ...` on stderr and exit 1; let real bugs show their traceback."""
     try:
         yield
-    except user_errors() as e:
+    except Exception as e:
+        # Exception, not user_errors() in the except clause: that would import the engine's error classes
+        # while a Ctrl-C unwinds, and a module whose import the Ctrl-C cut short fails again (a traceback)
+        if not isinstance(e, user_errors()):
+            raise
         msg = str(e) or type(e).__name__
         if isinstance(e, OSError) and e.filename:
             msg = f"{e.filename}: {e.strerror}"

@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 import sys
 
-from .app import app
-
 
 def _configure_numba_cache() -> None:
     """Keep numba's compiled kernels under the infer home when the package folder is read-only."""
@@ -21,10 +19,13 @@ def _configure_numba_cache() -> None:
 
 
 def main() -> None:
-    _configure_numba_cache()
-    from . import backends, bench, chat, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
-
+    # Everything inside the try, imports included: they take most of a second, and a Ctrl-C that lands
+    # in them would otherwise print a traceback.
     try:
+        _configure_numba_cache()
+        from . import backends, bench, chat, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
+        from .app import app
+
         app()
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")

@@ -159,7 +159,7 @@ def _no_progress(name: str, done: int, total: int | None) -> None:
 
 def _pull_online(repo: str, quant: str | None, revision: str | None, token: str | None,
                  progress: ProgressFn, store: ModelStore) -> StoredModel:
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     with _hub_errors(repo, revision, api.endpoint, token):
@@ -172,11 +172,7 @@ def _pull_online(repo: str, quant: str | None, revision: str | None, token: str 
         sel = select_files(repo, quant, remote)
         paths: list[str] = []
         for f in sel.files:
-            # Pinned to the commit model_info saw, so every file comes from the same revision.
-            path = hf_hub_download(repo, f.name, revision=commit, token=token,
-                                   tqdm_class=functools.partial(_ProgressRelay, progress, f.name))
-            path = os.path.abspath(path)
-            _verify(path, f)
+            path = _fetch(repo, f, commit, token, progress)
             progress(f.name, os.path.getsize(path), os.path.getsize(path))
             paths.append(path)
     snapshot = _snapshot_dir(paths[0], sel.files[0].name)
@@ -189,6 +185,32 @@ def _pull_online(repo: str, quant: str | None, revision: str | None, token: str 
     )
     store.add(model)
     return model
+
+
+def _fetch(repo: str, f: RemoteFile, commit: str, token: str | None, progress: ProgressFn) -> str:
+    """hf_hub_download and _verify. A bad copy that was already in the cache is deleted and fetched again,
+    once: huggingface_hub puts a download in place before it can be hashed, so a pull killed in between
+    leaves the Hub's bad bytes there (or the disk damaged them); only a bad download of this pull fails."""
+    from huggingface_hub import hf_hub_download
+
+    downloaded = False
+
+    def seen(name: str, done: int, total: int | None) -> None:
+        nonlocal downloaded
+        downloaded = True  # huggingface_hub only opens a progress bar for a transfer
+        progress(name, done, total)
+
+    for attempt in (1, 2):
+        # Pinned to the commit model_info saw, so every file comes from the same revision.
+        path = os.path.abspath(hf_hub_download(repo, f.name, revision=commit, token=token,
+                                               tqdm_class=functools.partial(_ProgressRelay, seen, f.name)))
+        try:
+            _verify(path, f)
+            break
+        except ChecksumMismatchError:
+            if downloaded or attempt == 2:
+                raise
+    return path
 
 
 def _pull_offline(repo: str, quant: str | None, revision: str | None, store: ModelStore) -> StoredModel:
@@ -329,11 +351,29 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _is_connection_error(e: BaseException) -> bool:
+def _network_error(e: BaseException, repo: str, endpoint: str) -> PullError | None:
+    """The one-line error for a network failure, None when e is not one. A server that cannot be reached
+    and a download that broke off (stalled past the read timeout, or dropped) after huggingface_hub's
+    retries are told apart: the second is no reason to check HF_ENDPOINT or go --offline."""
+    from huggingface_hub import constants
+
     # By name, not class: the HTTP client under huggingface_hub (requests, httpx, httpx2) depends on its version.
-    names = {c.__name__ for x in _chain(e) for c in type(x).__mro__}
-    return bool(names & {"ConnectError", "ConnectTimeout", "ConnectionError", "TimeoutException", "ReadTimeout",
-                         "RemoteProtocolError", "ReadError", "NetworkError"}) and "OfflineModeIsEnabled" not in names
+    # The outermost exception of the chain that names a cause wins: it is how the last try ended.
+    for x in _chain(e):
+        names = {c.__name__ for c in type(x).__mro__}
+        if "OfflineModeIsEnabled" in names:
+            return None
+        if names & {"ReadTimeout", "ReadTimeoutError"}:
+            return PullError(f"downloading {repo} stalled: no data for {constants.HF_HUB_DOWNLOAD_TIMEOUT} s "
+                             f"(HF_HUB_DOWNLOAD_TIMEOUT), also when retried; pull again (an unfinished file "
+                             f"starts over)")
+        if names & {"RemoteProtocolError", "ReadError", "ChunkedEncodingError", "ProtocolError"}:
+            return PullError(f"the connection kept dropping while downloading {repo}, also when retried; "
+                             f"pull again (an unfinished file starts over)")
+        if names & {"ConnectError", "ConnectTimeout", "ConnectionError", "TimeoutException", "NetworkError"}:
+            return PullError(f"cannot reach the Hub at {endpoint} (connection failed): check the network or "
+                             f"HF_ENDPOINT, or use --offline for cached models")
+    return None
 
 
 @contextmanager
@@ -369,16 +409,14 @@ def _hub_errors(repo: str, revision: str | None, endpoint: str, token: str | Non
         if e.errno == errno.ENOSPC or any(getattr(x, "errno", None) == errno.ENOSPC for x in _chain(e)):
             from huggingface_hub import constants
             raise PullError(f"disk full while downloading {repo} into {constants.HF_HUB_CACHE}") from None
-        if _is_connection_error(e):
-            raise PullError(f"cannot reach the Hub at {endpoint} (connection failed): check the network or "
-                            f"HF_ENDPOINT, or use --offline for cached models") from None
+        if (net := _network_error(e, repo, endpoint)) is not None:
+            raise net from None
         if "Consistency check failed" in str(e):
             raise ChecksumMismatchError(f"checksum mismatch: {str(e).splitlines()[0]}") from None
         raise
     except Exception as e:
-        if _is_connection_error(e):
-            raise PullError(f"cannot reach the Hub at {endpoint} (connection failed): check the network or "
-                            f"HF_ENDPOINT, or use --offline for cached models") from None
+        if (net := _network_error(e, repo, endpoint)) is not None:
+            raise net from None
         raise
 
 

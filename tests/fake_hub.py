@@ -9,8 +9,17 @@ Routes (as huggingface_hub 2.x calls them):
 The CDN is addressed as `localhost` while the Hub is `127.0.0.1`: a different host, as on the real Hub, so
 huggingface_hub reads the file metadata off the 302 itself and drops the Authorization header for the blob.
 
-Fault injection: `cut_once` (a file whose first blob GET stops halfway and closes the connection),
-`corrupt` (a file served with one byte flipped), gated repos (401 GatedRepo without the right token).
+Fault injection, per (repo, file):
+  `cut_once`  the file's first whole-file GET stops halfway and closes the connection
+  `corrupt`   the file is served with one byte flipped (its middle one)
+  `stall`     every GET of the file stops halfway (or at once, for a Range past it) and then sends
+              nothing, the connection open, for `stall_seconds`: a server that hangs, which only
+              the client's read timeout (HF_HUB_DOWNLOAD_TIMEOUT) ends
+  `faults`    scripted faults for the file's next GETs, one per GET, in order: ("cut", offset) closes the
+              connection once the body reaches that byte of the file, ("stall", offset) stalls there
+  `rate`      bytes per second for every body (None: as fast as it goes), so a client can be killed
+              mid-download
+and gated repos (401 GatedRepo without the right token).
 Every request is logged in `requests` as (method, path, headers with lower-case names).
 """
 from __future__ import annotations
@@ -19,6 +28,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -80,6 +90,12 @@ class FakeHub:
         self.token = token
         self.cut_once: set[tuple[str, str]] = set()  # (repo, file)
         self.corrupt: set[tuple[str, str]] = set()
+        self.stall: set[tuple[str, str]] = set()
+        self.faults: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        self.stall_seconds = 60.0
+        self.rate: float | None = None
+        self._lock = threading.Lock()  # handlers run in threads: each scripted fault goes to one GET
+        self._closing = threading.Event()  # ends the stalls when the hub stops
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
@@ -93,8 +109,21 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
+
+    def next_fault(self, key: tuple[str, str], start: int, size: int) -> tuple[str, int] | None:
+        """The fault for a GET of the file from byte `start`: (kind, the file's byte where it strikes)."""
+        with self._lock:
+            if key in self.cut_once and start == 0:
+                self.cut_once.discard(key)
+                return "cut", size // 2
+            if key in self.stall:
+                return "stall", max(start, size // 2)
+            if self.faults.get(key):
+                return self.faults[key].pop(0)
+        return None
 
     def blob_owner(self, sha256: str) -> tuple[str, str] | None:
         for repo_id, repo in self.repos.items():
@@ -128,6 +157,12 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args) -> None:
             pass
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # a client killed while its connection was open: no traceback on the hub's stderr
 
         def do_HEAD(self) -> None:
             self._route(head=True)
@@ -216,22 +251,27 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if head:
                 return
-            cut = (repo_id, name) in hub.cut_once and start == 0
-            if cut:
-                hub.cut_once.discard((repo_id, name))
+            fault = hub.next_fault((repo_id, name), start, size)
             corrupt = (repo_id, name) in hub.corrupt
-            sent = 0
-            for chunk in _chunks(content, start, end):
-                if corrupt and start + sent <= size // 2 < start + sent + len(chunk):
-                    i = size // 2 - start - sent
-                    chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
-                if cut and sent + len(chunk) > size // 2:
-                    self.wfile.write(chunk[: size // 2 - sent])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.wfile.write(chunk)
-                sent += len(chunk)
+            pos = start  # the file's byte the next chunk starts at
+            try:
+                for chunk in _chunks(content, start, end, (64 << 10) if hub.rate else (1 << 20)):
+                    if corrupt and pos <= size // 2 < pos + len(chunk):
+                        i = size // 2 - pos
+                        chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+                    if fault and pos + len(chunk) > fault[1]:
+                        self.wfile.write(chunk[:max(fault[1] - pos, 0)])
+                        self.wfile.flush()
+                        if fault[0] == "stall":
+                            hub._closing.wait(hub.stall_seconds)
+                        self.close_connection = True
+                        return
+                    self.wfile.write(chunk)
+                    pos += len(chunk)
+                    if hub.rate:
+                        time.sleep(len(chunk) / hub.rate)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client is gone (killed, or timed out): nothing to tell it
 
         def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
             headers = {"Content-Type": "application/json", "X-Error-Message": message}

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pexpect
 import pytest
@@ -110,8 +111,49 @@ def test_context_overflow_drops_oldest_turns(env, gemma_path):
     assert "system: 'Be brief.'" in shown
     used = int(re.search(r"context: (\d+) of 96", shown).group(1))
     assert used < 96
+    # a message too long even alone is refused, and the conversation it would have pushed out stays
+    kept = re.search(r"used by (\d+) messages", shown).group(1)
+    assert "the message alone has" in say(child, "ocean " * 200)
+    assert f"used by {kept} messages" in say(child, "/show")
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+class _WordsLLM:
+    """Just enough of an LLM for Conversation.fit: one token per word, no model."""
+
+    def __init__(self, n_ctx: int):
+        self.engine = SimpleNamespace(n_ctx=n_ctx)
+        self.template = self
+        self.interrupt = False
+
+    def render(self, messages, add_generation_prompt=True, **variables):
+        if self.interrupt:
+            raise KeyboardInterrupt  # Ctrl-C while the prompt is rendered
+        return " ".join(m["content"] for m in messages)
+
+    def encode_chat(self, messages, **variables):
+        return list(range(len(self.render(messages).split())))
+
+
+def test_a_turn_that_never_began_leaves_the_conversation_as_it_was():
+    # found by scripts/soak_chat.py: a paste too long even alone silently cost the whole conversation,
+    # and Ctrl-C while the prompt was rendered left a user message with no reply, after which the
+    # template refused every turn (roles must alternate)
+    from infer.engine.conversation import Conversation, TurnStats
+    from infer.engine.engine import PromptError
+
+    llm = _WordsLLM(n_ctx=40)
+    conv = Conversation(llm, system="Be brief.")
+    history = [{"role": r, "content": f"{r} said five words"} for r in ("user", "assistant") * 2]
+    conv.messages = [dict(m) for m in history]
+    with pytest.raises(PromptError, match="the message alone has"):
+        list(conv.turn("word " * 50, None, TurnStats()))
+    assert conv.messages == history
+    llm.interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        list(conv.turn("hi", None, TurnStats()))
+    assert conv.messages == history
 
 
 def test_piped_input_answers_once(env, gemma_path):

@@ -208,6 +208,56 @@ def test_corrupted_download_is_rejected_and_deleted(env, hub):
     assert r.returncode == 0, r.stderr
 
 
+def test_a_bad_copy_already_in_the_cache_is_fetched_again(env, hub, repos):
+    # What a pull killed between huggingface_hub's download and its check leaves when the bytes were bad
+    # (found by scripts/soak_pull.py), or damage on disk: the next pull checks the cached file and fetches
+    # it again, rather than failing once more.
+    name = "m-Q8_0.gguf"
+    assert infer(env, "pull", "acme/choices-GGUF:Q8_0").returncode == 0
+    path = Path(store(env).get("acme/choices-GGUF:Q8_0").path)
+    data = bytearray(path.read_bytes())
+    data[1000] ^= 0xFF
+    for unlinked in (False, True):  # True: killed before huggingface_hub linked the blob into the snapshot
+        blob = path.resolve()
+        blob.write_bytes(bytes(data))
+        if unlinked:
+            path.unlink()
+        n = len(hub.fetched(name))
+        r = infer(env, "pull", "acme/choices-GGUF:Q8_0")
+        assert r.returncode == 0, r.stderr
+        assert path.read_bytes() == repos["acme/choices-GGUF"].files[name] and len(hub.fetched(name)) == n + 1
+    # fetched again and still bad: the mismatch is reported, as for any download
+    path.resolve().write_bytes(bytes(data))
+    hub.corrupt.add(("acme/choices-GGUF", name))
+    assert_one_line_error(infer(env, "pull", "acme/choices-GGUF:Q8_0"), "checksum mismatch", name)
+    assert _blobs(env) == []
+
+
+def test_a_stalled_download_is_retried(env, hub, repos):
+    # The CDN sends half the file and then nothing, the connection open: huggingface_hub's read timeout
+    # (HF_HUB_DOWNLOAD_TIMEOUT, 10 s by default) ends the wait and it asks again.
+    name = "m-Q8_0.gguf"
+    hub.faults[("acme/choices-GGUF", name)] = [("stall", 300_000)]
+    r = infer(dict(env, HF_HUB_DOWNLOAD_TIMEOUT="1"), "pull", "acme/choices-GGUF:Q8_0")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(hub.fetched(name)) == 2
+    m = store(env).get("acme/choices-GGUF:Q8_0")
+    assert Path(m.path).read_bytes() == repos["acme/choices-GGUF"].files[name]
+
+
+def test_a_download_that_keeps_stalling_fails_in_one_line_and_leaves_nothing(env, hub):
+    # Every try stalls: after huggingface_hub's retries (6 tries of 1 s here), one line that says so,
+    # not "cannot reach the Hub"; no half file anywhere in the cache, and the next pull starts over.
+    hub.stall.add(("acme/choices-GGUF", "m-Q8_0.gguf"))
+    r = infer(dict(env, HF_HUB_DOWNLOAD_TIMEOUT="1"), "pull", "acme/choices-GGUF:Q8_0")
+    assert_one_line_error(r, "downloading acme/choices-GGUF stalled", "no data for 1 s", "HF_HUB_DOWNLOAD_TIMEOUT")
+    assert store(env).list() == [] and _blobs(env) == []
+    assert not [p for p in (Path(env["HF_HOME"]) / "hub").glob("models--*/snapshots/*/*")]
+    hub.stall.clear()
+    r = infer(env, "pull", "acme/choices-GGUF:Q8_0")
+    assert r.returncode == 0, r.stderr
+
+
 def test_unknown_repo_and_revision(env, hub, repos):
     assert_one_line_error(infer(env, "pull", "acme/nope-GGUF:Q4_K_M"), "acme/nope-GGUF", "not found", hub.endpoint)
     assert_one_line_error(infer(env, "pull", "acme/only-GGUF", "--revision", "v9"), "revision 'v9' not found")

@@ -1,6 +1,6 @@
 """GGUF files with MXFP4 experts (llama.cpp's MXFP4_MOE, gpt-oss's experts): the tiny MoE models
 quantized by llama.cpp itself (llama_model_quantize, MXFP4_MOE: experts MXFP4, the rest Q8_0) give
-llama.cpp's logits at every position on the cpu backend (MXFP4 packed as Q5_0, and a tensor whose
+llama.cpp's logits at every position on the cpu backend (MXFP4 packed as its codes, and a tensor whose
 scales f16 cannot hold on the reference path) and on mlx (MLX's own mxfp4 mode), and load in the
 llama.cpp backend."""
 from __future__ import annotations
@@ -64,8 +64,8 @@ def cpu_logits(path) -> tuple[np.ndarray, CpuTransformer]:
 def test_cpu_logits_match_llama_cpp(mxfp4_model):
     arch, path = mxfp4_model
     ours, runner = cpu_logits(path)
-    # every layer's experts packed alike, as Q5_0, and run by the one-loop path (moe.experts_ffn)
-    assert all(isinstance(g, PackedExperts) and g.info[0] == qt.Q5_0 for ly in runner.layers for g in ly.grouped)
+    # every layer's experts packed alike, as MXFP4 (its codes), and run by the one-loop path (moe.experts_ffn)
+    assert all(isinstance(g, PackedExperts) and g.info[0] == qt.MXFP4 for ly in runner.layers for g in ly.grouped)
     assert_matches_llama_cpp(ours, path, f"{arch} MXFP4_MOE, cpu")
 
 

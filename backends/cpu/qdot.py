@@ -71,6 +71,9 @@ class Layout:
     offset: int  # u = q + offset, so that u >= 0
     scales: int  # SC_*
     has_min: bool
+    # MXFP4: the 4-bit planes keep its e2m1 codes; the kernels map each to u = value + 12 (its
+    # values are the integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) after taking the nibble apart
+    e2m1: bool = False
 
     @property
     def lo_bytes(self) -> int:  # bytes of one block of one tile in the low plane
@@ -98,7 +101,10 @@ LAYOUTS = {
     qt.Q4_K: Layout(32, 4, 0, 0, SC_K4, True),
     qt.Q5_K: Layout(32, 4, 1, 0, SC_K4, True),
     qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False),
+    qt.MXFP4: Layout(32, 4, 0, 12, SC_F16, False, e2m1=True),  # its 2**(e - 128) scale as f16 (repack.py)
 }
+# MXFP4's code -> u = kvalues_mxfp4[code] + 12, for the expanded (prefill) path
+E2M1_U = np.array([12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0], np.uint8)
 
 # Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
 # the same u, the same scales, read as an 8-bit plane (Q8_0 is one already).
@@ -173,6 +179,8 @@ class _Block:
             if k:
                 u = bld.lshr(u, _const(I8, n, L.lo_bits * k))
             u = bld.and_(u, _const(I8, n, (1 << L.lo_bits) - 1))
+        if L.e2m1:
+            u = self.e2m1(u, n)
         if L.hi_bits:
             per = 8 // L.hi_bits
             j4 = p * (8 // L.lo_bits) + k
@@ -185,6 +193,18 @@ class _Block:
             h = bld.shl(bld.and_(h, _const(I8, n, (1 << L.hi_bits) - 1)), _const(I8, n, L.lo_bits))
             u = bld.or_(u, h)
         return u
+
+    def e2m1(self, code, n):
+        """<n x i8> MXFP4 codes -> u = value + 12: the magnitude of the low 3 bits is c + (c - 4)+ +
+        2 (c - 6)+ (0, 1, 2, 3, 4, 6, 8, 12), the high bit its sign; a few byte operations, no table."""
+        bld = self.b
+        vt = ir.VectorType(I8, n)
+        usub = cgutils.get_or_insert_function(bld.module, ir.FunctionType(vt, [vt, vt]), f"llvm.usub.sat.v{n}i8")
+        c = bld.and_(code, _const(I8, n, 7))
+        mag = bld.add(bld.add(c, bld.call(usub, [c, _const(I8, n, 4)])),
+                      bld.shl(bld.call(usub, [c, _const(I8, n, 6)]), _const(I8, n, 1)))
+        negative = bld.icmp_unsigned("!=", bld.and_(code, _const(I8, n, 8)), _const(I8, n, 0))
+        return bld.select(negative, bld.sub(_const(I8, n, 12), mag), bld.add(_const(I8, n, 12), mag))
 
     def scales(self, L: Layout, b_idx, row, n):
         """(scale, min or None) of legacy block b_idx for n rows from `row`, as <n x float>."""
@@ -550,6 +570,13 @@ def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
         _expand_plane(hi_t, 2, lo_bits, group, out)
 
 
+@njit(cache=True)
+def e2m1_bytes(u, n):
+    # u: (>= n,) uint8: MXFP4 codes, replaced by u = value + 12 (E2M1_U)
+    for i in range(n):
+        u[i] = E2M1_U[u[i]]
+
+
 @njit(cache=True, parallel=True)
 def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
                   hi_bits, group, expanded):
@@ -579,6 +606,8 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
             qtile = tile
             if expand:
                 expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
+                if type_id == qt.MXFP4:  # codes -> u, as the byte layout has them
+                    e2m1_bytes(qlo[0, 0], K * NC)
                 qtile = 0
             r0 = tile * NC
             nr = min(NC, N - r0)

@@ -24,15 +24,15 @@ a parallel pass over the tensor, done once by whoever runs the weights, CHUNK_TI
 time: each chunk's pages of the file are mapped in one call before (a page fault per 4 KiB cost
 more than the packing) and released as soon as it is packed.
 
-MXFP4 has no layout of its own: its blocks are Q5_0 blocks (PACKED_AS).  Its codes' values
-(ggml's kvalues_mxfp4) are the integers 0, +-1, +-2, +-3, +-4, +-6, +-8, +-12, so u = value + 16
-fits Q5_0's 5 bits, and its scale 2**(e - 128) is a power of two, exact in f16 for e - 128 in
-[-24, 15]: weight = d * (u - 16) exactly, and llama.cpp's MXFP4 dot (ggml_vec_dot_mxfp4_q8_0)
-is its Q5_0 dot: Q8_0 activations, (d_x * d_y) * the block's integer dot.  The price is memory:
-5.5 bits per weight packed against the file's 4.25.  A block of zeros scales by 0 whatever its e
-(llama.cpp writes e = 0 for one).  A tensor with a block of nonzero weights that f16 cannot scale
-(e - 128 outside [-24, 15]: llama.cpp's quantizer writes one only for 32 weights all below ~2**-21
-and not all zero, or for one reaching ~2**19) is not packed (fits_layout, with a warning): it runs on the
+MXFP4 keeps its 4-bit codes in the lo plane (qdot's Layout.e2m1: the kernels map each code to
+u = value + 12, its values being the integers 0, +-1, +-2, +-3, +-4, +-6, +-8, +-12) and its
+scale 2**(e - 128), a power of two, as an f16 d: exact for e - 128 in [-24, 15], so
+weight = d * (u - 12) exactly, and the block's integer dot is llama.cpp's (ggml_vec_dot_mxfp4_q8_0:
+Q8_0 activations, (d_x * d_y) * the integer dot).  4.5 bits per weight against the file's 4.25
+(the f16 scale against its exponent byte).  A block of zeros scales by 0 whatever its e (llama.cpp
+writes e = 0 for one).  A tensor with a block of nonzero weights that f16 cannot scale (e - 128
+outside [-24, 15]: llama.cpp's quantizer writes one only for 32 weights all below ~2**-21 and not
+all zero, or for one reaching ~2**19) is not packed (fits_layout, with a warning): it runs on the
 reference path (matmul.py), exact as well, only slower.
 """
 from __future__ import annotations
@@ -45,7 +45,6 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.dequant import mxfp4_value
 from infer.quant.kquants import q3_scale
 from infer.quant.tensor import populate_mapped, release_mapped
 
@@ -56,20 +55,11 @@ from .target import INT_KERNEL
 
 CHUNK_TILES = 64  # tiles packed per call (4096 rows): the most of a tensor's file pages resident at once
 
-# Types packed into another type's layout, and run by its kernels (module doc).
-PACKED_AS = {qt.MXFP4: qt.Q5_0}
-
-
-def layout_type(type_id: int) -> int:
-    """The GGML type whose layout (qdot.LAYOUTS) and kernels a weight of type_id packs into."""
-    return PACKED_AS.get(type_id, type_id)
-
-
 @dataclass(frozen=True, eq=False)
 class PackedWeight:
     """A (N, K) weight in the planes of its type's Layout (see module doc)."""
 
-    type_id: int  # GGML type of its layout and kernels: the parts' type, or layout_type's (MXFP4: Q5_0)
+    type_id: int  # GGML type (of every part, for a stack)
     n: int  # rows N (output features)
     k: int  # row length K (input features)
     layout: Layout
@@ -78,7 +68,7 @@ class PackedWeight:
     s: np.ndarray  # (NT, K//G or K//256, NC) uint16 f16 bits
     m: np.ndarray  # like s; (0, 0, 0) without mins
     sc: np.ndarray  # (NT, K//G or 12*K//256, NC) uint8 K-quant sub-block scales; (0, 0, 0) for legacy types
-    src: tuple  # the QTensors it was packed from, stacked row-wise (of the file's type)
+    src: tuple  # the QTensors it was packed from, stacked row-wise
     act: int  # how the activations are rounded for it (ACT_ROUNDING of its type)
     int_kernel: bool = False  # run by the integer kernel (VNNI, AVX-512BW or AVX2), else the portable one
 
@@ -91,16 +81,16 @@ class PackedWeight:
 def unpack_row(type_id, src, u):
     # src: (row_bytes,) uint8, one raw row; u: (K,) uint8, its quants as the planes keep them,
     # u = q + LAYOUTS[type].offset (weight = scale * q - min): the unsigned value each type stores
-    # (Q8_0's signed byte with its sign bit flipped; MXFP4's code value + 16, as Q5_0's)
+    # (Q8_0's signed byte with its sign bit flipped; MXFP4's 4-bit code, which the kernels map)
     K = u.shape[0]
     if type_id == qt.MXFP4:
         for b in range(K // 32):
             o = b * 17
             t = b * 32
             for j in range(16):
-                x = np.int32(src[o + 1 + j])
-                u[t + j] = np.uint8(mxfp4_value(x & 15) + 16)
-                u[t + 16 + j] = np.uint8(mxfp4_value(x >> 4) + 16)
+                x = src[o + 1 + j]
+                u[t + j] = x & np.uint8(15)
+                u[t + 16 + j] = x >> np.uint8(4)
         return
     if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
         size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
@@ -194,7 +184,7 @@ def _u16(src, o):
 @njit(cache=True, inline="always")
 def mxfp4_scale_f16(src, o):
     # src: (row_bytes,) uint8; the MXFP4 block at byte o ([e, qs[16]]) -> the f16 bits of its scale
-    # 2**(e - 128) as Q5_0's d (int32): f16's normals reach 2**-14 .. 2**15, its subnormals 2**-24;
+    # 2**(e - 128) as an f16 d (int32): f16's normals reach 2**-14 .. 2**15, its subnormals 2**-24;
     # 0 for a block of zeros (codes 0 or 8) outside that range, -1 for one that cannot be scaled
     k = np.int32(src[o]) - 128
     if -14 <= k <= 15:
@@ -226,7 +216,7 @@ def mxfp4_unscalable(raw):
 def row_scales(type_id, src, s, m, sc):
     # src: (row_bytes,) uint8, one raw row; writes the row's scales as the planes keep them
     # (module doc): s, m: (X,) uint16 f16 bits; sc: (Y,) uint8
-    if type_id == qt.MXFP4:  # as Q5_0's d; rows with unscalable blocks are never packed (fits_layout)
+    if type_id == qt.MXFP4:  # an f16 d; rows with unscalable blocks are never packed (fits_layout)
         for b in range(s.shape[0]):
             s[b] = np.uint16(max(mxfp4_scale_f16(src, 17 * b), 0))
         return
@@ -333,7 +323,7 @@ def stackable(ws) -> bool:
     row length, and every part but the last a whole number of tiles (so each part's outputs
     start at a known column).  From the shapes alone: see fits_layout for the values."""
     return (
-        layout_type(ws[0].type_id) in LAYOUTS
+        ws[0].type_id in LAYOUTS
         and len({(w.type_id, w.shape[-1]) for w in ws}) == 1
         and all(w.raw.shape[0] % NC == 0 for w in ws[:-1])
     )
@@ -369,7 +359,7 @@ def use_int_kernel() -> bool:
 
 def packed_shapes(ws) -> list[tuple[tuple[int, ...], type]]:
     """The (shape, dtype) of lo, hi, s, m and sc of pack_stacked(ws) (ws stackable)."""
-    L, K = LAYOUTS[layout_type(ws[0].type_id)], ws[0].shape[-1]
+    L, K = LAYOUTS[ws[0].type_id], ws[0].shape[-1]
     nt = sum(-(-w.raw.shape[0] // NC) for w in ws)
     nb, nsb = K // L.group, K // 256
     legacy = L.scales == SC_F16
@@ -394,8 +384,8 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
     int_kernel = use_int_kernel() if int_kernel is None else bool(int_kernel)
     if int_kernel and not INT_KERNEL:
         raise ValueError("the integer kernel needs a CPU with AVX-512 VNNI, AVX-512BW or AVX2")
-    type_id = ws[0].type_id  # the file's: unpack_row and row_scales read its blocks
-    L, K = LAYOUTS[layout_type(type_id)], ws[0].shape[-1]
+    type_id = ws[0].type_id
+    L, K = LAYOUTS[type_id], ws[0].shape[-1]
     nts = [-(-w.raw.shape[0] // NC) for w in ws]
     legacy = L.scales == SC_F16
     # what every decode step streams
@@ -419,8 +409,8 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
             if release:
                 release_mapped(rows)
         a += n
-    kt = layout_type(type_id)
-    return PackedWeight(kt, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[kt], int_kernel)
+    return PackedWeight(type_id, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[type_id],
+                        int_kernel)
 
 
 @dataclass(frozen=True, eq=False)

@@ -79,7 +79,7 @@ def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
     pages, and a decode step reads ~8 of them per token per layer at scattered places."""
     ups, downs = [(g, u) for g, u, _ in experts], [(d,) for _, _, d in experts]
     shapes = [PackedExperts.shapes(ups), PackedExperts.shapes(downs)]
-    # (fits_layout: every MXFP4 expert's scales fit Q5_0's f16 ones; checked before the arena is taken)
+    # (fits_layout: every MXFP4 expert's scales fit f16; checked before the arena is taken)
     if None not in shapes and all(fits_layout(ws, release=True) for ws in ups + downs):
         arena = HugeArena(sum(HugeArena.span(*sd) for sh in shapes for sd in sh))
         gu, dn = (PackedExperts.pack(groups, arena.take, release=True, checked=True) for groups in (ups, downs))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .arch import Architecture, UnknownArchitecture, architecture
+from .limits import MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH
 
 
 class ModelConfigError(ValueError):
@@ -56,9 +57,6 @@ class KVGroup:
     layers: tuple[int, ...]
 
 
-MAX_LAYERS = 4096  # far past any model's block_count; a header claiming more is corrupt
-MAX_HEAD_DIM = 8192
-MAX_WIDTH = 1 << 20  # n_embd and the FFN widths: a million, ten times past any model's
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
 # (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)

@@ -17,7 +17,7 @@ from infer.models.gguf_file import read_gguf
 from infer.models.loader import load_model
 from infer.quant import types as qt
 from infer.quant.tensor import file_offset
-from test_models import N_CTX, PROMPT, llama_cpp_logits
+from test_models import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
 from test_quantize_file import llama_quantize
 from tiny_models import write_tiny_model
 
@@ -35,24 +35,6 @@ def mxfp4_model(request, tmp_path_factory):
     types = {n: t.type_id for n, t in read_gguf(out).tensors.items()}
     assert {t for n, t in types.items() if n.endswith("_exps.weight")} == {qt.MXFP4}
     return arch, out
-
-
-def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0) -> None:
-    """tests/test_models.py's rule: within max(2% of max |logit|, llama.cpp's own spread between its
-    attention paths) (plus slack), and the argmax llama.cpp's (either path's where they disagree)."""
-    ref = llama_cpp_logits(path, PROMPT)
-    ref_fa = llama_cpp_logits(path, PROMPT, flash_attn=True)
-    assert ours.shape == ref.shape
-    self_spread = np.abs(ref - ref_fa).max()
-    tol = max(0.02 * np.abs(ref).max(), self_spread) + slack
-    diff = np.abs(ours - ref).max()
-    print(f"{what}: max|ours-llama.cpp| {diff:.4g} ({diff / np.abs(ref).max():.3%} of max|logit|), "
-          f"llama.cpp fa on/off {self_spread:.4g}, bound {tol:.4g}")
-    assert diff <= tol, f"{what}: max |diff| {diff:.4g} > bound {tol:.4g}"
-    agree = ref.argmax(-1) == ref_fa.argmax(-1)
-    mine = ours.argmax(-1)
-    ok = (mine == ref.argmax(-1)) | (~agree & (mine == ref_fa.argmax(-1)))
-    assert ok.all(), f"{what}: argmax differs from llama.cpp at positions {np.nonzero(~ok)[0].tolist()}"
 
 
 def cpu_logits(path) -> tuple[np.ndarray, CpuTransformer]:

@@ -13,6 +13,7 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from ..hf_files import ConvertError, Kvs
+from ..limits import MAX_HEAD_DIM, MAX_LAYERS
 
 
 def need(hp: dict[str, Any], key: str, path: Path) -> Any:
@@ -39,7 +40,6 @@ F32_MAX = float(np.finfo(np.float32).max)  # GGUF keeps these as float32
 def check_hparams(hp: dict[str, Any], path: Path) -> dict[str, Any]:
     """hp with its numeric keys checked: integers in uint32 range (GGUF stores them so), finite
     float32 numbers; null is dropped, which is how transformers reads it (the key's default)."""
-    from ..config import MAX_LAYERS  # here, not at the top: models.config imports this package
 
     out = {k: v for k, v in hp.items() if not (v is None and k in INT_HPARAMS + FLOAT_HPARAMS)}
     for key in INT_HPARAMS:
@@ -122,7 +122,6 @@ def llama3_rope_factors(rs: dict[str, Any], base: float, n_rot: int) -> np.ndarr
         raise ConvertError(f"llama3 RoPE scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor, "
                            f"original_max_position_embeddings > 0 and rope_theta > 0; got {factor}, {low}, {high}, "
                            f"{old_ctx:g}, {base}")
-    from ..config import MAX_HEAD_DIM  # here, not at the top: models.config imports this package
 
     if not 0 < n_rot <= MAX_HEAD_DIM:  # one factor per rotated pair: hidden_size 2**32 would ask for 2**31
         raise ConvertError(f"llama3 RoPE scaling over {n_rot} dims: out of range (1..{MAX_HEAD_DIM})")

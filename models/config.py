@@ -57,7 +57,6 @@ class KVGroup:
     layers: tuple[int, ...]
 
 
-
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
 # (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
 POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}

@@ -290,7 +290,7 @@ def test_templates_that_take_arguments_as_text():
             {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
     prepared, variables = prepare(msgs, parse_tools([WEATHER]), family(DS_LIKE), "auto")
     assert family(DS_LIKE) == "deepseek" and isinstance(prepared[1]["tool_calls"][0]["function"]["arguments"], dict)
-    (text,), opened = encode(Stub(), ChatPlan(prepared, variables, "deepseek", True))
+    (text,), opened = encode(Stub(), ChatPlan(prepared, variables, "deepseek", "think"))
     assert opened  # the template opens <think>: the reply starts inside it
     assert 'get_weather\n```json\n{"city": "Paris"}\n```' in text and text.endswith("<think>")
 

@@ -321,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="soak_chat_") as tmp:
         workdir = Path(tmp)
-        # infer home: the default model is found where it already is; the chat history goes to tmp
+        # a home of its own: the soak's thousands of lines never reach the user's readline history
+        # (the model's path is given, so nothing else is looked up there)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TERM="dumb", COLUMNS="200", LC_ALL="C.UTF-8",
-                   INFER_HOME=os.environ.get("INFER_HOME") or str(Path.home() / ".cache" / "infer"))
+                   INFER_HOME=str(workdir / "home"))
         if a.model is None:
             from infer.models.default import default_model_path
 
@@ -332,16 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             model = a.model
         cmd = [sys.executable, "-m", "infer.cli", "chat", model, "--max-tokens", str(a.max_tokens), "--ctx",
                str(a.ctx), "--threads", str(a.threads), "--seed", str(a.seed)]
-        history = env["INFER_HOME"] + "/chat_history"
-        before = Path(history).read_bytes() if os.path.exists(history) else None
-        try:
-            return run(a, cmd, env, workdir)
-        finally:
-            # the soak's thousands of lines are not the user's readline history
-            if before is None:
-                Path(history).unlink(missing_ok=True)
-            else:
-                Path(history).write_bytes(before)
+        return run(a, cmd, env, workdir)
 
 
 def run(a: argparse.Namespace, cmd: list[str], env: dict, workdir: Path) -> int:

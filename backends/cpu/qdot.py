@@ -103,8 +103,6 @@ LAYOUTS = {
     qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False),
     qt.MXFP4: Layout(32, 4, 0, 12, SC_F16, False, e2m1=True),  # its 2**(e - 128) scale as f16 (repack.py)
 }
-# MXFP4's code -> u = kvalues_mxfp4[code] + 12, for the expanded (prefill) path
-E2M1_U = np.array([12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0], np.uint8)
 
 # Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
 # the same u, the same scales, read as an 8-bit plane (Q8_0 is one already).
@@ -556,10 +554,31 @@ def _expand_plane(src, bits, low, group, out):
                 ov[ri] = v if low == 0 else ov[ri] | v
 
 
+@njit(cache=True, inline="always")
+def _expand_e2m1(src, group, out):
+    # _expand_plane of MXFP4's 4-bit code plane, each code mapped to u = value + 12 as the
+    # kernels' e2m1 (_Block.e2m1) maps it: magnitude c + (c - 4)+ + 2 (c - 6)+ of the low 3 bits
+    for b in range(src.shape[0]):
+        for j4 in range(group // 4):
+            i0 = (j4 // 2) * NC * 4
+            sh = np.uint8(4 * (j4 % 2))
+            o = (b * group + 4 * j4) * NC
+            sv, ov = src[b, i0:i0 + NC * 4], out[o:o + NC * 4]
+            for ri in range(NC * 4):
+                code = np.int32((sv[ri] >> sh) & np.uint8(15))
+                c = code & 7
+                mag = c + max(c - 4, 0) + 2 * max(c - 6, 0)
+                ov[ri] = np.uint8(12 - mag if code & 8 else 12 + mag)
+
+
 @njit(cache=True)
-def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
+def expand_tile(lo_bits, hi_bits, group, e2m1, lo_t, hi_t, out):
     # lo_t, hi_t: (nb, bytes per block) one tile's planes (hi_t unused without a high plane);
-    # out: (>= nb * group * NC,) uint8, the tile's u as BYTE_LAYOUTS has them
+    # e2m1: the layout's (MXFP4: codes mapped to u); out: (>= nb * group * NC,) uint8, the tile's
+    # u as BYTE_LAYOUTS has them
+    if e2m1:
+        _expand_e2m1(lo_t, group, out)
+        return
     if lo_bits == 4:  # constant widths, so each inlined copy is specialized
         _expand_plane(lo_t, 4, 0, group, out)
     else:
@@ -568,13 +587,6 @@ def expand_tile(lo_bits, hi_bits, group, lo_t, hi_t, out):
         _expand_plane(hi_t, 1, lo_bits, group, out)
     elif hi_bits == 2:
         _expand_plane(hi_t, 2, lo_bits, group, out)
-
-
-@njit(cache=True)
-def e2m1_bytes(u, n):
-    # u: (>= n,) uint8: MXFP4 codes, replaced by u = value + 12 (E2M1_U)
-    for i in range(n):
-        u[i] = E2M1_U[u[i]]
 
 
 @njit(cache=True, parallel=True)
@@ -605,9 +617,8 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
             qtile = tile
             if expand:
-                expand_tile(lo_bits, hi_bits, group, lo[tile], hi[tile] if hi_bits else lo[tile], qlo[0, 0])
-                if type_id == qt.MXFP4:  # codes -> u, as the byte layout has them
-                    e2m1_bytes(qlo[0, 0], K * NC)
+                expand_tile(lo_bits, hi_bits, group, type_id == qt.MXFP4, lo[tile], hi[tile] if hi_bits else lo[tile],
+                            qlo[0, 0])
                 qtile = 0
             r0 = tile * NC
             nr = min(NC, N - r0)

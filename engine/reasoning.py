@@ -111,14 +111,15 @@ class HarmonyStream:
             if self.channel is None:  # a header: "[<|start|>assistant]<|channel|>NAME[ ...]<|message|>"
                 i = text.find(MESSAGE)
                 if i < 0:
-                    if not text.lstrip().startswith("<|") and not any(t.startswith(text.lstrip()) for t in (CHANNEL, START)):
+                    head = text.lstrip()
+                    if not head.startswith("<|") and not any(t.startswith(head) for t in (CHANNEL, START)):
                         self.channel = "final"  # no header at all: plain text is the answer
                         continue
                     self.held = text
                     break
                 header, text = text[:i], text[i + len(MESSAGE):]
-                name = header.split(CHANNEL, 1)[1] if CHANNEL in header else "final"
-                self.channel = name.split("<|", 1)[0].split()[0] if name.split() else "final"
+                words = header.split(CHANNEL, 1)[1].split("<|", 1)[0].split() if CHANNEL in header else []
+                self.channel = words[0] if words else "final"  # a header naming no channel: the answer
                 continue
             ends = [(i, t) for t in _STOPS if (i := text.find(t)) >= 0]
             if ends:

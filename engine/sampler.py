@@ -27,6 +27,9 @@ class InvalidSamplingParams(ValueError):
     """A sampling parameter is out of range or of the wrong type."""
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _number(name: str, value: object) -> float:
     # bool is an int subclass; rejecting it catches swapped keyword arguments.
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -37,6 +40,8 @@ def _number(name: str, value: object) -> float:
         raise InvalidSamplingParams(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits") from None
     if not math.isfinite(x):
         raise InvalidSamplingParams(f"{name} must be finite, got {value!r}")
+    if abs(x) > F32_MAX:  # would be infinite in the float32 arithmetic of the stages
+        raise InvalidSamplingParams(f"{name} must be within ±3.4e38 (a 32-bit float, as llama.cpp reads it), got {x:g}")
     return x
 
 
@@ -44,9 +49,6 @@ def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidSamplingParams(f"{name} must be an integer, got {value!r}")
     return int(value)
-
-
-F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,6 @@ class SamplingParams:
     thinking: bool = False  # the reply starts inside a <think> the prompt opened (lazy grammars wait past it)
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
-            value = _number(name, getattr(self, name))
-            if abs(value) > F32_MAX:  # would be infinite in the float32 arithmetic of the stages
-                raise InvalidSamplingParams(f"{name} must be within ±3.4e38 (a 32-bit float, as llama.cpp "
-                                            f"reads it), got {value:g}")
         if _number("temperature", self.temperature) < 0:
             raise InvalidSamplingParams(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if _integer("top_k", self.top_k) < 0:

@@ -225,6 +225,7 @@ def test_harmony_channels_are_split():
     assert run(["<|channel|>analysis<|message|>cut short"]) == ("cut short", "")
     assert split_reply("harmony", "<|channel|>commentary<|message|>Looking it up.<|end|>") == ("", "Looking it up.")
     assert split_reply("harmony", "<|channel|>analysis<|message|>a < b <|im<|end|>") == ("a < b <|im", "")
+    assert split_reply("harmony", "<|channel|> <|constrain|>json<|message|>hi") == ("", "hi")  # no channel named
     assert style("<|start|>{{ m.role }}<|channel|>final<|message|>{{ m.content }}<|end|>") == "harmony"
     assert style("{{ '<think>' }}") == "think" and style("{{ messages }}") == ""
 

@@ -101,16 +101,18 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             raise ModelLoadError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
         return t
 
-    def vec(name: str, n: int, required: bool = True) -> np.ndarray | None:
-        t = get(name, (n,), required)
+    def vec(name: str, n: int | tuple[int, ...], required: bool = True) -> np.ndarray | None:
+        """A vector of n floats, or a small float table of shape n (gpt-oss's per-expert biases)."""
+        shape = (n,) if isinstance(n, int) else n
+        t = get(name, shape, required)
         if t is None or isinstance(t, np.ndarray):
-            return t
+            return t if t is None else np.asarray(t, np.float32)
         if isinstance(t, AffineTensor):
             raise ModelLoadError(f"{path}: tensor {name!r} is a vector and cannot be affine-quantized")
         if t.type_id not in (F32, F16, BF16):  # llama.cpp never quantizes a vector; a file that does is corrupt
             raise ModelLoadError(f"{path}: tensor {name!r} is a vector of type {t.type_name}; expected F32, F16 or BF16")
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
-        return t.raw.view(np.float32).reshape(n) if t.type_id == F32 else t.dequantize().reshape(n)
+        return t.raw.view(np.float32).reshape(shape) if t.type_id == F32 else t.dequantize().reshape(shape)
 
     used = _USED_BIASES + cfg.architecture.extra_biases
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
@@ -137,7 +139,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             **(_experts(get, p, cfg) if cfg.n_expert else {**_gate_up(tensors, get, p, D, F),
                                                         "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
-            **(_gpt_oss_extras(get, vec, p, cfg) if arch.attn_sinks else {}),
+            **_extras(vec, p, cfg),
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -213,20 +215,19 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
             "experts": experts}
 
 
-
-def _gpt_oss_extras(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """gpt-oss's attention sinks and biases (models/arch/gpt_oss.py), as float32."""
-    D, E, F = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
-
-    def table(name: str, shape: tuple[int, int]) -> np.ndarray:  # a bias per expert: a 2-D F32 tensor
-        t = get(p + name, shape)
-        if isinstance(t, np.ndarray):
-            return np.asarray(t, np.float32)
-        if not isinstance(t, QTensor) or t.type_id not in (F32, F16, BF16):
-            raise ModelLoadError(f"tensor {p + name!r} must be F32, F16 or BF16")
-        return t.dequantize().reshape(shape).astype(np.float32)
-
-    return {"bo": vec(p + "attn_output.bias", D), "sinks": vec(p + "attn_sinks.weight", cfg.n_head),
-            "router_bias": vec(p + "ffn_gate_inp.bias", E),
-            "expert_biases": (table("ffn_gate_exps.bias", (E, F)), table("ffn_up_exps.bias", (E, F)),
-                              table("ffn_down_exps.bias", (E, D)))}
+def _extras(vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """The attention sinks and the biases beyond Q/K/V's of the architectures that have them
+    (Architecture.attn_sinks, extra_biases: gpt-oss), as float32; absent, nothing."""
+    arch, D, E, F = cfg.architecture, cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    has = set(arch.extra_biases)
+    out: dict[str, Any] = {}
+    if arch.attn_sinks:
+        out["sinks"] = vec(p + "attn_sinks.weight", cfg.n_head)
+    if "attn_output.bias" in has:
+        out["bo"] = vec(p + "attn_output.bias", D)
+    if "ffn_gate_inp.bias" in has:
+        out["router_bias"] = vec(p + "ffn_gate_inp.bias", E)
+    if "ffn_gate_exps.bias" in has:
+        out["expert_biases"] = (vec(p + "ffn_gate_exps.bias", (E, F)), vec(p + "ffn_up_exps.bias", (E, F)),
+                                vec(p + "ffn_down_exps.bias", (E, D)))
+    return out

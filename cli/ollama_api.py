@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from infer.engine.grammar import Grammar, GrammarError
-from infer.engine.reasoning import style
+from infer.engine.reasoning import EFFORTS, style
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 from . import openai_chat
 from .openai_request import APIError, ClientGone, Job, chat_messages, kind
 
+OPTION_LIMIT = 2**63  # |an option's value| beyond this is out of range (ollama reads them as int64)
 API_VERSION = "0.12.0"  # the ollama API level these routes follow (clients compare it with their minimums)
 OPTIONS = MappingProxyType({"temperature": float, "top_k": int, "top_p": float, "min_p": float,
                             "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
@@ -97,7 +98,7 @@ class OllamaAPI:
                 raise APIError(400, f"option '{name}' must be an integer, got {kind(v)}")
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise APIError(400, f"option '{name}' must be a number, got {kind(v)}")
-            if abs(v) > 2**63:
+            if abs(v) > OPTION_LIMIT:
                 raise APIError(400, f"option '{name}' is out of range")
             kw[name] = typ(v)
         stop = opts.get("stop")
@@ -159,13 +160,12 @@ class OllamaAPI:
                 raise APIError(400, f"'think' must be true, false or a level, got {kind(think)}")
             src = self.llm.template.source
             harmony = style(src) == "harmony"  # gpt-oss: always thinks; a level is its reasoning effort
-            if isinstance(think, str):
-                if think not in ("low", "medium", "high"):
-                    raise APIError(400, f"'think' must be true, false, low, medium or high, got {think!r}"[:200])
-                if harmony:
-                    body = {**body, "reasoning_effort": think}
+            if isinstance(think, str) and think not in EFFORTS:
+                raise APIError(400, f"'think' must be true, false, low, medium or high, got {think!r}"[:200])
             plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False and not harmony else
                                                   "deepseek", job, self.llm.tokenizer.token_id)
+            if isinstance(think, str) and harmony:
+                plan = replace(plan, variables={**plan.variables, "reasoning_effort": think})
             if think is False and "enable_thinking" in src:
                 plan = replace(plan, variables={**plan.variables, "enable_thinking": False})
             prompt, opened = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from infer.engine.chat_template import ChatTemplateError
-from infer.engine.reasoning import opened_in_prompt, reply_stream, style
+from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, style
 from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
 from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
 
@@ -48,7 +48,7 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
     reasoning = style(template_source) if reasoning_format == "deepseek" else ""
     effort = body.get("reasoning_effort")  # OpenAI's field; gpt-oss's template takes it as a variable
     if effort is not None:
-        if effort not in ("low", "medium", "high"):
+        if effort not in EFFORTS:
             raise APIError(400, f"'reasoning_effort' must be low, medium or high, got {effort!r}"[:200],
                            "reasoning_effort", "invalid_value")
         variables = {**variables, "reasoning_effort": effort}

@@ -18,6 +18,7 @@ from infer.engine.grammar import Grammar, GrammarError
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_STOP = 16  # stop strings one request may give (OpenAI allows 4; llama.cpp's server any number)
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -9999
 
 
@@ -106,8 +107,8 @@ def stop_field(body: dict) -> tuple[str, ...]:
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
         raise APIError(400, "'stop' must be a non-empty string or a list of non-empty strings", "stop", "invalid_type")
-    if len(items) > 16:
-        raise APIError(400, f"'stop' takes at most 16 strings, got {len(items)}", "stop", "invalid_value")
+    if len(items) > MAX_STOP:
+        raise APIError(400, f"'stop' takes at most {MAX_STOP} strings, got {len(items)}", "stop", "invalid_value")
     return tuple(text_field(s, "stop") for s in items)
 
 

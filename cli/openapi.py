@@ -20,13 +20,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from infer.engine.reasoning import EFFORTS
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams
+from infer.engine.tool_calls import TOOL_NAME
 
 from .embeddings_api import MAX_INPUTS
-
-MAX_STOP = 16  # openai_request.stop_field
-OLLAMA_LIMIT = 2**63  # ollama_api._params: |option| beyond this is out of range
-TOOL_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"  # engine/tool_calls._NAME
+from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
+from .openai_request import MAX_STOP
 
 NULL = MappingProxyType({"type": "null"})
 STRING = MappingProxyType({"type": "string"})
@@ -160,7 +160,7 @@ def _openai_requests() -> dict:
             "tools": nullable({"type": "array", "items": ref("Tool")}),
             "tool_choice": nullable(ref("ToolChoice")),
             "parallel_tool_calls": {"type": "boolean", "default": True},
-            "reasoning_effort": nullable({"enum": ["low", "medium", "high"],
+            "reasoning_effort": nullable({"enum": list(EFFORTS),
                                           "description": "gpt-oss: how much it reasons (its template's variable)."}),
             "functions": ref("Unset"),
         }, ("messages",), "The chat template must accept the conversation.")]},
@@ -230,7 +230,7 @@ def _ollama_requests() -> dict:
             **generation, "messages": nullable({"type": "array", "items": ref("OllamaChatMessage"),
                                                 "description": "Empty: loads the model and answers done_reason "
                                                                "\"load\"."}),
-            "think": {"anyOf": [BOOLEAN, NULL, {"enum": ["low", "medium", "high"]}],
+            "think": {"anyOf": [BOOLEAN, NULL, {"enum": list(EFFORTS)}],
                       "description": "A level is gpt-oss's reasoning effort."}, "tools": nullable({"type": "array", "items": ref("Tool")}),
             "tool_choice": nullable(ref("ToolChoice")), "parallel_tool_calls": {"type": "boolean", "default": True}})},
         "OllamaGenerateRequest": {**named, **obj({

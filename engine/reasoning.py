@@ -83,6 +83,7 @@ class ThinkStream:
 # the thinking, "final" (and "commentary", the text around tool calls) the answer; the reply ends
 # at <|return|> or <|call|> (end-of-generation tokens, so never in the text).  The markers are
 # control tokens: the reply must be detokenized with them spelled out (SamplingParams.special).
+EFFORTS = ("low", "medium", "high")  # gpt-oss's reasoning effort, a variable of its template
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 _STOPS = (END, START, "<|return|>", "<|call|>")
 

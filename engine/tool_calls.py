@@ -62,7 +62,8 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+TOOL_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"  # what a tool's name may be (OpenAI's rule)
+_NAME = re.compile(TOOL_NAME)
 
 
 def parse_tools(tools: Any) -> list[Tool]:

@@ -22,6 +22,9 @@ class ChatPlan:
     reasoning: str  # how reasoning_content is split off: "think" (<think> tags), "harmony" (gpt-oss's channels), "" not
     tools: list[Tool] = field(default_factory=list)
     triggers: tuple[str, ...] = ()  # where the tools' grammar starts ("auto": at a call)
+    # gpt-oss's channel markers are control tokens: spelled out, for the splitter or (--reasoning-format
+    # none) in the content, as llama.cpp leaves them; never silently dropped between channels
+    markers: bool = False
 
 
 def plan(body: dict, messages: list[dict], template_source: str, reasoning_format: str, job: Job, token_id):
@@ -45,14 +48,16 @@ def plan(body: dict, messages: list[dict], template_source: str, reasoning_forma
     if g is not None and job.params.grammar is not None:
         raise APIError(400, f"'tools' with tool_choice {mode!r} cannot be combined with '{job.grammar_param}'",
                        job.grammar_param, "invalid_value")
-    reasoning = style(template_source) if reasoning_format == "deepseek" else ""
+    reasoning_style = style(template_source)
+    reasoning = reasoning_style if reasoning_format == "deepseek" else ""
     effort = body.get("reasoning_effort")  # OpenAI's field; gpt-oss's template takes it as a variable
     if effort is not None:
         if effort not in EFFORTS:
             raise APIError(400, f"'reasoning_effort' must be low, medium or high, got {effort!r}"[:200],
                            "reasoning_effort", "invalid_value")
         variables = {**variables, "reasoning_effort": effort}
-    return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers), g
+    return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers,
+                    reasoning_style == "harmony"), g
 
 
 def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job, bool]:
@@ -61,7 +66,7 @@ def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job
     the prompt opened: not where a grammar holds JSON from the first token (a forced tool call, a
     JSON response format), which leaves no room to think; a GBNF grammar is the client's whole reply."""
     params = job.params
-    if plan.reasoning == "harmony":  # its channel markers are control tokens: spelled out for the splitter
+    if plan.markers:
         params = replace(params, special=True)
     if tool_grammar is not None or plan.family:
         params = replace(params, grammar=tool_grammar or params.grammar, grammar_triggers=plan.triggers, special=True)

@@ -250,6 +250,8 @@ def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
     assert plan.reasoning == "harmony" and plan.variables["reasoning_effort"] == "high"
     constrained, _ = openai_chat.constrain(job, plan, None, False)
     assert constrained.params.special
+    plain, _ = openai_chat.plan({}, [{"role": "user", "content": "hi"}], HARMONY, "none", job, lambda text: None)
+    assert plain.reasoning == "" and openai_chat.constrain(job, plain, None, False)[0].params.special
     path = write_tiny_model(tmp_path / "h.gguf", "gpt-oss", seed=3, chat_template=HARMONY, n_ctx=512)
     llm = LLM.load(path, EngineConfig(n_ctx=512, n_threads=2))
     raw = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hello"

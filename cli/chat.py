@@ -168,7 +168,6 @@ def _repl(llm, conv, params, verbose: bool) -> None:
     from infer.engine.reasoning import opened_in_prompt, reply_stream, style
 
     thinking = style(llm.template.source)  # a model that thinks: its thoughts shown dimmed, apart
-    harmony = thinking == "harmony"
     engine = llm.engine
     engine.start()  # Ctrl-C then lands in this thread, never inside an engine step
     name = llm.model.config.name or llm.model.path.name
@@ -191,8 +190,7 @@ def _repl(llm, conv, params, verbose: bool) -> None:
             st = TurnStats()
             try:
                 think = None
-                # gpt-oss's channel markers are control tokens: spelled out for the splitter
-                for ev in conv.turn(text, dataclasses.replace(params, special=True) if harmony else params, st):
+                for ev in conv.turn(text, params, st):
                     if think is None:  # the prompt is rendered by now: did it open a <think>?
                         # JSON held from the first token leaves no room to think (--format, --json-schema)
                         forced = params.grammar is not None and params.grammar.kind in ("json", "json_schema")

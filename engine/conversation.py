@@ -7,7 +7,7 @@ outgrows the context, the oldest turns are dropped (the system prompt stays).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -100,6 +100,9 @@ class Conversation:
         stats.prompt_tokens = len(ids)
         parts: list[str] = []
         self._last = None
+        harmony = style(self.llm.template.source) == "harmony"
+        if harmony:  # gpt-oss's channel markers are control tokens: spelled out, to tell the answer apart
+            params = replace(params, special=True)
         try:
             for ev in self.llm.generate(ids, params):
                 parts.append(ev.text)
@@ -114,7 +117,7 @@ class Conversation:
                 yield ev
         finally:
             reply = "".join(parts)
-            if style(self.llm.template.source) == "harmony":  # its markers in the text: the answer, and
+            if harmony:  # its markers in the text: the answer, and
                 thinking, reply = split_reply("harmony", reply)  # the thinking where the template keeps it
                 self.messages.append({"role": "assistant", "content": reply, "thinking": thinking})
             else:

@@ -256,9 +256,10 @@ def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
     llm = LLM.load(path, EngineConfig(n_ctx=512, n_threads=2))
     raw = "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hello"
     real = llm.generate
-    llm.generate = lambda ids, params: iter([Event(0, raw, None, "stop", Usage())])
+    # the conversation spells the markers out itself (with special off they would not be in the text)
+    llm.generate = lambda ids, params: iter([Event(0, raw if params.special else "thinkHello", None, "stop", Usage())])
     conv = Conversation(llm)
-    list(conv.turn("hi", SamplingParams(special=True), TurnStats()))
+    list(conv.turn("hi", SamplingParams(), TurnStats()))
     llm.generate = real
     assert conv.messages[-1] == {"role": "assistant", "content": "Hello", "thinking": "think"}
     assert "<|channel|>final<|message|>Hello<|end|>" in llm.template.render(conv.messages)

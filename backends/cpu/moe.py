@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .ops import glu
+from .glu import glu
 from .qdot import matmul_packed
 
 

@@ -19,7 +19,8 @@ from .attention import attention, qkv_post
 from .kv_pool import KVPool
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
-from .ops import ACTIVATIONS, embed, glu, residual_norm, rmsnorm, rope_angles, softcap
+from .glu import ACTIVATIONS, glu, glu_rows
+from .ops import embed, residual_norm, rmsnorm, rope_angles, softcap
 
 
 class CpuPrimitives:
@@ -122,7 +123,7 @@ class CpuPrimitives:
 
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
         act = self.ws.act[:self.T]
-        glu(gu, self.cfg.n_ff, self.act, act)
+        (glu_rows if self.T > 1 else glu)(gu, self.cfg.n_ff, self.act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act

@@ -1,0 +1,187 @@
+"""The FFN's gated activations, act(gate) * up, with ggml's arithmetic.
+
+SiLU is what llama.cpp's CPU backend runs (ggml_vec_swiglu_f32): its vector SiLU (ggml_v_silu,
+x / (1 + ggml_v_expf(-x)), a polynomial exp scaled by 2**n as its AVX-512 build computes it) over
+every whole 16 of a row, and x / (1 + expf(-x)) on the rest.  Written out per element with exact
+fused multiply-adds (the _fma intrinsic), it vectorizes and gives ggml's results (its AVX2 build
+forms the same exp with a different final rounding: at most an ulp apart).  GELU is ggml's f16
+table; swiglu_oai is ggml_swiglu_oai's float arithmetic.
+
+The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
+its own file only.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from infer.quant.kquants import F16_TO_F32, f32_to_f16
+
+from .ops import f16_round
+
+_F32, _I32 = ir.FloatType(), ir.IntType(32)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c for float32s, rounded once (llvm.fma: a vector FMA once the loop vectorizes)."""
+    if not all(t == types.float32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        return builder.call(fn, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _pow2(typingctx, n):
+    """2**n as a float32, for a float32 n holding an integer in -126..127 (its exponent bits)."""
+    if n != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        e = builder.add(builder.fptosi(args[0], _I32), ir.Constant(_I32, 127))
+        return builder.bitcast(builder.shl(e, ir.Constant(_I32, 23)), _F32)
+
+    return types.float32(types.float32), codegen
+
+
+_f = lambda h: np.float32(float.fromhex(h))
+_SHIFTER, _LOG2E, _LN2_HI, _LN2_LO = _f("0x1.8p23"), _f("0x1.715476p+0"), _f("0x1.62e4p-1"), _f("0x1.7f7d1cp-20")
+_P1, _P2, _P3, _P4, _P5 = _f("0x1.ffffecp-1"), _f("0x1.fffdb6p-2"), _f("0x1.555e66p-3"), _f("0x1.573e2ep-5"), _f("0x1.0e4020p-7")
+_ONE = np.float32(1.0)
+_EXP_WIDTH = 16  # ggml_vec_swiglu_f32's vector: the tail of a row past its last whole 16 takes expf
+_EXP_SAFE = np.float32(87.0)  # below this |x|, ggml_v_expf's n is within -126..126 (2**n normal)
+
+
+@njit(cache=True, inline="always")
+def _expf_parts(x):
+    # ggml_v_expf (AVX-512) up to its last step: exp(x) = j * 2**n
+    z = _fma(x, _LOG2E, _SHIFTER)
+    n = z - _SHIFTER
+    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+    u = b * b
+    j = _fma(_fma(_fma(_P5, b, _P4), u, _fma(_P3, b, _P2)), u, _fma(_P1, b, _ONE))
+    return n, j
+
+
+@njit(cache=True)
+def _v_expf_wide(x):
+    # ggml_v_expf for any x: _mm512_scalef_ps(j, n) rounds j * 2**n once (here: from the exact
+    # double product), and |n| > 192 gives 0 or infinity
+    n, j = _expf_parts(x)
+    if abs(n) > 192.0:
+        return np.float32(0.0) if n <= 0.0 else np.float32(np.inf)
+    return np.float32(np.float64(j) * 2.0 ** np.float64(n))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _swiglu_row(gate, up, out):
+    # gate, up, out: (F,) f32; out = silu(gate) * up as ggml_vec_swiglu_f32
+    # (slices indexed from 0 by the loops: no negative-index checks; IEEE division, error_model
+    # "numpy", no zero check: so the loops vectorize)
+    F = gate.shape[0]
+    V = F - F % _EXP_WIDTH
+    wide = 0  # how many whose 2**n is not a normal float (|gate| > 87): rare, done again below
+    for i in range(V):  # branch-free; 2**n clamped to where the exponent bits make it
+        g = gate[i]
+        n, j = _expf_parts(-g)
+        e = j * _pow2(min(max(n, np.float32(-126.0)), np.float32(126.0)))
+        out[i] = g / (_ONE + e) * up[i]
+        wide += (g > _EXP_SAFE) | (g < -_EXP_SAFE)
+    for i in range(V if wide else 0):
+        g = gate[i]
+        if g > _EXP_SAFE or g < -_EXP_SAFE:
+            out[i] = g / (_ONE + _v_expf_wide(-g)) * up[i]
+    for i in range(V, F):
+        g = gate[i]
+        out[i] = g / (_ONE + np.float32(math.exp(-g))) * up[i]
+
+
+@njit(cache=True)
+def _gelu_f16_formula(h):
+    # ggml's tanh GELU of an f16 value h, as float32, rounded to f16 (one entry of its table);
+    # no fastmath, so the table does not depend on how this compiles (the sign of zeros included)
+    return f16_round(np.float32(0.5) * h * (np.float32(1.0) + np.float32(math.tanh(
+        np.float32(0.7978845608028654) * h * (np.float32(1.0) + np.float32(0.044715) * h * h)))))
+
+
+@njit(cache=True)
+def _gelu_table(halves, out):
+    # halves: (65536,) f32, every f16 value; out: (65536,) f32 GELU of each (NaN/inf entries unused)
+    for i in range(halves.shape[0]):
+        out[i] = _gelu_f16_formula(halves[i])
+
+
+# ggml_gelu keeps GELU in a table indexed by the f16 bits of the input; so do we (the formula
+# with tanh per element was most of the FFN's time).
+GELU_F16 = np.zeros(65536, np.float32)
+_gelu_table(F16_TO_F32, GELU_F16)
+
+
+@njit(cache=True)
+def _gelu_slow(g):
+    # ggml_gelu for one value: exact outside ±10, else the f16 table at the nearest half of g
+    if g <= -10.0:
+        return np.float32(0.0)
+    if g >= 10.0:
+        return g
+    return GELU_F16[f32_to_f16(g)]
+
+
+ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI = 0, 1, 2  # glu's activations (Architecture.activation)
+ACTIVATIONS = {"silu": ACT_SILU, "gelu": ACT_GELU, "swiglu_oai": ACT_SWIGLU_OAI}
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oai (llama.cpp's constants)
+
+
+ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI = 0, 1, 2  # glu's activations (Architecture.activation)
+ACTIVATIONS = {"silu": ACT_SILU, "gelu": ACT_GELU, "swiglu_oai": ACT_SWIGLU_OAI}
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oai (llama.cpp's constants)
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _glu_row(row, F, act, out):
+    # row: (2F,) f32 gate then up; out: (F,) f32 = act(gate) * up
+    if act == ACT_SWIGLU_OAI:
+        for i in range(F):
+            x = min(row[i], OAI_LIMIT)
+            y = min(max(row[F + i], -OAI_LIMIT), OAI_LIMIT)
+            out[i] = x / (_ONE + np.float32(math.exp(OAI_ALPHA * -x))) * (y + _ONE)
+    elif act == ACT_GELU:
+        # f16(gelu(f16(g))) from the table, as ggml_gelu.  First every element as if it were a normal
+        # half below 10 in magnitude (branch-free, so it vectorizes), then the rare others again.
+        bits = row.view(np.uint32)
+        for i in range(F):
+            b = bits[i]
+            a = min(max(b & np.uint32(0x7FFFFFFF), np.uint32(0x38800000)), np.uint32(0x411FFFFF))
+            h = ((a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)) - np.uint32(112 << 10)
+            out[i] = GELU_F16[((b >> np.uint32(16)) & np.uint32(0x8000)) | h] * row[F + i]
+        for i in range(F):
+            a = bits[i] & np.uint32(0x7FFFFFFF)
+            if a < np.uint32(0x38800000) or a >= np.uint32(0x41200000):  # tiny, >= 10, inf or NaN
+                out[i] = _gelu_slow(row[i]) * row[F + i]
+    else:
+        _swiglu_row(row[:F], row[F:2 * F], out[:F])
+
+
+@njit(cache=True, error_model="numpy")
+def glu(gu, F, act, out):
+    # gu: (T, 2F) f32 C-contiguous, gate then up side by side; out: (T, F) f32 = act(gate) * up
+    # act: ACT_SILU, ACT_GELU, or ACT_SWIGLU_OAI: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(up, ±7) + 1)
+    # (ggml_swiglu_oai's float arithmetic).  Serial: for one token, or inside another kernel.
+    for t in range(gu.shape[0]):
+        _glu_row(gu[t], F, act, out[t])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def glu_rows(gu, F, act, out):
+    # glu over a batch, its rows split among the threads
+    for t in prange(gu.shape[0]):
+        _glu_row(gu[t], F, act, out[t])

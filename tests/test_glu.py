@@ -1,0 +1,69 @@
+"""The FFN's gated activations (backends/cpu/glu.py): SiLU as ggml's vector SiLU computes it (its
+polynomial exp: a few ulps from float64's, at every magnitude, the tail of a row past its last whole
+16 through expf), the same floats serially, split among threads, and row by row."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.backends.cpu.glu import ACT_GELU, ACT_SILU, ACT_SWIGLU_OAI, glu, glu_rows
+
+
+def _rows(F: int, T: int = 3, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    gate = np.concatenate([rng.normal(0, 4, T * F // 2), rng.uniform(-120, 120, T * F - T * F // 2)])
+    rng.shuffle(gate)
+    gate[:12] = [0.0, -0.0, 87.0, -87.0, 87.7, -87.7, 88.72, -88.72, 103.9, -103.9, 150.0, -150.0]
+    up = rng.normal(0, 1, T * F)
+    return np.concatenate([gate.reshape(T, F), up.reshape(T, F)], axis=1).astype(np.float32)
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in float32 steps (both finite)."""
+    ia, ib = a.view(np.int32).astype(np.int64), b.view(np.int32).astype(np.int64)
+    ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
+    ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
+    return np.abs(ia - ib)
+
+
+@pytest.mark.parametrize("F", [64, 8960, 8960 + 7, 5])
+def test_silu_within_two_ulps_of_exact(F):
+    gu = _rows(F)
+    out = np.zeros((gu.shape[0], F), np.float32)
+    glu(gu, F, ACT_SILU, out)
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    with np.errstate(over="ignore"):
+        silu = (g / (1.0 + np.exp(-g))).astype(np.float32)  # the activation, rounded once
+    ref = (silu * gu[:, F:]).astype(np.float32)  # times up in float32, as ggml
+    tiny = np.abs(silu) < 1e-30  # far below a float's normal range: compared absolutely
+    # ggml_v_expf is within 1.95 ulps, then 1 + e, the division and the product round: a few ulps
+    ulps = _ulps(out[~tiny], ref[~tiny])
+    assert ulps.max() <= 6 and np.mean(ulps <= 1) > 0.85
+    assert np.all(np.abs(out[tiny]) <= 1e-30 * np.abs(u[tiny]) + 1e-37)
+    big = gu[:, :F] > 88  # exp(-g) vanishes beside 1: silu(g) = g exactly
+    assert np.array_equal(out[big], (gu[:, :F] * gu[:, F:])[big])
+
+
+def test_silu_specials():
+    F = 16
+    gu = np.zeros((1, 2 * F), np.float32)
+    gu[0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    gu[0, F:] = 1.0
+    out = np.zeros((1, F), np.float32)
+    glu(gu, F, ACT_SILU, out)
+    assert out[0, 0] == np.inf and np.isnan(out[0, 1]) and np.isnan(out[0, 2]) and out[0, 3] == 0.0
+
+
+@pytest.mark.parametrize("act", [ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI], ids=["silu", "gelu", "swiglu_oai"])
+def test_rows_split_among_threads_change_nothing(act):
+    F = 8960 + 7
+    gu = _rows(F, T=9, seed=3)
+    gu[:, :F] /= 10
+    one, split = np.zeros((9, F), np.float32), np.zeros((9, F), np.float32)
+    glu(gu, F, act, one)
+    glu_rows(gu, F, act, split)
+    assert np.array_equal(one.view(np.uint32), split.view(np.uint32))
+    for t in range(9):  # and each row alone (a decode step) as within the batch
+        alone = np.zeros((1, F), np.float32)
+        glu(gu[t:t + 1], F, act, alone)
+        assert np.array_equal(alone[0].view(np.uint32), one[t].view(np.uint32))

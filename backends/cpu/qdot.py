@@ -293,6 +293,9 @@ class _Kernel:
             vb = ir.VectorType(I8, 64) if VNNI_BYTES else vi32
             self.vb = vb
             self.dp_fn = cgutils.get_or_insert_function(mod, ir.FunctionType(vi32, [vi32, vb, vb]), "llvm.x86.avx512.vpdpbusd.512")
+            vw = ir.VectorType(I16, 32) if VNNI_BYTES else vi32  # its word operands, typed as vpdpbusd's
+            self.vw = vw
+            self.dpw_fn = cgutils.get_or_insert_function(mod, ir.FunctionType(vi32, [vi32, vw, vw]), "llvm.x86.avx512.vpdpwssd.512")
         elif kind == "madd":
             vb, vi16 = ir.VectorType(I8, 4 * W), ir.VectorType(I16, 2 * W)
             ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if W == 16
@@ -307,6 +310,12 @@ class _Kernel:
             vf = ir.VectorType(F32, n)
             self.fma_fn[n] = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{n}f32")
         return self.b.call(self.fma_fn[n], [x, y, z])
+
+    def dot_pairs(self, acc, a, b):
+        """acc + a.lo * b.lo + a.hi * b.hi in each int32 lane, its two int16 halves signed (vpdpwssd):
+        exact for the K-quant mins (<= 63) times activation sums (|sum| <= 32 * 127)."""
+        bld = self.b
+        return bld.call(self.dpw_fn, [acc, bld.bitcast(a, self.vw), bld.bitcast(b, self.vw)])
 
     def run(self, tid, r0):
         bld = self.b
@@ -377,12 +386,19 @@ class _Kernel:
         with cgutils.for_range(bld, bld.udiv(self.K, _c64(256))) as loop:
             sb = loop.index
             dxs = [self.act_scale(tt, bld.mul(sb, _c64(16))) for tt in range(TT)]
-            bsi = [[splat(bld, bld.fptosi(self.act_sum(tt, bld.add(bld.mul(sb, _c64(nsub)), _c64(j)), L), I32), rw)
-                    for j in range(nsub)] for tt in range(TT)]
+            bs = [[bld.fptosi(self.act_sum(tt, bld.add(bld.mul(sb, _c64(nsub)), _c64(j)), L), I32) for j in range(nsub)]
+                  for tt in range(TT)]
+            bsi = [[splat(bld, b, rw) for b in row] for row in bs]
+            pairs = self.kind == "vnni" and L.has_min  # the mins' sum by vpdpwssd (see dot_pairs)
+            if pairs:  # each token's activation sums of sub-blocks 2p and 2p + 1 as int16s in one int32
+                low16 = lambda x: bld.and_(x, ir.Constant(I32, 0xFFFF))
+                bs2 = [[splat(bld, bld.or_(low16(row[2 * p]), bld.shl(row[2 * p + 1], ir.Constant(I32, 16))), rw)
+                        for p in range(nsub // 2)] for row in bs]
             for i, row in enumerate(rows):
                 _, dmin = blk.super_scales(L, sb, row, rw)
                 mins = [ir.Constant(vi, [0] * rw)] * TT
                 offs = list(mins)
+                mns = []
                 for j in range(nsub):
                     sc, mn = blk.sub_scales(L, sb, j, row, rw)
                     p = bld.gep(scbuf, [_c64(0), _c64(j * nv + i)])
@@ -391,11 +407,16 @@ class _Kernel:
                         bld.store(bld.bitcast(bld.or_(sc16, bld.shl(sc16, ir.Constant(vi, [16] * rw))), p.type.pointee), p)
                     else:
                         bld.store(sc, p)
+                    mns.append(mn)
                     for tt in range(TT):
-                        if mn is not None:
+                        if mn is not None and not pairs:
                             mins[tt] = bld.add(mins[tt], bld.mul(mn, bsi[tt][j]))
                         if madd and L.offset:
                             offs[tt] = bld.add(offs[tt], bld.mul(sc, bsi[tt][j]))
+                for p in range(nsub // 2 if pairs else 0):
+                    mn2 = bld.or_(mns[2 * p], bld.shl(mns[2 * p + 1], ir.Constant(vi, [16] * rw)))
+                    for tt in range(TT):
+                        mins[tt] = self.dot_pairs(mins[tt], mn2, bs2[tt][p])
                 for tt in range(TT):
                     bld.store(bld.mul(offs[tt], ir.Constant(vi, [-L.offset] * rw)), sumi[tt][i])
                     if dmin is not None:  # - dmin * sum_j min_j * (activation sum j)

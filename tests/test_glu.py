@@ -1,12 +1,14 @@
 """The FFN's gated activations (backends/cpu/glu.py): SiLU as ggml's vector SiLU computes it (its
-polynomial exp: a few ulps from float64's, at every magnitude, the tail of a row past its last whole
-16 through expf), the same floats serially, split among threads, and row by row."""
+polynomial exp, vexp.py: a few ulps from float64's, at every magnitude, the tail of a row past its
+last whole 16 through expf), the same floats serially, split among threads, and row by row; and the
+softmax's exponentials (vexp.softmax_exp) with their sum formed as ggml_vec_soft_max_f32 forms it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from infer.backends.cpu.glu import ACT_GELU, ACT_SILU, ACT_SWIGLU_OAI, glu, glu_rows
+from infer.backends.cpu.vexp import softmax_exp
 
 
 def _rows(F: int, T: int = 3, seed: int = 0) -> np.ndarray:
@@ -67,3 +69,23 @@ def test_rows_split_among_threads_change_nothing(act):
         alone = np.zeros((1, F), np.float32)
         glu(gu[t:t + 1], F, act, alone)
         assert np.array_equal(alone[0].view(np.uint32), one[t].view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [1, 16, 37, 512])
+def test_softmax_exp_within_ulps_and_summed_per_16(n):
+    rng = np.random.default_rng(n)
+    x = rng.normal(0, 8, n).astype(np.float32)
+    x[: n // 4] -= 90  # some beyond a normal 2**n: exp underflows toward subnormals and 0
+    mx = np.float32(x.max())
+    e = x.copy()
+    total = softmax_exp(e, mx)
+    ref = np.exp((x - mx).astype(np.float64)).astype(np.float32)  # of the float32 difference, as ggml
+    normal = ref > 1e-37
+    assert np.all(_ulps(e[normal], ref[normal]) <= 2)
+    assert np.all(np.abs(e[~normal] - ref[~normal]) <= 2e-45 * 4)
+    assert e[np.argmax(x)] == 1.0
+    # each 16's float32 sum (halves, then halves again), the 16s added in float64
+    pad = np.concatenate([e, np.zeros(-n % 16, np.float32)]).reshape(-1, 16)
+    h = pad[:, 8:] + pad[:, :8]
+    q = h[:, 4:] + h[:, :4]
+    assert total == sum(float((r[0] + r[2]) + (r[1] + r[3])) for r in q)

@@ -37,6 +37,7 @@ from .activations import ACT_Q8_0, quantize_row
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .ops import fwht, heads_post, round_f16
 from .target import VECTOR_WIDTH, half_to_float, splat
+from .vexp import softmax_exp
 
 
 W = VECTOR_WIDTH  # float32 lanes per vector
@@ -350,14 +351,10 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
                 mx = max(mx, a)
             if sinks.shape[0]:
                 mx = max(mx, sinks[h])
-            total = np.float32(0.0)
-            for j in range(n):
-                e = np.float32(math.exp(sw[j] - mx))
-                sw[j] = e
-                total += e
+            total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64
             if sinks.shape[0]:
-                total += np.float32(math.exp(sinks[h] - mx))
-            inv = np.float32(1.0) / total
+                total += np.float64(np.float32(math.exp(sinks[h] - mx)))
+            inv = np.float32(1.0 / total)
             for j in range(n):
                 sw[j] *= inv
             round_weights(sw, v_pool)

@@ -1,85 +1,23 @@
 """The FFN's gated activations, act(gate) * up, with ggml's arithmetic.
 
 SiLU is what llama.cpp's CPU backend runs (ggml_vec_swiglu_f32): its vector SiLU (ggml_v_silu,
-x / (1 + ggml_v_expf(-x)), a polynomial exp scaled by 2**n as its AVX-512 build computes it) over
-every whole 16 of a row, and x / (1 + expf(-x)) on the rest.  Written out per element with exact
-fused multiply-adds (the _fma intrinsic), it vectorizes and gives ggml's results (its AVX2 build
-forms the same exp with a different final rounding: at most an ulp apart).  GELU is ggml's f16
-table; swiglu_oai is ggml_swiglu_oai's float arithmetic.
-
-The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
-its own file only.
+x / (1 + ggml_v_expf(-x)), see vexp.py) over every whole 16 of a row, and x / (1 + expf(-x)) on
+the rest.  GELU is ggml's f16 table; swiglu_oai is ggml_swiglu_oai's float arithmetic.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from infer.quant.kquants import F16_TO_F32, f32_to_f16
 
 from .ops import f16_round
+from .vexp import EXP_SAFE, expf_fast, expf_wide
 
-_F32, _I32 = ir.FloatType(), ir.IntType(32)
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a * b + c for float32s, rounded once (llvm.fma: a vector FMA once the loop vectorizes)."""
-    if not all(t == types.float32 for t in (a, b, c)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
-        return builder.call(fn, args)
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
-
-
-@intrinsic
-def _pow2(typingctx, n):
-    """2**n as a float32, for a float32 n holding an integer in -126..127 (its exponent bits)."""
-    if n != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        e = builder.add(builder.fptosi(args[0], _I32), ir.Constant(_I32, 127))
-        return builder.bitcast(builder.shl(e, ir.Constant(_I32, 23)), _F32)
-
-    return types.float32(types.float32), codegen
-
-
-_f = lambda h: np.float32(float.fromhex(h))
-_SHIFTER, _LOG2E, _LN2_HI, _LN2_LO = _f("0x1.8p23"), _f("0x1.715476p+0"), _f("0x1.62e4p-1"), _f("0x1.7f7d1cp-20")
-_P1, _P2, _P3, _P4, _P5 = _f("0x1.ffffecp-1"), _f("0x1.fffdb6p-2"), _f("0x1.555e66p-3"), _f("0x1.573e2ep-5"), _f("0x1.0e4020p-7")
-_ONE = np.float32(1.0)
 _EXP_WIDTH = 16  # ggml_vec_swiglu_f32's vector: the tail of a row past its last whole 16 takes expf
-_EXP_SAFE = np.float32(87.0)  # below this |x|, ggml_v_expf's n is within -126..126 (2**n normal)
-
-
-@njit(cache=True, inline="always")
-def _expf_parts(x):
-    # ggml_v_expf (AVX-512) up to its last step: exp(x) = j * 2**n
-    z = _fma(x, _LOG2E, _SHIFTER)
-    n = z - _SHIFTER
-    b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
-    u = b * b
-    j = _fma(_fma(_fma(_P5, b, _P4), u, _fma(_P3, b, _P2)), u, _fma(_P1, b, _ONE))
-    return n, j
-
-
-@njit(cache=True)
-def _v_expf_wide(x):
-    # ggml_v_expf for any x: _mm512_scalef_ps(j, n) rounds j * 2**n once (here: from the exact
-    # double product), and |n| > 192 gives 0 or infinity
-    n, j = _expf_parts(x)
-    if abs(n) > 192.0:
-        return np.float32(0.0) if n <= 0.0 else np.float32(np.inf)
-    return np.float32(np.float64(j) * 2.0 ** np.float64(n))
+_ONE = np.float32(1.0)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -92,14 +30,12 @@ def _swiglu_row(gate, up, out):
     wide = 0  # how many whose 2**n is not a normal float (|gate| > 87): rare, done again below
     for i in range(V):  # branch-free; 2**n clamped to where the exponent bits make it
         g = gate[i]
-        n, j = _expf_parts(-g)
-        e = j * _pow2(min(max(n, np.float32(-126.0)), np.float32(126.0)))
-        out[i] = g / (_ONE + e) * up[i]
-        wide += (g > _EXP_SAFE) | (g < -_EXP_SAFE)
+        out[i] = g / (_ONE + expf_fast(-g)) * up[i]
+        wide += (g > EXP_SAFE) | (g < -EXP_SAFE)
     for i in range(V if wide else 0):
         g = gate[i]
-        if g > _EXP_SAFE or g < -_EXP_SAFE:
-            out[i] = g / (_ONE + _v_expf_wide(-g)) * up[i]
+        if g > EXP_SAFE or g < -EXP_SAFE:
+            out[i] = g / (_ONE + expf_wide(-g)) * up[i]
     for i in range(V, F):
         g = gate[i]
         out[i] = g / (_ONE + np.float32(math.exp(-g))) * up[i]

@@ -1,4 +1,5 @@
-"""Arrays backed by transparent huge pages, for the packed weights that every decode step streams.
+"""Arrays backed by transparent huge pages, for the packed weights that every decode step streams
+(and, lazy_zeros, arrays that should not be: a KV cache).
 
 A decode step reads every weight once: with 4 KiB pages that is a TLB miss every 4 KiB, and on a
 CPU with a small TLB the page walks cost a fair part of the memory bandwidth.  Linux backs an
@@ -36,6 +37,20 @@ def huge_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     except OSError:  # THP compiled out or disabled: ordinary pages
         pass
     return buf[off:off + n].view(dtype).reshape(shape)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """np.zeros(shape, dtype) in an anonymous mapping of ordinary pages, each zeroed by the OS when
+    first written: memory in use only where written.  For a KV cache: numpy advises its own large
+    allocations to use huge pages, so a sequence's first token would make the OS zero 2 MiB of K
+    and 2 MiB of V in every layer (a quarter of a second on the 1.5B model in a virtual machine
+    that hands out fresh memory slowly) for a few hundred bytes written."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if n == 0:
+        return np.zeros(shape, dtype)
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+    return np.frombuffer(m, np.uint8).view(dtype).reshape(shape)
 
 
 class HugeArena:

@@ -17,6 +17,8 @@ import numpy as np
 
 from infer.backends.base import KV_CACHE_BYTES, BackendError, BlockKVPool
 
+from .hugepages import lazy_zeros
+
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # a q8_0 block: an f16 scale, then 32 int8 quants
 
 
@@ -43,9 +45,10 @@ def rotation(cache_type: str, head_dim: int, widest: bool) -> int:
 
 
 def _rows(cache_type: str, n_layers: int, n_rows: int, n_head: int, head_dim: int) -> np.ndarray:
+    # zeroed lazily in ordinary pages (hugepages.lazy_zeros): a short sequence touches little of it
     if cache_type == "q8_0":
-        return np.zeros((n_layers, n_rows, n_head, head_dim // Q8_0_BLOCK * Q8_0_BYTES), np.uint8)
-    return np.zeros((n_layers, n_rows, n_head, head_dim), np.uint16)
+        return lazy_zeros((n_layers, n_rows, n_head, head_dim // Q8_0_BLOCK * Q8_0_BYTES), np.uint8)
+    return lazy_zeros((n_layers, n_rows, n_head, head_dim), np.uint16)
 
 
 class KVPool(BlockKVPool):

@@ -64,6 +64,8 @@ def _fma(builder):
 @intrinsic
 def _qk_rows(typingctx, q, qo, k, kh, lo, n, s):
     # s[j] = q[qo:qo+D] · k[lo+j, kh, :] for j < n; q: 1-D f32; k: (S, Hkv, D) uint16 f16 bits, D % W == 0
+    # Four keys at a time share each load of q and overlap their sums; each key's sum is formed
+    # alone, in the same order whatever the keys around it.
     if not _check((q, types.float32, 1), (k, types.uint16, 3), (s, types.float32, 1)):
         return None
     sig = types.void(q, qo, k, kh, lo, n, s)
@@ -75,33 +77,45 @@ def _qk_rows(typingctx, q, qo, k, kh, lo, n, s):
         H, D = cgutils.unpack_tuple(builder, ka.shape, 3)[1:]
         fma = _fma(builder)
         npair = builder.udiv(D, ir.Constant(_I64, 2 * W))
-        acc = [cgutils.alloca_once(builder, _VF) for _ in range(2)]
+        i64 = lambda v: ir.Constant(_I64, v)
 
-        def step(a, u, row):  # a += q[u:u+W] * k[row+u:row+u+W]
+        def qvec(u):
             qp = builder.bitcast(builder.gep(qa.data, [builder.add(qo_, u)]), _VF.as_pointer())
-            kv = _load_f16(builder, ka.data, builder.add(row, u))
-            builder.store(fma(builder.load(qp, align=4), kv, builder.load(a)), a)
+            return builder.load(qp, align=4)
 
-        with cgutils.for_range(builder, n_) as loop:
-            j = loop.index
-            row = builder.add(builder.mul(builder.add(lo_, j), builder.mul(H, D)), builder.mul(kh_, D))
-            for a in acc:
-                builder.store(ir.Constant(_VF, [0.0] * W), a)
-            with cgutils.for_range(builder, npair) as vl:  # two sums in flight
-                u = builder.mul(vl.index, ir.Constant(_I64, 2 * W))
-                step(acc[0], u, row)
-                step(acc[1], builder.add(u, ir.Constant(_I64, W)), row)
-            odd = builder.icmp_unsigned("!=", builder.mul(npair, ir.Constant(_I64, 2 * W)), D)
+        def keys(j0, nk):  # s[j0 + c] for c < nk
+            rows = [builder.add(builder.mul(builder.add(lo_, builder.add(j0, i64(c))), builder.mul(H, D)), builder.mul(kh_, D))
+                    for c in range(nk)]
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(2)] for _ in range(nk)]
+
+            def step(h, u):  # key c's sum h += q[u:u+W] * k[row+u:row+u+W]
+                qv = qvec(u)
+                for c in range(nk):
+                    kv = _load_f16(builder, ka.data, builder.add(rows[c], u))
+                    builder.store(fma(qv, kv, builder.load(acc[c][h])), acc[c][h])
+
+            with cgutils.for_range(builder, npair) as vl:  # two sums in flight per key
+                u = builder.mul(vl.index, i64(2 * W))
+                step(0, u)
+                step(1, builder.add(u, i64(W)))
+            odd = builder.icmp_unsigned("!=", builder.mul(npair, i64(2 * W)), D)
             with builder.if_then(odd):  # D = (2 * npair + 1) * W
-                step(acc[0], builder.mul(npair, ir.Constant(_I64, 2 * W)), row)
-            v = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
-            width = W
-            while width > 1:  # horizontal sum: halve the vector until one lane is left
-                width //= 2
-                lanes = [width + i if i < width else i for i in range(W)]
-                hi = builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined), ir.Constant(ir.VectorType(_I32, W), lanes))
-                v = builder.fadd(v, hi)
-            builder.store(builder.extract_element(v, ir.Constant(_I32, 0)), builder.gep(sa.data, [j]))
+                step(0, builder.mul(npair, i64(2 * W)))
+            for c in range(nk):
+                v = builder.fadd(builder.load(acc[c][0]), builder.load(acc[c][1]))
+                width = W
+                while width > 1:  # horizontal sum: halve the vector until one lane is left
+                    width //= 2
+                    lanes = [width + i if i < width else i for i in range(W)]
+                    hi = builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined), ir.Constant(ir.VectorType(_I32, W), lanes))
+                    v = builder.fadd(v, hi)
+                builder.store(builder.extract_element(v, ir.Constant(_I32, 0)), builder.gep(sa.data, [builder.add(j0, i64(c))]))
+
+        n4 = builder.udiv(n_, i64(4))
+        with cgutils.for_range(builder, n4) as loop:
+            keys(builder.mul(loop.index, i64(4)), 4)
+        with cgutils.for_range(builder, builder.sub(n_, builder.mul(n4, i64(4)))) as loop:
+            keys(builder.add(builder.mul(n4, i64(4)), loop.index), 1)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -125,20 +139,30 @@ def _weighted_rows(typingctx, v, kh, lo, n, i0, s, out, o0, accumulate):
         fma = _fma(builder)
         outp = [builder.bitcast(builder.gep(oa.data, [builder.add(o0_, ir.Constant(_I64, u * W))]), _VF.as_pointer())
                 for u in range(4)]
-        accs = [cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(4)]
+        # two sums: even keys into one, odd keys into the other, added at the end (two FMA chains
+        # in flight, not one: each FMA waits for the last otherwise)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(4)] for _ in range(2)]
         with builder.if_then(acc_in):
             for u in range(4):
-                builder.store(builder.load(outp[u], align=4), accs[u])
+                builder.store(builder.load(outp[u], align=4), accs[0][u])
         base = builder.add(builder.mul(kh_, Dv), i0_)
-        with cgutils.for_range(builder, n_) as loop:
-            j = loop.index
+
+        def add_key(j, acc):
             row = builder.add(builder.mul(builder.add(lo_, j), builder.mul(H, Dv)), base)
             ws = splat(builder, builder.load(builder.gep(sa.data, [j])))
             for u in range(4):
                 vv = _load_f16(builder, va.data, builder.add(row, ir.Constant(_I64, u * W)))
-                builder.store(fma(vv, ws, builder.load(accs[u])), accs[u])
+                builder.store(fma(vv, ws, builder.load(acc[u])), acc[u])
+
+        n2 = builder.udiv(n_, ir.Constant(_I64, 2))
+        with cgutils.for_range(builder, n2) as loop:
+            j = builder.mul(loop.index, ir.Constant(_I64, 2))
+            add_key(j, accs[0])
+            add_key(builder.add(j, ir.Constant(_I64, 1)), accs[1])
+        with builder.if_then(builder.icmp_unsigned("!=", builder.mul(n2, ir.Constant(_I64, 2)), n_)):
+            add_key(builder.sub(n_, ir.Constant(_I64, 1)), accs[0])
         for u in range(4):
-            builder.store(builder.load(accs[u]), outp[u], align=4)
+            builder.store(builder.fadd(builder.load(accs[0][u]), builder.load(accs[1][u])), outp[u], align=4)
         return context.get_dummy_value()
 
     return sig, codegen

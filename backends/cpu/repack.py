@@ -32,8 +32,8 @@ Q8_0 activations, (d_x * d_y) * the integer dot).  4.5 bits per weight against t
 (the f16 scale against its exponent byte).  A block of zeros scales by 0 whatever its e (llama.cpp
 writes e = 0 for one).  A tensor with a block of nonzero weights that f16 cannot scale (e - 128
 outside [-24, 15]: llama.cpp's quantizer writes one only for 32 weights all below ~2**-21 and not
-all zero, or for one reaching ~2**19) is not packed (fits_layout, with a warning): it runs on the
-reference path (matmul.py), exact as well, only slower.
+all zero, or for one reaching ~2**19) is not packed (pack_stacked finds one as it packs, warns and
+returns None): it runs on the reference path (matmul.py), exact as well, only slower.
 """
 from __future__ import annotations
 
@@ -197,29 +197,18 @@ def mxfp4_scale_f16(src, o):
     return 0
 
 
-@njit(cache=True, parallel=True)
-def mxfp4_unscalable(raw):
-    # raw: (N, row_bytes) uint8 MXFP4 rows -> how many rows have a block mxfp4_scale_f16 cannot scale
-    bad = 0
-    for r in prange(raw.shape[0]):
-        row = raw[r]
-        flag = 0
-        for b in range(row.shape[0] // 17):
-            if mxfp4_scale_f16(row, 17 * b) < 0:
-                flag = 1
-                break
-        bad += flag
-    return bad
-
-
 @njit(cache=True, inline="always")
 def row_scales(type_id, src, s, m, sc):
     # src: (row_bytes,) uint8, one raw row; writes the row's scales as the planes keep them
-    # (module doc): s, m: (X,) uint16 f16 bits; sc: (Y,) uint8
-    if type_id == qt.MXFP4:  # an f16 d; rows with unscalable blocks are never packed (fits_layout)
+    # (module doc): s, m: (X,) uint16 f16 bits; sc: (Y,) uint8.  Returns how many of its blocks
+    # the layout cannot hold (MXFP4 scales beyond f16's range: the tensor is then not packed)
+    if type_id == qt.MXFP4:
+        bad = 0
         for b in range(s.shape[0]):
-            s[b] = np.uint16(max(mxfp4_scale_f16(src, 17 * b), 0))
-        return
+            d = mxfp4_scale_f16(src, 17 * b)
+            bad += d < 0
+            s[b] = np.uint16(max(d, 0))
+        return bad
     if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
         size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
             22 if type_id == qt.Q5_0 else 24)
@@ -227,7 +216,7 @@ def row_scales(type_id, src, s, m, sc):
             s[b] = _u16(src, b * size)
             if type_id == qt.Q4_1 or type_id == qt.Q5_1:
                 m[b] = _u16(src, b * size + 2) ^ np.uint16(0x8000)  # -min: the kernel subtracts m
-        return
+        return 0
     size = 84 if type_id == qt.Q2_K else 110 if type_id == qt.Q3_K else 144 if type_id == qt.Q4_K else (
         176 if type_id == qt.Q5_K else 210)
     for b in range(s.shape[0]):
@@ -250,6 +239,7 @@ def row_scales(type_id, src, s, m, sc):
             s[b] = _u16(src, o + 208)
             for i in range(16):
                 sc[16 * b + i] = src[o + 192 + i]
+    return 0
 
 
 @njit(cache=True, inline="always")
@@ -279,17 +269,20 @@ def pack_rows(type_id, group, lo_bits, hi_bits, has_m, has_sc, raw, lo, hi, s, m
     # hi, m, sc are placeholders unless hi_bits, has_m, has_sc); scratch, one tile's rows per
     # parallel chunk: rq: (n_chunks, NC, K) uint8 quants u; rs, rm: (n_chunks, NC, X) uint16;
     # rsc: (n_chunks, NC, Y) uint8
+    # Returns how many blocks the layout cannot hold (row_scales): if any, the planes are not usable.
     N = raw.shape[0]
     NT, nb = lo.shape[0], lo.shape[1]
     n_chunks = rq.shape[0]
+    bad = np.zeros(n_chunks, np.int64)  # per chunk (a sum across prange's chunks trips numba's parfors)
     for c in prange(n_chunks):
         tq, ts, tm, tsc = rq[c], rs[c], rm[c], rsc[c]
+        unfit = 0
         for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
             for r in range(NC):
                 row = tile * NC + r
                 if row < N:
                     unpack_typed(type_id, raw[row], tq[r])
-                    row_scales(type_id, raw[row], ts[r], tm[r], tsc[r])
+                    unfit += row_scales(type_id, raw[row], ts[r], tm[r], tsc[r])
                 else:  # padding rows: zero weights, zero scales
                     tq[r, :] = 0
                     ts[r, :] = 0
@@ -316,38 +309,20 @@ def pack_rows(type_id, group, lo_bits, hi_bits, has_m, has_sc, raw, lo, hi, s, m
                 for y in range(sc.shape[1]):
                     for r in range(NC):
                         sc[tile, y, r] = tsc[r, y]
+        bad[c] = unfit
+    return bad.sum()
 
 
 def stackable(ws) -> bool:
     """Whether QTensors can be packed as one matrix, their rows stacked: one repackable type, one
     row length, and every part but the last a whole number of tiles (so each part's outputs
-    start at a known column).  From the shapes alone: see fits_layout for the values."""
+    start at a known column).  From the shapes alone (pack_stacked finds values the layout
+    cannot hold as it packs)."""
     return (
         ws[0].type_id in LAYOUTS
         and len({(w.type_id, w.shape[-1]) for w in ws}) == 1
         and all(w.raw.shape[0] % NC == 0 for w in ws[:-1])
     )
-
-
-def fits_layout(ws, release: bool = False) -> bool:
-    """Whether the values of QTensors fit their layout exactly: always but for MXFP4 tensors with
-    a block whose scale f16 cannot hold (module doc), which a pass over the tensor finds (CHUNK_TILES
-    tiles at a time, each chunk's file pages released after it if release)."""
-    for w in ws:
-        if w.type_id != qt.MXFP4:
-            continue
-        step = CHUNK_TILES * NC
-        for r in range(0, w.raw.shape[0], step):
-            rows = w.raw[r:r + step]
-            populate_mapped(rows)
-            bad = mxfp4_unscalable(rows)
-            if release:
-                release_mapped(rows)
-            if bad:
-                warnings.warn(f"an MXFP4 weight ({' x '.join(map(str, w.shape))}) has blocks scaled beyond f16's range "
-                              "(2**-24 .. 2**15): it runs on the slower reference path", RuntimeWarning, stacklevel=3)
-                return False
-    return True
 
 
 def use_int_kernel() -> bool:
@@ -370,16 +345,17 @@ def packed_shapes(ws) -> list[tuple[tuple[int, ...], type]]:
             ((0, 0, 0) if legacy else (nt, ys, NC), np.uint8)]
 
 
-def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, alloc=huge_empty,
-                 checked: bool = False) -> PackedWeight | None:
-    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be
-    (stackable, fits_layout: decided before anything is allocated; checked: fits_layout is known).
-    int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs target.INT_KERNEL.
-    release: drop each chunk's pages of a mapped file once packed (quant.tensor.release_mapped),
-    so a tensor and its packed copy are never resident together.  alloc(shape, dtype): where the
-    planes go (np.empty-like; by default huge pages where the OS has them, see hugepages.py)."""
+def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, alloc=huge_empty) -> PackedWeight | None:
+    """QTensors (N_i, K) packed as one (sum N_i, K) matrix (see stackable), or None if they cannot be:
+    shapes that do not stack (decided before anything is allocated), or values the layout cannot
+    hold (MXFP4 scales beyond f16's range, found as they are packed: a warning, and what was packed
+    is dropped).  int_kernel: which kernel runs it; None picks use_int_kernel()'s.  True needs
+    target.INT_KERNEL.  release: drop each chunk's pages of a mapped file once packed
+    (quant.tensor.release_mapped), so a tensor and its packed copy are never resident together.
+    alloc(shape, dtype): where the planes go (np.empty-like; by default huge pages where the OS has
+    them, see hugepages.py)."""
     ws = tuple(ws)
-    if not stackable(ws) or not (checked or fits_layout(ws, release)):
+    if not stackable(ws):
         return None
     int_kernel = use_int_kernel() if int_kernel is None else bool(int_kernel)
     if int_kernel and not INT_KERNEL:
@@ -396,19 +372,23 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
     rs = np.zeros((n_chunks, NC, xs), np.uint16)
     rm = np.zeros((n_chunks, NC, xs), np.uint16)
     rsc = np.zeros((n_chunks, NC, ys), np.uint8)
-    a = 0
+    a = unfit = 0
     for w, n in zip(ws, nts):
         for c0 in range(0, n, CHUNK_TILES):  # a chunk at a time, its pages of the file released after
             c1 = min(n, c0 + CHUNK_TILES)
             part = lambda arr, present: arr[a + c0:a + c1] if present else arr
             rows = w.raw[c0 * NC:c1 * NC]
             populate_mapped(rows)
-            pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.has_min, not legacy, rows,
-                      lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
-                      part(sc, not legacy), rq, rs, rm, rsc)
+            unfit += pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.has_min, not legacy, rows,
+                               lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
+                               part(sc, not legacy), rq, rs, rm, rsc)
             if release:
                 release_mapped(rows)
         a += n
+    if unfit:
+        warnings.warn(f"an MXFP4 weight ({' x '.join(map(str, ws[0].shape))}) has blocks scaled beyond f16's range "
+                      "(2**-24 .. 2**15): it runs on the slower reference path", RuntimeWarning, stacklevel=2)
+        return None
     return PackedWeight(type_id, sum(w.raw.shape[0] for w in ws), K, L, lo, hi, s, m, sc, ws, ACT_ROUNDING[type_id],
                         int_kernel)
 
@@ -449,16 +429,19 @@ class PackedExperts:
         return [((len(groups),) + shape, dtype) for shape, dtype in first]
 
     @classmethod
-    def pack(cls, groups, alloc=huge_empty, release: bool = False, checked: bool = False) -> "PackedExperts | None":
-        """Every expert packed (pack_stacked) into the planes' expert slices, or None as shapes(),
-        or where an expert's values do not fit the layout (fits_layout; checked: known to fit),
-        decided before anything is allocated."""
+    def pack(cls, groups, alloc=huge_empty, release: bool = False) -> "PackedExperts | None":
+        """Every expert packed (pack_stacked) into the planes' expert slices, or None as shapes()
+        (decided before anything is allocated), or where an expert's values do not fit the layout
+        (found as it is packed: pack_stacked)."""
         shapes = cls.shapes(groups)
-        if shapes is None or not (checked or all(fits_layout(ws, release) for ws in groups)):
+        if shapes is None:
             return None
         planes = [alloc(shape, dtype) for shape, dtype in shapes]
         weights = []
         for e, ws in enumerate(groups):
             views = iter([p[e] for p in planes])
-            weights.append(pack_stacked(ws, release=release, alloc=lambda shape, dtype: next(views), checked=True))
+            w = pack_stacked(ws, release=release, alloc=lambda shape, dtype: next(views))
+            if w is None:
+                return None
+            weights.append(w)
         return cls(tuple(weights), *planes)

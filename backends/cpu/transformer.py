@@ -24,7 +24,7 @@ from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
-from .repack import PackedExperts, PackedWeight, fits_layout, pack_stacked, packed_shapes, stackable
+from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
 from .target import ISA
 
@@ -79,11 +79,16 @@ def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
     pages, and a decode step reads ~8 of them per token per layer at scattered places."""
     ups, downs = [(g, u) for g, u, _ in experts], [(d,) for _, _, d in experts]
     shapes = [PackedExperts.shapes(ups), PackedExperts.shapes(downs)]
-    # (fits_layout: every MXFP4 expert's scales fit f16; checked before the arena is taken)
-    if None not in shapes and all(fits_layout(ws, release=True) for ws in ups + downs):
+    if None not in shapes:
         arena = HugeArena(sum(HugeArena.span(*sd) for sh in shapes for sd in sh))
-        gu, dn = (PackedExperts.pack(groups, arena.take, release=True, checked=True) for groups in (ups, downs))
-        return [([(g, 0)], [(d, 0)]) for g, d in zip(gu.weights, dn.weights)], (gu, dn)
+        gu = PackedExperts.pack(ups, arena.take, release=True)
+        dn = PackedExperts.pack(downs, arena.take, release=True) if gu is not None else None
+        if dn is not None:
+            return [([(g, 0)], [(d, 0)]) for g, d in zip(gu.weights, dn.weights)], (gu, dn)
+        # an expert the layout cannot hold (MXFP4 scales beyond f16's range, which pack_stacked
+        # warned about): the experts one by one, each packed where it can be, in allocations of
+        # their own (how much an arena would need is known only once the packing has been tried)
+        return [(_products(u, mmap), _products(d, mmap)) for u, d in zip(ups, downs)], None
     arena = HugeArena(sum(_packed_span(ws) for ws in ups + downs))
     return [(_products(u, mmap, arena.take), _products(d, mmap, arena.take)) for u, d in zip(ups, downs)], None
 

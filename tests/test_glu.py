@@ -89,3 +89,42 @@ def test_softmax_exp_within_ulps_and_summed_per_16(n):
     h = pad[:, 8:] + pad[:, :8]
     q = h[:, 4:] + h[:, :4]
     assert total == sum(float((r[0] + r[2]) + (r[1] + r[3])) for r in q)
+
+
+def test_softmax_sum_is_ggmls_when_attention_compiles_it(tmp_path):
+    """softmax_exp compiled first for the attention kernel (a fresh numba cache), then loaded from
+    that cache by another process, still sums as ggml does: numba compiles what a parallel loop
+    calls with the caller's flags and caches it so, and a fastmath attention kernel had it summing
+    in another order (which moved the embedded Gemma's pooled embeddings outside llama.cpp's spread)."""
+    import os
+    import subprocess
+    import sys
+
+    first = """
+import numpy as np
+from infer.backends.cpu.attention import attention
+T, H, D, bs = 8, 2, 64, 16
+rng = np.random.default_rng(0)
+q = rng.normal(0, 1, (T, H, D)).astype(np.float32)
+kv = rng.normal(0, 1, (bs, 1, D)).astype(np.float16).view(np.uint16)
+out, scores = np.zeros((T, H, D), np.float32), np.zeros((2, T), np.float32)
+attention(q, np.zeros((T, H * D // 16), np.float32), kv, kv.copy(), np.zeros((1, 1), np.int32),
+          np.zeros(T, np.int32), np.arange(T, dtype=np.int32), bs, 0, np.float32(0.125), np.float32(0),
+          np.zeros(0, np.float32), 0, out, scores)
+"""
+    then = """
+import numpy as np
+from infer.backends.cpu.vexp import softmax_exp
+x = np.random.default_rng(16).normal(0, 8, 16).astype(np.float32)
+x[:4] -= 90
+e = x.copy()
+total = softmax_exp(e, np.float32(x.max()))
+h = e[8:] + e[:8]
+q4 = h[4:] + h[:4]
+print(total == float((q4[0] + q4[2]) + (q4[1] + q4[3])))
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    for code in (first, then):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True"

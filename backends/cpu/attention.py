@@ -328,7 +328,7 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
         kv_store(vb, dxb, bsum, v_pool[slots[t]].reshape(-1))
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)

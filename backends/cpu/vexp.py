@@ -4,10 +4,14 @@ vectorizes and gives ggml's floats: llama.cpp takes it for SiLU (glu.py) and for
 (attention.py).  Its AVX2 build forms the same exp with a different last rounding (an ulp apart).
 
 The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
-its own file only.  Callers compile without fastmath (LLVM could otherwise fold the rounding trick
-z - SHIFTER away): attention.py calls softmax_exp, which is not inlined, from its fastmath kernel.
+its own file only.  No caller may be compiled with fastmath: numba then compiles what a parallel
+loop calls with the caller's flags (attention.py's kernel was fastmath, and softmax_exp cached that
+way summed in another order, which moved the embedded Gemma's pooled embeddings outside llama.cpp's
+spread), and LLVM could fold the rounding trick z - SHIFTER away.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -69,7 +73,7 @@ def expf_wide(x):
     n, j = expf_parts(x)
     if abs(n) > 192.0:
         return np.float32(0.0) if n <= 0.0 else np.float32(np.inf)
-    return np.float32(np.float64(j) * 2.0 ** np.float64(n))
+    return np.float32(math.ldexp(np.float64(j), int(n)))
 
 
 

@@ -47,9 +47,9 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     that hands out fresh memory slowly) for a few hundred bytes written."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n == 0:
+    if n == 0 or not hasattr(mmap, "MAP_PRIVATE"):  # (Windows: no such mapping; numpy's zeros)
         return np.zeros(shape, dtype)
-    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)  # fileno -1: Python makes it anonymous
     return np.frombuffer(m, np.uint8).view(dtype).reshape(shape)
 
 

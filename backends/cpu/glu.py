@@ -14,7 +14,7 @@ from numba import njit, prange
 from infer.quant.kquants import F16_TO_F32, f32_to_f16
 
 from .ops import f16_round
-from .vexp import EXP_SAFE, expf_fast, expf_wide
+from .vexp import expf_row
 
 _EXP_WIDTH = 16  # ggml_vec_swiglu_f32's vector: the tail of a row past its last whole 16 takes expf
 _ONE = np.float32(1.0)
@@ -27,15 +27,10 @@ def _swiglu_row(gate, up, out):
     # "numpy", no zero check: so the loops vectorize)
     F = gate.shape[0]
     V = F - F % _EXP_WIDTH
-    wide = 0  # how many whose 2**n is not a normal float (|gate| > 87): rare, done again below
-    for i in range(V):  # branch-free; 2**n clamped to where the exponent bits make it
-        g = gate[i]
-        out[i] = g / (_ONE + expf_fast(-g)) * up[i]
-        wide += (g > EXP_SAFE) | (g < -EXP_SAFE)
-    for i in range(V if wide else 0):
-        g = gate[i]
-        if g > EXP_SAFE or g < -EXP_SAFE:
-            out[i] = g / (_ONE + expf_wide(-g)) * up[i]
+    e = out[:V]
+    expf_row(gate[:V], True, np.float32(0.0), e)  # exp(-g)
+    for i in range(V):
+        out[i] = gate[i] / (_ONE + e[i]) * up[i]
     for i in range(V, F):
         g = gate[i]
         out[i] = g / (_ONE + np.float32(math.exp(-g))) * up[i]

@@ -85,6 +85,26 @@ def expf_fast(x):
     return j * pow2(min(max(n, np.float32(-126.0)), np.float32(126.0)))
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def expf_row(x, negate, shift, out):
+    """out[i] = ggml_v_expf(+-x[i] - shift) (minus where negate) for every i: x, out (n,) f32, out may
+    be x.  Where every argument is within EXP_SAFE (almost always) one branch-free pass, which
+    vectorizes; else each value beyond it the exact way (expf_wide), the rest as usual."""
+    n = x.shape[0]
+    sign = np.float32(-1.0) if negate else np.float32(1.0)
+    wide = 0
+    for i in range(n):
+        d = sign * x[i] - shift
+        wide += (d > EXP_SAFE) | (d < -EXP_SAFE)
+    if wide:
+        for i in range(n):
+            d = sign * x[i] - shift
+            out[i] = expf_wide(d) if (d > EXP_SAFE) | (d < -EXP_SAFE) else expf_fast(d)
+    else:
+        for i in range(n):
+            out[i] = expf_fast(sign * x[i] - shift)
+
+
 @njit(cache=True, error_model="numpy")
 def softmax_exp(x, mx):
     """x (n,) f32 in place: ggml_v_expf(x - mx); returns the results' sum as ggml_vec_soft_max_f32
@@ -92,17 +112,7 @@ def softmax_exp(x, mx):
     again), those sums in float64.  llama.cpp's rows are padded to whole 16s of masked keys (whose
     exp is 0): so every key takes the vector exp, and the last 16 is summed with zeros."""
     n = x.shape[0]
-    wide = 0
-    for i in range(n):  # branch-free, so it vectorizes
-        d = x[i] - mx
-        wide += (d > EXP_SAFE) | (d < -EXP_SAFE)
-    if wide:  # some results beyond a normal 2**n: those the exact way (rare)
-        for i in range(n):
-            d = x[i] - mx
-            x[i] = expf_wide(d) if (d > EXP_SAFE) | (d < -EXP_SAFE) else expf_fast(d)
-    else:
-        for i in range(n):
-            x[i] = expf_fast(x[i] - mx)
+    expf_row(x, False, mx, x)
     total = 0.0
     for c in range(0, n, 16):
         h0, h1, h2, h3 = _lane(x, c + 8) + _lane(x, c), _lane(x, c + 9) + _lane(x, c + 1), \

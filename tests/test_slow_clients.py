@@ -43,6 +43,16 @@ def closed_by_server(s: socket.socket) -> bool:
         return False
 
 
+def read_until(s: socket.socket, done, started: float) -> bytes:
+    """What the server sends until done(everything so far) holds; fails if it closes first."""
+    data = b""
+    while not done(data):
+        chunk = s.recv(65536)
+        assert chunk, f"connection closed after {time.monotonic() - started:.1f}s: {data[-200:]!r}"
+        data += chunk
+    return data
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -93,13 +103,13 @@ def test_a_request_sent_in_time_is_not_cut(server):
     s = connect(port := server.port)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    started, data = time.monotonic(), b""
-    while b"data: [DONE]" not in data:
-        chunk = s.recv(65536)
-        assert chunk, f"connection closed after {time.monotonic() - started:.1f}s"
-        data += chunk
+    started = time.monotonic()
+    data = read_until(s, lambda d: b"data: [DONE]" in d and d.endswith(b"\r\n0\r\n\r\n"), started)
     assert time.monotonic() - started > TIMEOUT  # else this test shows nothing: raise max_tokens
+    # The whole chunked reply, its last (empty) chunk included, was read: what comes next on this
+    # connection is the next reply's head.
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert b"200 OK" in s.recv(65536)
+    head = read_until(s, lambda d: b"\r\n\r\n" in d, time.monotonic())
+    assert head.startswith(b"HTTP/1.1 200 OK"), head
     s.close()
     assert raw(port, "GET", "/health")[0] == 200

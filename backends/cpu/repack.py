@@ -78,53 +78,73 @@ class PackedWeight:
 
 
 @njit(cache=True, inline="always")
+def _u32(src, o):
+    # the little-endian uint32 at byte o of src, at any alignment (LLVM merges the four loads)
+    return (np.uint32(src[o]) | (np.uint32(src[o + 1]) << np.uint32(8)) | (np.uint32(src[o + 2]) << np.uint32(16))
+            | (np.uint32(src[o + 3]) << np.uint32(24)))
+
+
+@njit(cache=True, inline="always")
+def _bits_to_bytes(x):
+    # bits 0..3 of x -> bit 0 of bytes 0..3 (the four products land on distinct bits: no carries)
+    return ((x & np.uint32(15)) * np.uint32(0x00204081)) & np.uint32(0x01010101)
+
+
+@njit(cache=True, inline="always")
 def unpack_row(type_id, src, u):
     # src: (row_bytes,) uint8, one raw row; u: (K,) uint8, its quants as the planes keep them,
     # u = q + LAYOUTS[type].offset (weight = scale * q - min): the unsigned value each type stores
-    # (Q8_0's signed byte with its sign bit flipped; MXFP4's 4-bit code, which the kernels map)
+    # (Q8_0's signed byte with its sign bit flipped; MXFP4's 4-bit code, which the kernels map).
+    # Four quants at a time, as the bytes of a uint32 (uw; every block starts at a multiple of 4
+    # quants): a shift moves every byte of a word alike and the masks keep each byte's own bits,
+    # so a word's bytes are the quants a byte loop would give.
     K = u.shape[0]
+    uw = u.view(np.uint32)
+    lo4, lo2, one = np.uint32(0x0F0F0F0F), np.uint32(0x03030303), np.uint32(0x01010101)
     if type_id == qt.MXFP4:
         for b in range(K // 32):
-            o = b * 17
-            t = b * 32
-            for j in range(16):
-                x = src[o + 1 + j]
-                u[t + j] = x & np.uint8(15)
-                u[t + 16 + j] = x >> np.uint8(4)
+            o, t = b * 17, b * 8
+            for w in range(4):
+                x = _u32(src, o + 1 + 4 * w)
+                uw[t + w] = x & lo4
+                uw[t + 4 + w] = (x >> np.uint32(4)) & lo4
         return
-    if type_id == qt.Q8_0 or type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
-        size = 34 if type_id == qt.Q8_0 else 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else (
-            22 if type_id == qt.Q5_0 else 24)  # bytes per block
+    if type_id == qt.Q8_0:  # (bytes at a time: this loop the compiler vectorizes)
         for b in range(K // 32):
-            o = b * size
-            t = b * 32
-            if type_id == qt.Q8_0:
-                for j in range(32):
-                    u[t + j] = src[o + 2 + j] ^ np.uint8(0x80)
-                continue
+            for j in range(32):
+                u[32 * b + j] = src[34 * b + 2 + j] ^ np.uint8(0x80)
+        return
+    if type_id == qt.Q4_0 or type_id == qt.Q4_1 or type_id == qt.Q5_0 or type_id == qt.Q5_1:
+        size = 18 if type_id == qt.Q4_0 else 20 if type_id == qt.Q4_1 else 22 if type_id == qt.Q5_0 else 24
+        for b in range(K // 32):
+            o, t = b * size, b * 8
             qh = np.uint32(0)
             if type_id == qt.Q5_0 or type_id == qt.Q5_1:
-                p = o + 2 if type_id == qt.Q5_0 else o + 4
-                qh = np.uint32(src[p]) | (np.uint32(src[p + 1]) << 8) | (np.uint32(src[p + 2]) << 16) | (np.uint32(src[p + 3]) << 24)
+                qh = _u32(src, o + 2 if type_id == qt.Q5_0 else o + 4)
             qs = o + size - 16
-            for j in range(16):
-                x = src[qs + j]
-                u[t + j] = (x & np.uint8(15)) | np.uint8(((qh >> j) & 1) << 4)
-                u[t + 16 + j] = (x >> np.uint8(4)) | np.uint8(((qh >> (j + 16)) & 1) << 4)
+            for w in range(4):
+                x = _u32(src, qs + 4 * w)
+                lo = x & lo4
+                hi = (x >> np.uint32(4)) & lo4
+                if type_id == qt.Q5_0 or type_id == qt.Q5_1:  # bit j of qh is quant j's fifth bit
+                    lo |= _bits_to_bytes(qh >> np.uint32(4 * w)) << np.uint32(4)
+                    hi |= _bits_to_bytes(qh >> np.uint32(16 + 4 * w)) << np.uint32(4)
+                uw[t + w] = lo
+                uw[t + 4 + w] = hi
     elif type_id == qt.Q4_K or type_id == qt.Q5_K:
         size = 144 if type_id == qt.Q4_K else 176
         qs = 16 if type_id == qt.Q4_K else 48
         for b in range(K // 256):
             o = b * size
             for j in range(8):
-                t = 256 * b + 32 * j
+                t = 64 * b + 8 * j
                 base = o + qs + 32 * (j >> 1)
-                sh = np.uint8(4 * (j & 1))
-                for l in range(32):
-                    v = (src[base + l] >> sh) & np.uint8(15)
+                sh = np.uint32(4 * (j & 1))
+                for w in range(8):
+                    v = (_u32(src, base + 4 * w) >> sh) & lo4
                     if type_id == qt.Q5_K:
-                        v |= ((src[o + 16 + l] >> np.uint8(j)) & np.uint8(1)) << np.uint8(4)
-                    u[t + l] = v
+                        v |= ((_u32(src, o + 16 + 4 * w) >> np.uint32(j)) & one) << np.uint32(4)
+                    uw[t + w] = v
     elif type_id == qt.Q2_K or type_id == qt.Q3_K or type_id == qt.Q6_K:
         size = 84 if type_id == qt.Q2_K else 110 if type_id == qt.Q3_K else 210
         for b in range(K // 256):
@@ -132,21 +152,18 @@ def unpack_row(type_id, src, u):
             for hh in range(2):
                 for kk in range(4):
                     for p in range(2):
-                        t = 16 * (16 * b + 8 * hh + 2 * kk + p)  # the 16-element sub-block
-                        if type_id == qt.Q2_K:
-                            for l in range(16):
-                                u[t + l] = (src[o + 16 + 32 * hh + 16 * p + l] >> np.uint8(2 * kk)) & np.uint8(3)
-                        elif type_id == qt.Q3_K:
-                            for l in range(16):
-                                lo = (src[o + 32 + 32 * hh + 16 * p + l] >> np.uint8(2 * kk)) & np.uint8(3)
-                                hb = (src[o + 16 * p + l] >> np.uint8(4 * hh + kk)) & np.uint8(1)
-                                u[t + l] = lo | (hb << np.uint8(2))
-                        else:
-                            for l in range(16):
-                                i = 16 * p + l
-                                lo = (src[o + 64 * hh + 32 * (kk & 1) + i] >> np.uint8(4 * (kk >> 1))) & np.uint8(15)
-                                hi = (src[o + 128 + 32 * hh + i] >> np.uint8(2 * kk)) & np.uint8(3)
-                                u[t + l] = lo | (hi << np.uint8(4))
+                        t = 4 * (16 * b + 8 * hh + 2 * kk + p)  # the 16-element sub-block, in words
+                        for w in range(4):
+                            i = 16 * p + 4 * w
+                            if type_id == qt.Q2_K:
+                                v = (_u32(src, o + 16 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
+                            elif type_id == qt.Q3_K:
+                                v = (_u32(src, o + 32 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
+                                v |= ((_u32(src, o + i) >> np.uint32(4 * hh + kk)) & one) << np.uint32(2)
+                            else:
+                                v = (_u32(src, o + 64 * hh + 32 * (kk & 1) + i) >> np.uint32(4 * (kk >> 1))) & lo4
+                                v |= ((_u32(src, o + 128 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2) << np.uint32(4)
+                            uw[t + w] = v
 
 
 @njit(cache=True)

@@ -2,7 +2,7 @@
 
 Also the helpers shared with `dequant.py` (`int_to_f32`, `shr`, `opaque32`) and
 with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`, and the
-one float32 -> f16 / bf16 rounding (`f32_bits`, `f32_to_f16`, `f32_to_bf16`) every part uses.
+one float32 -> f16 / bf16 rounding (`f32_bits`, `bits_f32`, `f32_to_f16`, `f32_to_bf16`) every part uses.
 Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
 for the rules these loops follow to vectorize.
@@ -31,6 +31,18 @@ def f32_bits(typingctx, f):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.uint32(f), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """The float32 with these IEEE bits (a uint32): f32_bits' inverse."""
+    if not isinstance(u, types.Integer) or u.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(u), codegen
 
 
 @njit(cache=True, inline="always")

@@ -244,3 +244,31 @@ def test_avx2_kernel_in_an_avx2_build():
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "ok AVX2" in p.stdout
+
+
+def test_f16_round_is_the_nearest_half():
+    """ops.f16_round (each Q8_0 activation block's scale, formed on the float's bits) equals numpy's
+    float32 -> float16 -> float32 on a sweep of every exponent and sign (a spaced sample of bit
+    patterns) and on the edges: ties either way, the largest half and the first value past it,
+    half subnormals and the smallest normal, zeros, infinities, NaN."""
+    from numba import njit
+
+    from infer.backends.cpu.ops import f16_round
+
+    @njit
+    def rounded(x, out):
+        for i in range(x.shape[0]):
+            out[i] = f16_round(x[i])
+
+    bits = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([65504, 65519.996, 65520, 65536, 2.0**-14, 2.0**-14 * (1 - 2.0**-11), 2.0**-24, 2.0**-25,
+                      2.0**-25 * 1.0000001, 3 * 2.0**-25, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 0.0, np.inf, np.nan],
+                     np.float32)
+    x = np.concatenate([bits.view(np.float32), edges, -edges])
+    out = np.empty_like(x)
+    rounded(x, out)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))

@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
+from infer.quant.kquants import bits_f32
 
 from .ops import f16_round
 
@@ -81,46 +82,45 @@ def quantize_row(mode, x, xq, dxb, bsum):
     # dxb: (K//16,) f32, the scale of each 16-element sub-block; bsum: (K//16,) f32, its sum of quants
     # round_activations(mode, x) == xq * dxb (repeated over each sub-block), exactly.
     # No fastmath: the scale's division and the rounding must be exactly llama.cpp's.
+    # The loops run over slices indexed from 0 (no negative-index checks) for a block size the
+    # compiler does not know (a known 32 makes it unroll the max into a scalar chain), so they vectorize.
     K = x.shape[0]
-    bits = x.view(np.uint32)
     bs = 32 if mode == ACT_Q8_0 else 256
     for b0 in range(0, K, bs):
+        xs, qs = x[b0:b0 + bs], xq[b0:b0 + bs]
+        bits = xs.view(np.uint32)
         # max |x| as the max of the magnitude bits: an integer reduction, which vectorizes
         m = np.uint32(0)
-        for k in range(b0, b0 + bs):
+        for k in range(bs):
             m = max(m, bits[k] & np.uint32(0x7FFFFFFF))
         d = np.float32(0.0)
         if m == 0:
-            for k in range(b0, b0 + bs):
-                xq[k] = 0.0
+            for k in range(bs):
+                qs[k] = 0.0
         elif mode == ACT_Q8_0:
-            amax = abs(x[b0])
-            for k in range(b0, b0 + bs):  # the value with those bits (x itself, so no bitcast needed)
-                if bits[k] & np.uint32(0x7FFFFFFF) == m:
-                    amax = abs(x[k])
-                    break
+            amax = bits_f32(np.uint32(m))  # the largest |x|: the float with those bits
             # scale stored as f16, quants from the unrounded inverse
             d = f16_round(amax / np.float32(127.0))
             iscale = np.float32(127.0) / amax
-            for k in range(b0, b0 + bs):
-                xq[k] = np.float32(np.rint(x[k] * iscale))
+            for k in range(bs):
+                qs[k] = np.float32(np.rint(xs[k] * iscale))
         else:
-            vmax = x[b0]
-            for k in range(b0, b0 + bs):  # the first element of largest magnitude, with its sign
+            vmax = xs[0]
+            for k in range(bs):  # the first element of largest magnitude, with its sign
                 if bits[k] & np.uint32(0x7FFFFFFF) == m:
-                    vmax = x[k]
+                    vmax = xs[k]
                     break
             # Q8_K: the signed maximum maps to -127, float32 scale
             iscale = np.float32(-127.0) / vmax
             d = np.float32(1.0) / iscale
-            for k in range(b0, b0 + bs):
-                xq[k] = min(np.float32(127.0), np.float32(np.rint(iscale * x[k])))
-        for j in range(b0 // 16, (b0 + bs) // 16):
-            dxb[j] = d
-            acc = np.float32(0.0)
+            for k in range(bs):
+                qs[k] = min(np.float32(127.0), np.float32(np.rint(iscale * xs[k])))
+        for j in range(bs // 16):
+            dxb[b0 // 16 + j] = d
+            acc = np.int32(0)  # an integer sum (exact, so in any order: it vectorizes), as a float
             for k in range(16 * j, 16 * j + 16):
-                acc += np.float32(xq[k])
-            bsum[j] = acc
+                acc += np.int32(qs[k])
+            bsum[b0 // 16 + j] = np.float32(acc)
 
 
 @njit(cache=True, parallel=True)

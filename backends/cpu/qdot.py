@@ -643,26 +643,36 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     tid = type_id + EXPANDED if expand else type_id
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
-        a = acc[c]
-        qlo = expanded[c] if expand else lo
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
-        for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
-            qtile = tile
-            if expand:
-                expand_tile(lo_bits, hi_bits, group, type_id == qt.MXFP4, lo[tile], hi[tile] if hi_bits else lo[tile],
-                            qlo[0, 0])
-                qtile = 0
-            r0 = tile * NC
-            nr = min(NC, N - r0)
-            t = 0
-            while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
-                for v in range(0, NC, ROWS):
-                    dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
-                for i in range(4):
-                    store_row(a[i], out[t + i], col0 + r0, nr)
-                t += 4
-            while t < T:
-                for v in range(0, NC, ROWS):
-                    dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
-                store_row(a[0], out[t], col0 + r0, nr)
-                t += 1
+        packed_tiles(type_id, tid, expand, c * NT // n_chunks, (c + 1) * NT // n_chunks, lo, hi, s, m, sc, N, xq,
+                     dxb, bsum, out, col0, acc[c], lo_bits, hi_bits, group, expanded[c])
+
+
+@njit(cache=True)
+def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dxb, bsum, out, col0, a, lo_bits,
+                 hi_bits, group, ex):
+    # matmul_packed's work on tiles tile0..tile1 (one parallel chunk): a, ex: the chunk's acc and
+    # expanded scratch.  Its own function, not the parallel loop's body: numba compiles that body
+    # into a gufunc where the same kernel calls ran ~25% slower
+    T = xq.shape[0]
+    qlo = ex if expand else lo
+    for tile in range(tile0, tile1):
+        qtile = tile
+        if expand:
+            expand_tile(lo_bits, hi_bits, group, type_id == qt.MXFP4, lo[tile], hi[tile] if hi_bits else lo[tile],
+                        qlo[0, 0])
+            qtile = 0
+        r0 = tile * NC
+        nr = min(NC, N - r0)
+        t = 0
+        while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
+            for v in range(0, NC, ROWS):
+                dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+            for i in range(4):
+                store_row(a[i], out[t + i], col0 + r0, nr)
+            t += 4
+        while t < T:
+            for v in range(0, NC, ROWS):
+                dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+            store_row(a[0], out[t], col0 + r0, nr)
+            t += 1

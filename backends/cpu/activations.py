@@ -123,6 +123,20 @@ def quantize_row(mode, x, xq, dxb, bsum):
             bsum[b0 // 16 + j] = np.float32(acc)
 
 
+@njit(cache=True)
+def pair_sums(bsum, out):
+    # bsum: (T, K//16) f32 quant sums per 16 (quantize_row); out: (T, K//64) int32: the sums per 32
+    # two at a time, block 2p's in the low 16 bits and block 2p + 1's in the high 16 (as int16s:
+    # |sum| <= 32 * 127), the operand vpdpwssd multiplies two K-quant mins by (qdot's mins term).
+    # Once per product: the kernel would otherwise form them again for every tile of rows.
+    for t in range(out.shape[0]):
+        for p in range(out.shape[1]):
+            b = 4 * p
+            lo = np.int32(bsum[t, b] + bsum[t, b + 1])  # exact: integers below 2**24
+            hi = np.int32(bsum[t, b + 2] + bsum[t, b + 3])
+            out[t, p] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
+
+
 @njit(cache=True, parallel=True)
 def quantize_rows(mode, x, xq, dxb, bsum):
     # quantize_row for every row: x (T, K) f32; xq (T, K) f32 or int8; dxb, bsum (T, K//16) f32

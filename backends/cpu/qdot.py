@@ -48,7 +48,7 @@ from numba.extending import intrinsic
 
 from infer.quant import types as qt
 
-from .activations import quantize_rows
+from .activations import ACT_Q8_K, pair_sums, quantize_rows
 from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
 
 NC = 64  # rows per tile: 4 vectors of 16 lanes, enough independent work per column to hide latency
@@ -136,10 +136,10 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "a")
+_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "bpair", "a")
 _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
            "sc": (types.uint8, 3),
-           "dxb": (types.float32, 2), "bsum": (types.float32, 2), "a": (types.float32, 2)}
+           "dxb": (types.float32, 2), "bsum": (types.float32, 2), "bpair": (types.int32, 2), "a": (types.float32, 2)}
 
 
 class _Block:
@@ -237,7 +237,7 @@ class _Block:
 
 
 def _make_dot(TT: int):
-    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
+    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
     a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT;
     the tile's quants are tile `qtile` of lo and hi (0 for a tile expanded on its own, see
     expand_tile), its scales tile `tile` of s, m and sc.  type_id + EXPANDED: the type's quants
@@ -247,10 +247,11 @@ def _make_dot(TT: int):
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
     uint8 sub-block scales ((0, 0, 0) for the legacy types); xq: (T, K) int8
     activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
-    activation scales and quant sums per 16; a: (>= TT, NC) f32.
+    activation scales and quant sums per 16; bpair: (T, K//64) int32, the quant sums per 32 two at
+    a time (pair_sums; read by the VNNI kernel for Q4_K and Q5_K); a: (>= TT, NC) f32.
     """
-    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a):
-        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)))
+    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
+        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)))
         for name, (dt, nd) in _ARRAYS.items():
             arr = args[name]
             if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
@@ -259,7 +260,7 @@ def _make_dot(TT: int):
                 and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
             return None
         kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
-        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, a)
+        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)
 
         def codegen(context, builder, signature, argv):
             st = signature.args
@@ -390,7 +391,9 @@ class _Kernel:
                   for tt in range(TT)]
             bsi = [[splat(bld, b, rw) for b in row] for row in bs]
             pairs = self.kind == "vnni" and L.has_min  # the mins' sum by vpdpwssd (see dot_pairs)
-            if pairs:  # each token's activation sums of sub-blocks 2p and 2p + 1 as int16s in one int32
+            if pairs and L.group == 32:  # formed once per product (pair_sums), not for every tile
+                bs2 = [[self.act_pair(tt, bld.add(bld.mul(sb, _c64(4)), _c64(p))) for p in range(4)] for tt in range(TT)]
+            elif pairs:  # each token's activation sums of sub-blocks 2p and 2p + 1 as int16s in one int32
                 low16 = lambda x: bld.and_(x, ir.Constant(I32, 0xFFFF))
                 bs2 = [[splat(bld, bld.or_(low16(row[2 * p]), bld.shl(row[2 * p + 1], ir.Constant(I32, 16))), rw)
                         for p in range(nsub // 2)] for row in bs]
@@ -448,6 +451,12 @@ class _Kernel:
         bld, da = self.b, self.arrs["dxb"]
         di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), self.K16), k16)
         return splat(bld, bld.load(bld.gep(da.data, [di])), self.rw)
+
+    def act_pair(self, tt, p):
+        """Token tt's pair p of 32-element activation sums (bpair, see pair_sums), splat over rw lanes."""
+        bld, bp = self.b, self.arrs["bpair"]
+        di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), bp.shape[1]), p)
+        return splat(bld, bld.load(bld.gep(bp.data, [di])), self.rw)
 
     def act_sum(self, tt, b_idx, L: Layout):
         """Token tt's sum of activation quants over block b_idx (a float holding an integer)."""
@@ -628,8 +637,9 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     # type's activation rounding)
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
     #   (shapes in _make_dot's doc), its layout's lo_bits, hi_bits and group
-    # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf, bsum_buf:
-    #   (>= T*K/16,) f32 scratch for the quantized activations
+    # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf: (>= T*K/16,),
+    #   bsum_buf: (>= T*K/16 + T*(K//64),) f32 scratch for the quantized activations (bsum_buf's
+    #   tail: their pair sums, pair_sums)
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk;
     # expanded: (n_chunks, 1, 1, >= K*NC) uint8 scratch, one tile's quants expanded to bytes per
     #   parallel chunk (its scales stay in s, m, sc)
@@ -638,19 +648,22 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     xq = xq_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
     bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
+    bpair = bsum_buf[T * K // 16:T * K // 16 + T * (K // 64)].view(np.int32).reshape(T, K // 64)
     quantize_rows(mode, x, xq, dxb, bsum)
+    if mode == ACT_Q8_K:
+        pair_sums(bsum, bpair)
     expand = T >= EXPAND_MIN_TOKENS and lo_bits < 8
     tid = type_id + EXPANDED if expand else type_id
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
         packed_tiles(type_id, tid, expand, c * NT // n_chunks, (c + 1) * NT // n_chunks, lo, hi, s, m, sc, N, xq,
-                     dxb, bsum, out, col0, acc[c], lo_bits, hi_bits, group, expanded[c])
+                     dxb, bsum, bpair, out, col0, acc[c], lo_bits, hi_bits, group, expanded[c])
 
 
 @njit(cache=True)
-def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dxb, bsum, out, col0, a, lo_bits,
-                 hi_bits, group, ex):
+def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dxb, bsum, bpair, out, col0, a,
+                 lo_bits, hi_bits, group, ex):
     # matmul_packed's work on tiles tile0..tile1 (one parallel chunk): a, ex: the chunk's acc and
     # expanded scratch.  Its own function, not the parallel loop's body: numba compiles that body
     # into a gufunc where the same kernel calls ran ~25% slower
@@ -667,12 +680,12 @@ def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dx
         t = 0
         while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
             for v in range(0, NC, ROWS):
-                dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+                dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
             for i in range(4):
                 store_row(a[i], out[t + i], col0 + r0, nr)
             t += 4
         while t < T:
             for v in range(0, NC, ROWS):
-                dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, a)
+                dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
             store_row(a[0], out[t], col0 + r0, nr)
             t += 1

@@ -40,6 +40,7 @@ from infer.quant.kquants import (
     F16_TO_F32,
     f16_at,
     int_to_f32,
+    u32_at,
     shr,
     opaque32,
     dequant_row_q2_k,
@@ -161,17 +162,6 @@ def dequant_row_q4_1(src, dst):
             dst[t + 16 + j] = d * int_to_f32(shr(x, 4)) + m
 
 
-@njit(cache=True, inline="always")
-def _u32(src, o):
-    # src: (k,) uint8; the little-endian uint32 at byte o
-    return np.uint32(
-        np.int64(src[o])
-        | (np.int64(src[o + 1]) << 8)
-        | (np.int64(src[o + 2]) << 16)
-        | (np.int64(src[o + 3]) << 24)
-    )
-
-
 @njit(cache=True)
 def dequant_row_q5_0(src, dst):
     # src: (nb*22,) uint8, blocks of [d f16, qh u32, qs[16]]; dst: (nb*32,) float32
@@ -184,7 +174,7 @@ def dequant_row_q5_0(src, dst):
         o = b * 22
         t = b * 32
         d = f16_at(src, o)
-        qh = _u32(src, o + 2)  # bit j: bit 4 of element j
+        qh = u32_at(src, o + 2)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 6 + j]
             lo = (x & 15) | ((shr(qh, j) & 1) << 4)
@@ -206,7 +196,7 @@ def dequant_row_q5_1(src, dst):
         t = b * 32
         d = f16_at(src, o)
         m = f16_at(src, o + 2)
-        qh = _u32(src, o + 4)  # bit j: bit 4 of element j
+        qh = u32_at(src, o + 4)  # bit j: bit 4 of element j
         for j in range(h):
             x = src[o + 8 + j]
             lo = (x & 15) | ((shr(qh, j) & 1) << 4)

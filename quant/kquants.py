@@ -1,7 +1,7 @@
 """Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Also the helpers shared with `dequant.py` (`int_to_f32`, `shr`, `opaque32`) and
-with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `scale_min_k4`, `q3_scale`, and the
+with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `u32_at`, `scale_min_k4`, `q3_scale`, and the
 one float32 -> f16 / bf16 rounding (`f32_bits`, `bits_f32`, `f32_to_f16`, `f32_to_bf16`) every part uses.
 Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
@@ -77,6 +77,17 @@ def f32_to_bf16(f):
 def f16_at(src, o):
     # src: (k,) uint8; the little-endian f16 at byte o, as float32
     return F16_TO_F32[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+
+
+@njit(cache=True, inline="always")
+def u32_at(src, o):
+    # src: (k,) uint8; the little-endian uint32 at byte o, at any alignment (LLVM merges the loads)
+    return np.uint32(
+        np.int64(src[o])
+        | (np.int64(src[o + 1]) << 8)
+        | (np.int64(src[o + 2]) << 16)
+        | (np.int64(src[o + 3]) << 24)
+    )
 
 
 @njit(cache=True, inline="always")

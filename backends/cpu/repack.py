@@ -45,7 +45,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.kquants import q3_scale
+from infer.quant.kquants import q3_scale, u32_at
 from infer.quant.tensor import populate_mapped, release_mapped
 
 from .activations import ACT_ROUNDING
@@ -78,13 +78,6 @@ class PackedWeight:
 
 
 @njit(cache=True, inline="always")
-def _u32(src, o):
-    # the little-endian uint32 at byte o of src, at any alignment (LLVM merges the four loads)
-    return (np.uint32(src[o]) | (np.uint32(src[o + 1]) << np.uint32(8)) | (np.uint32(src[o + 2]) << np.uint32(16))
-            | (np.uint32(src[o + 3]) << np.uint32(24)))
-
-
-@njit(cache=True, inline="always")
 def _bits_to_bytes(x):
     # bits 0..3 of x -> bit 0 of bytes 0..3 (the four products land on distinct bits: no carries)
     return ((x & np.uint32(15)) * np.uint32(0x00204081)) & np.uint32(0x01010101)
@@ -105,7 +98,7 @@ def unpack_row(type_id, src, u):
         for b in range(K // 32):
             o, t = b * 17, b * 8
             for w in range(4):
-                x = _u32(src, o + 1 + 4 * w)
+                x = u32_at(src, o + 1 + 4 * w)
                 uw[t + w] = x & lo4
                 uw[t + 4 + w] = (x >> np.uint32(4)) & lo4
         return
@@ -120,10 +113,10 @@ def unpack_row(type_id, src, u):
             o, t = b * size, b * 8
             qh = np.uint32(0)
             if type_id == qt.Q5_0 or type_id == qt.Q5_1:
-                qh = _u32(src, o + 2 if type_id == qt.Q5_0 else o + 4)
+                qh = u32_at(src, o + 2 if type_id == qt.Q5_0 else o + 4)
             qs = o + size - 16
             for w in range(4):
-                x = _u32(src, qs + 4 * w)
+                x = u32_at(src, qs + 4 * w)
                 lo = x & lo4
                 hi = (x >> np.uint32(4)) & lo4
                 if type_id == qt.Q5_0 or type_id == qt.Q5_1:  # bit j of qh is quant j's fifth bit
@@ -141,9 +134,9 @@ def unpack_row(type_id, src, u):
                 base = o + qs + 32 * (j >> 1)
                 sh = np.uint32(4 * (j & 1))
                 for w in range(8):
-                    v = (_u32(src, base + 4 * w) >> sh) & lo4
+                    v = (u32_at(src, base + 4 * w) >> sh) & lo4
                     if type_id == qt.Q5_K:
-                        v |= ((_u32(src, o + 16 + 4 * w) >> np.uint32(j)) & one) << np.uint32(4)
+                        v |= ((u32_at(src, o + 16 + 4 * w) >> np.uint32(j)) & one) << np.uint32(4)
                     uw[t + w] = v
     elif type_id == qt.Q2_K or type_id == qt.Q3_K or type_id == qt.Q6_K:
         size = 84 if type_id == qt.Q2_K else 110 if type_id == qt.Q3_K else 210
@@ -156,13 +149,13 @@ def unpack_row(type_id, src, u):
                         for w in range(4):
                             i = 16 * p + 4 * w
                             if type_id == qt.Q2_K:
-                                v = (_u32(src, o + 16 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
+                                v = (u32_at(src, o + 16 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
                             elif type_id == qt.Q3_K:
-                                v = (_u32(src, o + 32 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
-                                v |= ((_u32(src, o + i) >> np.uint32(4 * hh + kk)) & one) << np.uint32(2)
+                                v = (u32_at(src, o + 32 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2
+                                v |= ((u32_at(src, o + i) >> np.uint32(4 * hh + kk)) & one) << np.uint32(2)
                             else:
-                                v = (_u32(src, o + 64 * hh + 32 * (kk & 1) + i) >> np.uint32(4 * (kk >> 1))) & lo4
-                                v |= ((_u32(src, o + 128 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2) << np.uint32(4)
+                                v = (u32_at(src, o + 64 * hh + 32 * (kk & 1) + i) >> np.uint32(4 * (kk >> 1))) & lo4
+                                v |= ((u32_at(src, o + 128 + 32 * hh + i) >> np.uint32(2 * kk)) & lo2) << np.uint32(4)
                             uw[t + w] = v
 
 

@@ -247,13 +247,14 @@ def test_avx2_kernel_in_an_avx2_build():
 
 
 def test_f16_round_is_the_nearest_half():
-    """ops.f16_round (each Q8_0 activation block's scale, formed on the float's bits) equals numpy's
-    float32 -> float16 -> float32 on a sweep of every exponent and sign (a spaced sample of bit
-    patterns) and on the edges: ties either way, the largest half and the first value past it,
-    half subnormals and the smallest normal, zeros, infinities, NaN."""
+    """ops.f16_round (each Q8_0 activation block's scale, formed on the float's bits), and round_f16
+    (arrays: Q and the softmax weights), equal numpy's float32 -> float16 -> float32 on a sweep of
+    every exponent and sign (a spaced sample of bit patterns) and on the edges: ties either way,
+    the largest half and the first value past it, half subnormals and the smallest normal, zeros,
+    infinities, NaN."""
     from numba import njit
 
-    from infer.backends.cpu.ops import f16_round
+    from infer.backends.cpu.ops import f16_round, round_f16
 
     @njit
     def rounded(x, out):
@@ -270,5 +271,8 @@ def test_f16_round_is_the_nearest_half():
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).astype(np.float32)
     nan = np.isnan(want)
-    assert np.array_equal(np.isnan(out), nan)
-    assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    in_place = x.copy()
+    round_f16(in_place)
+    for got in (out, in_place):
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))

@@ -11,7 +11,7 @@ from infer.quant.dequant import dequant_row
 from infer.quant.kquants import bits_f32, f32_bits
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def f16_round(v):
     # float32 -> nearest IEEE half (ties to even) -> float32; numba has no float16 scalars.  The
     # same value as F16_TO_F32[f32_to_f16(v)], formed on the float itself (no table lookup: it is
@@ -32,13 +32,8 @@ def round_f16(x):
     # x: contiguous f32 array of any shape, rounded in place to the nearest half (ties to even).
     # llama.cpp keeps K/V in f16 and rounds Q and the softmax weights to f16 for its products.
     flat = x.reshape(-1)
-    u = flat.view(np.uint32)
     for i in range(flat.shape[0]):
-        if abs(flat[i]) < np.float32(6.103515625e-05):  # half subnormals: fixed step 2**-24
-            flat[i] = np.float32(np.rint(flat[i] * np.float32(16777216.0)) / np.float32(16777216.0))
-        else:
-            b = u[i]
-            u[i] = (b + np.uint32(0x0FFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+        flat[i] = f16_round(flat[i])
 
 
 @njit(cache=True)

@@ -124,17 +124,19 @@ def quantize_row(mode, x, xq, dxb, bsum):
 
 
 @njit(cache=True)
-def pair_sums(bsum, out):
-    # bsum: (T, K//16) f32 quant sums per 16 (quantize_row); out: (T, K//64) int32: the sums per 32
-    # two at a time, block 2p's in the low 16 bits and block 2p + 1's in the high 16 (as int16s:
-    # |sum| <= 32 * 127), the operand vpdpwssd multiplies two K-quant mins by (qdot's mins term).
-    # Once per product: the kernel would otherwise form them again for every tile of rows.
+def pair_sums(bsum, per, out):
+    # bsum: (T, K//16) f32 quant sums per 16 (quantize_row); per: 16-element sums per sub-block of
+    # the weight type (1 or 2); out: (T, K // (32 * per)) int32: the sums per sub-block two at a time,
+    # sub-block 2p's in the low 16 bits and 2p + 1's in the high 16 (as int16s: |sum| <= 32 * 127),
+    # the operand vpdpwssd multiplies two K-quant mins by (qdot's mins term).  Once per product:
+    # the kernel would otherwise form them again for every tile of rows.
     for t in range(out.shape[0]):
         for p in range(out.shape[1]):
-            b = 4 * p
-            lo = np.int32(bsum[t, b] + bsum[t, b + 1])  # exact: integers below 2**24
-            hi = np.int32(bsum[t, b + 2] + bsum[t, b + 3])
-            out[t, p] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
+            lo, hi = np.float32(0.0), np.float32(0.0)  # integers below 2**24: exact
+            for k in range(per):
+                lo += bsum[t, 2 * per * p + k]
+                hi += bsum[t, 2 * per * p + per + k]
+            out[t, p] = (np.int32(lo) & np.int32(0xFFFF)) | (np.int32(hi) << np.int32(16))
 
 
 @njit(cache=True, parallel=True)

@@ -85,8 +85,8 @@ class MatmulWorkspace:
         # (numba compiles strided 'A' arrays into slower, unvectorized code)
         self.xq = np.zeros(max_tokens * max_k, np.float32)
         self.dxb = np.zeros(max_tokens * max_k // 16, np.float32)
-        # the quant sums per 16, then their pairs per 32 (qdot.matmul_packed)
-        self.bsum = np.zeros(max_tokens * max_k // 16 + max_tokens * (max_k // 64), np.float32)
+        # the quant sums per 16, then per sub-block in pairs (qdot.matmul_packed)
+        self.bsum = np.zeros(max_tokens * max_k // 16 + max_tokens * max_k // 32, np.float32)
         self.xi = np.zeros(max_tokens * max_k, np.int8)  # the same quants as int8, for the integer kernel
         self.acc = np.zeros((n_chunks, TT_MAX, NC), np.float32)
         # one tile expanded to bytes per parallel chunk, for batches (qdot.expand_tile)

@@ -247,8 +247,9 @@ def _make_dot(TT: int):
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
     uint8 sub-block scales ((0, 0, 0) for the legacy types); xq: (T, K) int8
     activation quants (the VNNI kernel) or float32 (the portable one); dxb, bsum: (T, K//16) f32
-    activation scales and quant sums per 16; bpair: (T, K//64) int32, the quant sums per 32 two at
-    a time (pair_sums; read by the VNNI kernel for Q4_K and Q5_K); a: (>= TT, NC) f32.
+    activation scales and quant sums per 16; bpair: (T, K // (2 * group)) int32, the quant sums per
+    sub-block two at a time (pair_sums; read by the VNNI kernel for the K-quants with mins); a: (>=
+    TT, NC) f32.
     """
     def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
         args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)))
@@ -391,12 +392,9 @@ class _Kernel:
                   for tt in range(TT)]
             bsi = [[splat(bld, b, rw) for b in row] for row in bs]
             pairs = self.kind == "vnni" and L.has_min  # the mins' sum by vpdpwssd (see dot_pairs)
-            if pairs and L.group == 32:  # formed once per product (pair_sums), not for every tile
-                bs2 = [[self.act_pair(tt, bld.add(bld.mul(sb, _c64(4)), _c64(p))) for p in range(4)] for tt in range(TT)]
-            elif pairs:  # each token's activation sums of sub-blocks 2p and 2p + 1 as int16s in one int32
-                low16 = lambda x: bld.and_(x, ir.Constant(I32, 0xFFFF))
-                bs2 = [[splat(bld, bld.or_(low16(row[2 * p]), bld.shl(row[2 * p + 1], ir.Constant(I32, 16))), rw)
-                        for p in range(nsub // 2)] for row in bs]
+            if pairs:  # each token's activation sums of sub-blocks 2p and 2p + 1 (pair_sums)
+                bs2 = [[self.act_pair(tt, bld.add(bld.mul(sb, _c64(nsub // 2)), _c64(p))) for p in range(nsub // 2)]
+                       for tt in range(TT)]
             for i, row in enumerate(rows):
                 _, dmin = blk.super_scales(L, sb, row, rw)
                 mins = [ir.Constant(vi, [0] * rw)] * TT
@@ -453,7 +451,7 @@ class _Kernel:
         return splat(bld, bld.load(bld.gep(da.data, [di])), self.rw)
 
     def act_pair(self, tt, p):
-        """Token tt's pair p of 32-element activation sums (bpair, see pair_sums), splat over rw lanes."""
+        """Token tt's pair p of sub-block activation sums (bpair, see pair_sums), splat over rw lanes."""
         bld, bp = self.b, self.arrs["bpair"]
         di = bld.add(bld.mul(bld.add(self.t0, _c64(tt)), bp.shape[1]), p)
         return splat(bld, bld.load(bld.gep(bp.data, [di])), self.rw)
@@ -638,8 +636,8 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
     #   (shapes in _make_dot's doc), its layout's lo_bits, hi_bits and group
     # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf: (>= T*K/16,),
-    #   bsum_buf: (>= T*K/16 + T*(K//64),) f32 scratch for the quantized activations (bsum_buf's
-    #   tail: their pair sums, pair_sums)
+    #   bsum_buf: (>= T*K/16 + T*K/32,) f32 scratch for the quantized activations (bsum_buf's
+    #   tail: their sums per sub-block in pairs, pair_sums)
     # out: (T, >= col0+N) f32; acc: (n_chunks, 4, NC) f32 scratch, one per parallel chunk;
     # expanded: (n_chunks, 1, 1, >= K*NC) uint8 scratch, one tile's quants expanded to bytes per
     #   parallel chunk (its scales stay in s, m, sc)
@@ -648,10 +646,11 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     xq = xq_buf[:T * K].reshape(T, K)
     dxb = dxb_buf[:T * K // 16].reshape(T, K // 16)
     bsum = bsum_buf[:T * K // 16].reshape(T, K // 16)
-    bpair = bsum_buf[T * K // 16:T * K // 16 + T * (K // 64)].view(np.int32).reshape(T, K // 64)
+    npair = K // (2 * group)
+    bpair = bsum_buf[T * K // 16:T * K // 16 + T * npair].view(np.int32).reshape(T, npair)
     quantize_rows(mode, x, xq, dxb, bsum)
     if mode == ACT_Q8_K:
-        pair_sums(bsum, bpair)
+        pair_sums(bsum, group // 16, bpair)
     expand = T >= EXPAND_MIN_TOKENS and lo_bits < 8
     tid = type_id + EXPANDED if expand else type_id
     n_chunks = min(acc.shape[0], NT)
@@ -666,7 +665,7 @@ def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dx
                  lo_bits, hi_bits, group, ex):
     # matmul_packed's work on tiles tile0..tile1 (one parallel chunk): a, ex: the chunk's acc and
     # expanded scratch.  Its own function, not the parallel loop's body: numba compiles that body
-    # into a gufunc where the same kernel calls ran ~25% slower
+    # into a gufunc where the same kernel calls ran ~20% slower
     T = xq.shape[0]
     qlo = ex if expand else lo
     for tile in range(tile0, tile1):

@@ -1,5 +1,5 @@
-"""Causal (optionally sliding-window) grouped-query attention over a paged KV cache, and the
-step before it that writes the cache.
+"""Causal (optionally sliding-window) grouped-query attention over a paged KV cache (written by
+kv_write.py).
 
 The cache is a pool of fixed-size blocks; each sequence's block table says which block holds
 its positions b*bs .. b*bs+bs-1, and the kernel reads keys and values through it in place (no
@@ -13,13 +13,16 @@ llama.cpp computes with it:
   by f16 weights without flash attention, which a quantized V cannot use);
 - q8_0 V: each row dequantized and summed with float32 weights (its flash-attention path, the
   one llama.cpp runs a quantized V cache through).
-The readers and writers dispatch on the rows' dtype at compile time (numba overloads).  For f16,
-the two inner loops are explicit LLVM vector code (numba intrinsics), which widen f16 to float32
-on the fly (vcvtph2ps on x86, see target.py):
-- q·k for a run of keys: the query stays in registers, one horizontal sum per key;
+The readers dispatch on the rows' dtype at compile time (numba overloads).  For f16, the two
+inner loops are explicit LLVM vector code (numba intrinsics), which widen f16 to float32 on the
+fly (vcvtph2ps on x86, see target.py), for up to HEADS query heads of one KV head at a time
+(grouped-query attention: each key and value vector is loaded and widened once for all of them):
+- q·k for a run of keys: one horizontal sum per key and head;
 - the weighted sum of a run of value rows: the sums stay in registers across the rows (a loop
   in numba would load and store them for every row).
-Head sizes that are not a multiple of the vector width take plain loops (same results).
+Head sizes that are not a multiple of the vector width take plain loops for what is left.
+The intrinsics live in this module with the kernel that inlines them: numba's on-disk cache of
+a function is keyed on its own file only.
 """
 from __future__ import annotations
 
@@ -31,17 +34,15 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from infer.quant.kquants import F16_TO_F32, f32_to_f16
+from infer.quant.kquants import F16_TO_F32
 
-from .activations import ACT_Q8_0, quantize_row
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
-from .ops import fwht, heads_post, round_f16
+from .ops import fwht, round_f16
 from .target import VECTOR_WIDTH, half_to_float, splat
 from .vexp import softmax_exp
 
 
 W = VECTOR_WIDTH  # float32 lanes per vector
-VSPAN = 4 * W  # value dimensions one _weighted_rows call covers
 _VF = ir.VectorType(ir.FloatType(), W)
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 
@@ -61,149 +62,197 @@ def _fma(builder):
     return lambda a, b, c: builder.call(fn, [a, b, c])
 
 
-@intrinsic
-def _qk_rows(typingctx, q, qo, k, kh, lo, n, s):
-    # s[j] = q[qo:qo+D] · k[lo+j, kh, :] for j < n; q: 1-D f32; k: (S, Hkv, D) uint16 f16 bits, D % W == 0
-    # Four keys at a time share each load of q and overlap their sums; each key's sum is formed
-    # alone, in the same order whatever the keys around it.
-    if not _check((q, types.float32, 1), (k, types.uint16, 3), (s, types.float32, 1)):
-        return None
-    sig = types.void(q, qo, k, kh, lo, n, s)
+HEADS = 4  # most query heads one call of the f16 kernels serves (their sums all in registers)
 
-    def codegen(context, builder, signature, args):
-        st = signature.args
-        qa, ka, sa = (context.make_array(st[i])(context, builder, args[i]) for i in (0, 2, 6))
-        qo_, kh_, lo_, n_ = (context.cast(builder, args[i], st[i], types.int64) for i in (1, 3, 4, 5))
-        H, D = cgutils.unpack_tuple(builder, ka.shape, 3)[1:]
-        fma = _fma(builder)
-        npair = builder.udiv(D, ir.Constant(_I64, 2 * W))
-        i64 = lambda v: ir.Constant(_I64, v)
 
-        def qvec(u):
-            qp = builder.bitcast(builder.gep(qa.data, [builder.add(qo_, u)]), _VF.as_pointer())
-            return builder.load(qp, align=4)
+def _make_qk(NH: int, NK: int):
+    """The intrinsic qk_rows(q, qo, qstride, k, kh, lo, n, s, so, sstride):
+    s[so + g*sstride + j] = q[qo + g*qstride : +D] · k[lo+j, kh, :] for g < NH, j < n.
+    q: 1-D f32; k: (S, Hkv, D) uint16 f16 bits, D % W == 0; s: 1-D f32.
+    NK keys at a time: each key vector is loaded and widened once for the NH query heads of its
+    group (grouped-query attention), each query vector once for the NK keys.  Each (head, key) sum
+    is formed alone, in the same order whatever NH, NK and the keys around it: two chains over
+    alternate vectors, added, then a halving horizontal sum."""
 
-        def keys(j0, nk):  # s[j0 + c] for c < nk
-            rows = [builder.add(builder.mul(builder.add(lo_, builder.add(j0, i64(c))), builder.mul(H, D)), builder.mul(kh_, D))
-                    for c in range(nk)]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(2)] for _ in range(nk)]
+    @intrinsic
+    def qk_rows(typingctx, q, qo, qstride, k, kh, lo, n, s, so, sstride):
+        if not _check((q, types.float32, 1), (k, types.uint16, 3), (s, types.float32, 1)):
+            return None
+        sig = types.void(q, qo, qstride, k, kh, lo, n, s, so, sstride)
 
-            def step(h, u):  # key c's sum h += q[u:u+W] * k[row+u:row+u+W]
-                qv = qvec(u)
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            qa, ka, sa = (context.make_array(st[i])(context, builder, args[i]) for i in (0, 3, 7))
+            qo_, qs_, kh_, lo_, n_, so_, ss_ = (context.cast(builder, args[i], st[i], types.int64)
+                                                for i in (1, 2, 4, 5, 6, 8, 9))
+            H, D = cgutils.unpack_tuple(builder, ka.shape, 3)[1:]
+            fma = _fma(builder)
+            npair = builder.udiv(D, ir.Constant(_I64, 2 * W))
+            i64 = lambda v: ir.Constant(_I64, v)
+            qbase = [builder.add(qo_, builder.mul(qs_, i64(g))) for g in range(NH)]
+            sbase = [builder.add(so_, builder.mul(ss_, i64(g))) for g in range(NH)]
+
+            def keys(j0, nk):  # s[.. + j0 + c] for c < nk
+                rows = [builder.add(builder.mul(builder.add(lo_, builder.add(j0, i64(c))), builder.mul(H, D)),
+                                    builder.mul(kh_, D)) for c in range(nk)]
+                acc = [[[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(2)]
+                        for _ in range(NH)] for _ in range(nk)]
+
+                def step(h, u):  # chain h of every (key, head): += q[u:u+W] * k[row+u:row+u+W]
+                    kvs = [_load_f16(builder, ka.data, builder.add(rows[c], u)) for c in range(nk)]
+                    for g in range(NH):
+                        qp = builder.bitcast(builder.gep(qa.data, [builder.add(qbase[g], u)]), _VF.as_pointer())
+                        qv = builder.load(qp, align=4)
+                        for c in range(nk):
+                            builder.store(fma(qv, kvs[c], builder.load(acc[c][g][h])), acc[c][g][h])
+
+                with cgutils.for_range(builder, npair) as vl:  # two sums in flight per (key, head)
+                    u = builder.mul(vl.index, i64(2 * W))
+                    step(0, u)
+                    step(1, builder.add(u, i64(W)))
+                odd = builder.icmp_unsigned("!=", builder.mul(npair, i64(2 * W)), D)
+                with builder.if_then(odd):  # D = (2 * npair + 1) * W
+                    step(0, builder.mul(npair, i64(2 * W)))
                 for c in range(nk):
-                    kv = _load_f16(builder, ka.data, builder.add(rows[c], u))
-                    builder.store(fma(qv, kv, builder.load(acc[c][h])), acc[c][h])
+                    for g in range(NH):
+                        v = builder.fadd(builder.load(acc[c][g][0]), builder.load(acc[c][g][1]))
+                        width = W
+                        while width > 1:  # horizontal sum: halve the vector until one lane is left
+                            width //= 2
+                            lanes = [width + i if i < width else i for i in range(W)]
+                            hi = builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined),
+                                                        ir.Constant(ir.VectorType(_I32, W), lanes))
+                            v = builder.fadd(v, hi)
+                        si = builder.add(sbase[g], builder.add(j0, i64(c)))
+                        builder.store(builder.extract_element(v, ir.Constant(_I32, 0)), builder.gep(sa.data, [si]))
 
-            with cgutils.for_range(builder, npair) as vl:  # two sums in flight per key
-                u = builder.mul(vl.index, i64(2 * W))
-                step(0, u)
-                step(1, builder.add(u, i64(W)))
-            odd = builder.icmp_unsigned("!=", builder.mul(npair, i64(2 * W)), D)
-            with builder.if_then(odd):  # D = (2 * npair + 1) * W
-                step(0, builder.mul(npair, i64(2 * W)))
-            for c in range(nk):
-                v = builder.fadd(builder.load(acc[c][0]), builder.load(acc[c][1]))
-                width = W
-                while width > 1:  # horizontal sum: halve the vector until one lane is left
-                    width //= 2
-                    lanes = [width + i if i < width else i for i in range(W)]
-                    hi = builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined), ir.Constant(ir.VectorType(_I32, W), lanes))
-                    v = builder.fadd(v, hi)
-                builder.store(builder.extract_element(v, ir.Constant(_I32, 0)), builder.gep(sa.data, [builder.add(j0, i64(c))]))
+            nb = builder.udiv(n_, i64(NK))
+            with cgutils.for_range(builder, nb) as loop:
+                keys(builder.mul(loop.index, i64(NK)), NK)
+            with cgutils.for_range(builder, builder.sub(n_, builder.mul(nb, i64(NK)))) as loop:
+                keys(builder.add(builder.mul(nb, i64(NK)), loop.index), 1)
+            return context.get_dummy_value()
 
-        n4 = builder.udiv(n_, i64(4))
-        with cgutils.for_range(builder, n4) as loop:
-            keys(builder.mul(loop.index, i64(4)), 4)
-        with cgutils.for_range(builder, builder.sub(n_, builder.mul(n4, i64(4)))) as loop:
-            keys(builder.add(builder.mul(n4, i64(4)), loop.index), 1)
-        return context.get_dummy_value()
+        return sig, codegen
 
-    return sig, codegen
+    return qk_rows
 
 
-@intrinsic
-def _weighted_rows(typingctx, v, kh, lo, n, i0, s, out, o0, accumulate):
-    # out[o0:o0+VSPAN] (+)= sum over j < n of s[j] * v[lo+j, kh, i0:i0+VSPAN], added to what out
-    # holds if accumulate: the sums carry on from one block to the next exactly as in one run
-    # v: (S, Hkv, Dv) uint16 f16 bits; s: (>= n,) f32; out: 1-D f32
-    if not _check((v, types.uint16, 3), (s, types.float32, 1), (out, types.float32, 1)):
-        return None
-    sig = types.void(v, kh, lo, n, i0, s, out, o0, accumulate)
+def _make_weighted(NH: int, NV: int):
+    """The intrinsic weighted_rows(v, kh, lo, n, i0, s, so, sstride, out, o0, ostride): for g < NH,
+    out[o0 + g*ostride + i0 : +NV*W] += sum over j < n of s[so + g*sstride + j] * v[lo+j, kh, i0 : +NV*W].
+    v: (S, Hkv, Dv) uint16 f16 bits; s, out: 1-D f32.  Each value vector is loaded and widened once
+    for the NH heads.  Every output element sums alike whatever NH and NV: two chains, even keys
+    into one (which starts from out), odd keys into the other (two FMA chains in flight, not one),
+    added at the end; so the sums carry on from one call to the next as one run would."""
 
-    def codegen(context, builder, signature, args):
-        st = signature.args
-        va, sa, oa = (context.make_array(st[i])(context, builder, args[i]) for i in (0, 5, 6))
-        kh_, lo_, n_, i0_, o0_ = (context.cast(builder, args[i], st[i], types.int64) for i in (1, 2, 3, 4, 7))
-        acc_in = context.cast(builder, args[8], st[8], types.boolean)
-        H, Dv = cgutils.unpack_tuple(builder, va.shape, 3)[1:]
-        fma = _fma(builder)
-        outp = [builder.bitcast(builder.gep(oa.data, [builder.add(o0_, ir.Constant(_I64, u * W))]), _VF.as_pointer())
-                for u in range(4)]
-        # two sums: even keys into one, odd keys into the other, added at the end (two FMA chains
-        # in flight, not one: each FMA waits for the last otherwise)
-        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(4)] for _ in range(2)]
-        with builder.if_then(acc_in):
-            for u in range(4):
-                builder.store(builder.load(outp[u], align=4), accs[0][u])
-        base = builder.add(builder.mul(kh_, Dv), i0_)
+    @intrinsic
+    def weighted_rows(typingctx, v, kh, lo, n, i0, s, so, sstride, out, o0, ostride):
+        if not _check((v, types.uint16, 3), (s, types.float32, 1), (out, types.float32, 1)):
+            return None
+        sig = types.void(v, kh, lo, n, i0, s, so, sstride, out, o0, ostride)
 
-        def add_key(j, acc):
-            row = builder.add(builder.mul(builder.add(lo_, j), builder.mul(H, Dv)), base)
-            ws = splat(builder, builder.load(builder.gep(sa.data, [j])))
-            for u in range(4):
-                vv = _load_f16(builder, va.data, builder.add(row, ir.Constant(_I64, u * W)))
-                builder.store(fma(vv, ws, builder.load(acc[u])), acc[u])
+        def codegen(context, builder, signature, args):
+            st = signature.args
+            va, sa, oa = (context.make_array(st[i])(context, builder, args[i]) for i in (0, 5, 8))
+            kh_, lo_, n_, i0_, so_, ss_, o0_, os_ = (context.cast(builder, args[i], st[i], types.int64)
+                                                      for i in (1, 2, 3, 4, 6, 7, 9, 10))
+            H, Dv = cgutils.unpack_tuple(builder, va.shape, 3)[1:]
+            fma = _fma(builder)
+            i64 = lambda x: ir.Constant(_I64, x)
+            outp = [[builder.bitcast(builder.gep(oa.data, [builder.add(builder.add(o0_, builder.mul(os_, i64(g))),
+                                                                        builder.add(i0_, i64(u * W)))]), _VF.as_pointer())
+                     for u in range(NV)] for g in range(NH)]
+            sbase = [builder.add(so_, builder.mul(ss_, i64(g))) for g in range(NH)]
+            accs = [[[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(NV)]
+                     for _ in range(NH)] for _ in range(2)]
+            for g in range(NH):
+                for u in range(NV):
+                    builder.store(builder.load(outp[g][u], align=4), accs[0][g][u])
+            base = builder.add(builder.mul(kh_, Dv), i0_)
 
-        n2 = builder.udiv(n_, ir.Constant(_I64, 2))
-        with cgutils.for_range(builder, n2) as loop:
-            j = builder.mul(loop.index, ir.Constant(_I64, 2))
-            add_key(j, accs[0])
-            add_key(builder.add(j, ir.Constant(_I64, 1)), accs[1])
-        with builder.if_then(builder.icmp_unsigned("!=", builder.mul(n2, ir.Constant(_I64, 2)), n_)):
-            add_key(builder.sub(n_, ir.Constant(_I64, 1)), accs[0])
-        for u in range(4):
-            builder.store(builder.fadd(builder.load(accs[0][u]), builder.load(accs[1][u])), outp[u], align=4)
-        return context.get_dummy_value()
+            def add_key(j, acc):
+                row = builder.add(builder.mul(builder.add(lo_, j), builder.mul(H, Dv)), base)
+                vvs = [_load_f16(builder, va.data, builder.add(row, i64(u * W))) for u in range(NV)]
+                for g in range(NH):
+                    ws = splat(builder, builder.load(builder.gep(sa.data, [builder.add(sbase[g], j)])))
+                    for u in range(NV):
+                        builder.store(fma(vvs[u], ws, builder.load(acc[g][u])), acc[g][u])
 
-    return sig, codegen
+            n2 = builder.udiv(n_, i64(2))
+            with cgutils.for_range(builder, n2) as loop:
+                j = builder.mul(loop.index, i64(2))
+                add_key(j, accs[0])
+                add_key(builder.add(j, i64(1)), accs[1])
+            with builder.if_then(builder.icmp_unsigned("!=", builder.mul(n2, i64(2)), n_)):
+                add_key(builder.sub(n_, i64(1)), accs[0])
+            for g in range(NH):
+                for u in range(NV):
+                    builder.store(builder.fadd(builder.load(accs[0][g][u]), builder.load(accs[1][g][u])),
+                                  outp[g][u], align=4)
+            return context.get_dummy_value()
 
+        return sig, codegen
 
-def kv_store(x, dxb, bsum, dst):
-    """dst = x in the cache's type. x: (n,) f32 (overwritten with q8_0 quants for a q8_0 cache);
-    dst: (n,) uint16 f16 bits, or (n // 32 * 34,) uint8 q8_0 blocks; dxb, bsum: (n // 16,) f32 scratch."""
-
-
-@overload(kv_store)
-def _kv_store(x, dxb, bsum, dst):
-    if dst.dtype == types.uint16:
-        def f16(x, dxb, bsum, dst):
-            for i in range(x.shape[0]):  # rounded to the nearest half as it converts
-                dst[i] = f32_to_f16(x[i])
-        return f16
-
-    def q8_0(x, dxb, bsum, dst):
-        # llama.cpp writes a q8_0 cache with the quantizer of its q8_0 activations (quantize_row_q8_0)
-        quantize_row(ACT_Q8_0, x, x, dxb, bsum)
-        for b in range(x.shape[0] // Q8):
-            o = b * Q8_BYTES
-            d = f32_to_f16(dxb[2 * b])  # an f16 value already: exact
-            dst[o] = np.uint8(d & np.uint16(0xFF))
-            dst[o + 1] = np.uint8(d >> np.uint16(8))
-            for i in range(Q8):
-                dst[o + 2 + i] = np.uint8(np.int32(x[b * Q8 + i]) & 0xFF)
-    return q8_0
+    return weighted_rows
 
 
-def prepare_q(q, qd, bsum, k_rows):
-    """Q as the products with the cache's K take it. q: (n,) f32 in place; for f16 K rounded to f16,
-    for q8_0 K replaced by its q8_0 quants with their scales in qd (n // 16,) f32 (bsum: scratch)."""
+# keys per qk call and value vectors per weighted call for 1..HEADS heads: at most 16 sums in
+# registers (of 32 vector registers with AVX-512), the loads shared as widely as that allows
+_QK1, _QK2, _QK3, _QK4 = (_make_qk(h, 4 if h <= 2 else 2) for h in range(1, HEADS + 1))
+_NV = (4, 4, 2, 2)
+_WV1, _WV2, _WV3, _WV4 = (_make_weighted(h, _NV[h - 1]) for h in range(1, HEADS + 1))
+_WV1v, _WV2v, _WV3v, _WV4v = (_make_weighted(h, 1) for h in range(1, HEADS + 1))
 
 
-@overload(prepare_q)
-def _prepare_q(q, qd, bsum, k_rows):
-    if k_rows.dtype == types.uint16:
-        return lambda q, qd, bsum, k_rows: round_f16(q)
-    return lambda q, qd, bsum, k_rows: quantize_row(ACT_Q8_0, q, q, qd, bsum)
+@njit(cache=True, inline="always")
+def _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng):
+    # _make_qk's product for ng heads (q rows D apart), HEADS at a time
+    g = 0
+    while g < ng:
+        nh = min(HEADS, ng - g)
+        qg, sg = qo + g * D, so + g * ss
+        if nh == 4:
+            _QK4(q, qg, D, k, kh, r0, m, s, sg, ss)
+        elif nh == 3:
+            _QK3(q, qg, D, k, kh, r0, m, s, sg, ss)
+        elif nh == 2:
+            _QK2(q, qg, D, k, kh, r0, m, s, sg, ss)
+        else:
+            _QK1(q, qg, D, k, kh, r0, m, s, sg, ss)
+        g += nh
+
+
+@njit(cache=True, inline="always")
+def _weighted_f16(v, kh, r0, m, s, so, ss, out, o0, Dv, ng, nvec):
+    # _make_weighted's sum for ng heads (outputs Dv apart) over the first nvec * W value dimensions
+    g = 0
+    while g < ng:
+        nh = min(HEADS, ng - g)
+        sg, og = so + g * ss, o0 + g * Dv
+        span = _NV[nh - 1] * W
+        i0 = 0
+        while i0 + span <= nvec * W:
+            if nh == 4:
+                _WV4(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            elif nh == 3:
+                _WV3(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            elif nh == 2:
+                _WV2(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            else:
+                _WV1(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            i0 += span
+        while i0 < nvec * W:  # the vectors left, one at a time (the same sums)
+            if nh == 4:
+                _WV4v(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            elif nh == 3:
+                _WV3v(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            elif nh == 2:
+                _WV2v(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            else:
+                _WV1v(v, kh, r0, m, i0, s, sg, ss, out, og, Dv)
+            i0 += W
+        g += nh
 
 
 @njit(cache=True)
@@ -212,74 +261,81 @@ def _f16_at(row, o):
     return F16_TO_F32[np.uint16(row[o]) | (np.uint16(row[o + 1]) << np.uint16(8))]
 
 
-def qk(q, qo, qd, qdo, k, kh, r0, m, s):
-    """s[j] = q[qo:qo+D] · K row r0+j of head kh, for j < m. q: 1-D f32 (prepare_q); qd: 1-D f32, the
-    q8_0 scale of q[qo + 32b:] at qd[qdo + 2b]; k: (S, Hkv, row) f16 bits or q8_0 blocks."""
+def qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
+    """s[so + g*ss + j] = q[qo + g*D : +D] · K row r0+j of head kh, for g < ng (query heads of one
+    KV head, D apart in q) and j < m. q: 1-D f32 (prepare_q); qd: 1-D f32, the q8_0 scale of
+    q[qo + 32b:] at qd[qdo + 2b]; k: (S, Hkv, row) f16 bits or q8_0 blocks; s: 1-D f32."""
 
 
 @overload(qk, jit_options={"fastmath": True})
-def _qk(q, qo, qd, qdo, k, kh, r0, m, s):
+def _qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
     if k.dtype == types.uint16:
-        def f16(q, qo, qd, qdo, k, kh, r0, m, s):
+        def f16(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
             D = k.shape[2]
             if D % W == 0:
-                _qk_rows(q, qo, k, kh, r0, m, s)
+                _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng)
                 return
-            for j in range(m):
-                acc = np.float32(0.0)
-                for i in range(D):
-                    acc += q[qo + i] * F16_TO_F32[k[r0 + j, kh, i]]
-                s[j] = acc
+            for g in range(ng):
+                for j in range(m):
+                    acc = np.float32(0.0)
+                    for i in range(D):
+                        acc += q[qo + g * D + i] * F16_TO_F32[k[r0 + j, kh, i]]
+                    s[so + g * ss + j] = acc
         return f16
 
-    def q8_0(q, qo, qd, qdo, k, kh, r0, m, s):
+    def q8_0(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
         ki = k.view(np.int8)
-        for j in range(m):
-            row = k[r0 + j, kh]
-            qrow = ki[r0 + j, kh]
-            acc = np.float32(0.0)
-            for b in range(k.shape[2] // Q8_BYTES):
-                o = b * Q8_BYTES
-                isum = np.float32(0.0)  # a sum of products of integers below 2**24: exact in any order
-                for i in range(Q8):
-                    isum += q[qo + b * Q8 + i] * np.float32(qrow[o + 2 + i])
-                acc += _f16_at(row, o) * qd[qdo + 2 * b] * isum
-            s[j] = acc
+        D = k.shape[2] // Q8_BYTES * Q8
+        for g in range(ng):
+            qg, dg = qo + g * D, qdo + g * D // 16
+            for j in range(m):
+                row = k[r0 + j, kh]
+                qrow = ki[r0 + j, kh]
+                acc = np.float32(0.0)
+                for b in range(k.shape[2] // Q8_BYTES):
+                    o = b * Q8_BYTES
+                    isum = np.float32(0.0)  # a sum of products of integers below 2**24: exact in any order
+                    for i in range(Q8):
+                        isum += q[qg + b * Q8 + i] * np.float32(qrow[o + 2 + i])
+                    acc += _f16_at(row, o) * qd[dg + 2 * b] * isum
+                s[so + g * ss + j] = acc
     return q8_0
 
 
-def weigh_values(v, kh, r0, m, s, so, out):
-    """out (Dv,) f32 += sum over j < m of s[so+j] * V row r0+j of head kh (v: (S, Hkv, row) f16 bits
-    or q8_0 blocks); the sums carry on from one call to the next exactly as in one run."""
+def weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
+    """For g < ng: out[o0 + g*Dv : +Dv] += sum over j < m of s[so + g*ss + j] * V row r0+j of head kh
+    (v: (S, Hkv, row) f16 bits or q8_0 blocks; s, out: 1-D f32); the sums carry on from one call
+    to the next exactly as in one run."""
 
 
 @overload(weigh_values, jit_options={"fastmath": True})
-def _weigh_values(v, kh, r0, m, s, so, out):
+def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
     if v.dtype == types.uint16:
-        def f16(v, kh, r0, m, s, so, out):
+        def f16(v, kh, r0, m, s, so, ss, out, o0, ng):
             Dv = v.shape[2]
-            nv = Dv - Dv % VSPAN
-            sj = s[so:]
-            for i0 in range(0, nv, VSPAN):
-                _weighted_rows(v, kh, r0, m, i0, sj, out, i0, True)
-            for i in range(nv, Dv):
-                acc = out[i]
-                for j in range(m):
-                    acc += sj[j] * F16_TO_F32[v[r0 + j, kh, i]]
-                out[i] = acc
+            nvec = Dv // W
+            _weighted_f16(v, kh, r0, m, s, so, ss, out, o0, Dv, ng, nvec)
+            for g in range(ng):
+                for i in range(nvec * W, Dv):
+                    acc = out[o0 + g * Dv + i]
+                    for j in range(m):
+                        acc += s[so + g * ss + j] * F16_TO_F32[v[r0 + j, kh, i]]
+                    out[o0 + g * Dv + i] = acc
         return f16
 
-    def q8_0(v, kh, r0, m, s, so, out):
+    def q8_0(v, kh, r0, m, s, so, ss, out, o0, ng):
         vi = v.view(np.int8)
-        for j in range(m):
-            w = s[so + j]
-            row = v[r0 + j, kh]
-            qrow = vi[r0 + j, kh]
-            for b in range(v.shape[2] // Q8_BYTES):
-                o = b * Q8_BYTES
-                d = _f16_at(row, o)
-                for i in range(Q8):  # llama.cpp dequantizes the row, then adds weight * row
-                    out[b * Q8 + i] += w * (d * np.float32(qrow[o + 2 + i]))
+        Dv = v.shape[2] // Q8_BYTES * Q8
+        for g in range(ng):
+            for j in range(m):
+                w = s[so + g * ss + j]
+                row = v[r0 + j, kh]
+                qrow = vi[r0 + j, kh]
+                for b in range(v.shape[2] // Q8_BYTES):
+                    o = b * Q8_BYTES
+                    d = _f16_at(row, o)
+                    for i in range(Q8):  # llama.cpp dequantizes the row, then adds weight * row
+                        out[o0 + g * Dv + b * Q8 + i] += w * (d * np.float32(qrow[o + 2 + i]))
     return q8_0
 
 
@@ -294,40 +350,6 @@ def _round_weights(s, v):
     return lambda s, v: None
 
 
-@njit(cache=True)
-def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, qd, k_pool, v_pool, slots,
-             kf, vf, dxb, bsum, rot_k, rot_v):
-    # What follows the Q/K/V products, in one call: biases, Q/K norms, RoPE, the Q prescale,
-    # the rotation of Q and K by rot_k and of V by rot_v (0: none; kv_pool.rotation), Q prepared for
-    # the products with K (prepare_q) and K, V written to the cache (kv_store).
-    # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
-    # q_norm, k_norm: (hd,) per head, (H*hd,) / (Hkv*hd,) over the whole projection, or (0,) (heads_post)
-    # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
-    # q: (T, H, hd) f32 out; qd: (T, H*hd // 16) f32 out, Q's q8_0 scales (q8_0 K only)
-    # k_pool: (n_slots, Hkv, K row), v_pool: (n_slots, Hkv, V row): the layer's KV cache (kv_pool.py),
-    #   token t written to row slots[t] (slots: (T,) int32)
-    # kf: (Hkv, hd), vf: (Hkv, hdv) f32 scratch; dxb, bsum: (>= max(Nk, Nv) // 16,) f32 scratch
-    T = qkv.shape[0]
-    Nq = q.shape[1] * q.shape[2]
-    Nk = kf.shape[0] * kf.shape[1]
-    Nv = vf.shape[0] * vf.shape[1]
-    kb = kf.reshape(Nk)
-    vb = vf.reshape(Nv)
-    for t in range(T):
-        row = qkv[t]
-        heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale, q[t])
-        heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
-        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
-        if rot_k > 0:
-            fwht(q[t].reshape(Nq), rot_k)
-            fwht(kb, rot_k)
-        if rot_v > 0:
-            fwht(vb, rot_v)
-        prepare_q(q[t].reshape(Nq), qd[t], bsum, k_pool)
-        kv_store(kb, dxb, bsum, k_pool[slots[t]].reshape(-1))
-        kv_store(vb, dxb, bsum, v_pool[slots[t]].reshape(-1))
-
-
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
@@ -339,56 +361,72 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
     # rot_v: 0 or the size of the rotation V was stored with (qkv_post), undone on each output head
-    # out: (T, Hq, Dv) f32; scores: (n_chunks, >= longest sequence) f32 scratch, a row per parallel chunk
+    # out: (T, Hq, Dv) f32; scores: (n_chunks, >= Hq/Hkv * longest sequence) f32 scratch, a row per
+    #   parallel chunk (the workspace has 4 per thread)
+    # A work item is one query token and up to Hq/Hkv query heads of one KV head: the heads share
+    # each load of a key and a value (grouped-query attention).  Every head's numbers are formed
+    # alone, so how many heads an item takes changes no result.
     T, Hq, D = q.shape
     Hkv = k_pool.shape[1]
     Dv = out.shape[2]
     group = Hq // Hkv
-    n_work = T * Hq
+    # heads per item: the whole group, split while there are fewer items than threads (decode: one
+    # token, few KV heads; the workspace gives scores 4 rows per thread)
+    per = group
+    while per > 1 and 4 * T * Hkv * (-(-group // per)) < scores.shape[0]:
+        per = -(-per // 2)
+    nsplit = -(-group // per)
+    n_work = T * Hkv * nsplit
     n_chunks = min(scores.shape[0], n_work)
+    ss = scores.shape[1] // per  # the stride of one head's scores in a chunk's row
+    if T and q_pos.max() >= ss:
+        raise ValueError("attention: the scores scratch is too short for these positions")
     qflat = q.reshape(T * Hq * D)
+    oflat = out.reshape(T * Hq * Dv)
     for c in prange(n_chunks):
         s = scores[c]
         # work items dealt round-robin: later queries see more keys, so contiguous runs would not balance
         for w in range(c, n_work, n_chunks):
-            t = w // Hq
-            h = w % Hq
-            kh = h // group
+            t = w // (Hkv * nsplit)
+            kh = w % (Hkv * nsplit) // nsplit
+            h0 = kh * group + w % nsplit * per
+            ng = min(per, (kh + 1) * group - h0)
             table = tables[tok_seq[t]]
             hi = q_pos[t]
             lo = 0
             if window > 0 and hi - window + 1 > 0:
                 lo = hi - window + 1
             n = hi + 1 - lo
-            sw = s[:n]  # sw[j]: key lo + j
             for b in range(lo // bs, hi // bs + 1):
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
-                qk(qflat, (t * Hq + h) * D, qd[t], h * D // 16, k_pool, kh, r0, m, s[p0 - lo:])
-            mx = np.float32(-np.inf)
-            for j in range(n):
-                a = sw[j] * scale
-                if softcap > 0:
-                    a = softcap * np.float32(math.tanh(a / softcap))
-                sw[j] = a
-                mx = max(mx, a)
-            if sinks.shape[0]:
-                mx = max(mx, sinks[h])
-            total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64
-            if sinks.shape[0]:
-                total += np.float64(np.float32(math.exp(sinks[h] - mx)))
-            inv = np.float32(1.0 / total)
-            for j in range(n):
-                sw[j] *= inv
-            round_weights(sw, v_pool)
-            o = out[t, h]
-            for i in range(Dv):
-                o[i] = 0.0
+                qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss)
+            for g in range(ng):
+                sw = s[g * ss:g * ss + n]  # sw[j]: key lo + j
+                mx = np.float32(-np.inf)
+                for j in range(n):
+                    a = sw[j] * scale
+                    if softcap > 0:
+                        a = softcap * np.float32(math.tanh(a / softcap))
+                    sw[j] = a
+                    mx = max(mx, a)
+                if sinks.shape[0]:
+                    mx = max(mx, sinks[h0 + g])
+                total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64
+                if sinks.shape[0]:
+                    total += np.float64(np.float32(math.exp(sinks[h0 + g] - mx)))
+                inv = np.float32(1.0 / total)
+                for j in range(n):
+                    sw[j] *= inv
+                round_weights(sw, v_pool)
+            o0 = (t * Hq + h0) * Dv
+            oflat[o0:o0 + ng * Dv] = 0.0
             for b in range(lo // bs, hi // bs + 1):
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs
-                weigh_values(v_pool, kh, r0, m, s, p0 - lo, o)
+                weigh_values(v_pool, kh, r0, m, s, p0 - lo, ss, oflat, o0, ng)
             if rot_v > 0:
-                fwht(o, rot_v)
+                for g in range(ng):
+                    fwht(out[t, h0 + g], rot_v)

@@ -15,8 +15,9 @@ import numpy as np
 
 from infer.backends.batch import Batch
 
-from .attention import attention, qkv_post
+from .attention import attention
 from .kv_pool import KVPool
+from .kv_write import qkv_post
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .glu import ACTIVATIONS, glu, glu_rows

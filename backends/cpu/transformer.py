@@ -184,7 +184,8 @@ class Workspace:
         self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
         self.sin = np.zeros((2, T, half), f32)
         n_chunks = max(1, 4 * n_threads)
-        self.scores = np.zeros((n_chunks, n_ctx), f32)
+        self.group = cfg.n_head // cfg.n_head_kv  # query heads per KV head: an attention item's scores
+        self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
         if cfg.n_expert:  # a mixture of experts (moe.py): the router's output, the batch grouped by expert
             E, k, Fe = cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp
@@ -277,7 +278,7 @@ class CpuTransformer:
         elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
             ws = self._ws
             ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)
-            ws.scores = np.zeros((ws.scores.shape[0], ws.n_ctx), np.float32)
+            ws.scores = np.zeros((ws.scores.shape[0], ws.group * ws.n_ctx), np.float32)
         return self._ws
 
     def forward(self, tokens: np.ndarray, pos0: int, cache: SequenceKV, all_logits: bool = False) -> np.ndarray:

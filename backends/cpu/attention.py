@@ -350,6 +350,23 @@ def _round_weights(s, v):
     return lambda s, v: None
 
 
+@njit(cache=True, inline="always")
+def _max(x):
+    # the largest of x (n,) f32 (n >= 1): eight running maxima, not one chain of dependent compares
+    # (a maximum is the same in any order)
+    n = x.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x[0]
+    j = 0
+    while j + 8 <= n:
+        y = x[j:j + 8]
+        m0, m1, m2, m3 = max(m0, y[0]), max(m1, y[1]), max(m2, y[2]), max(m3, y[3])
+        m4, m5, m6, m7 = max(m4, y[4]), max(m5, y[5]), max(m6, y[6]), max(m7, y[7])
+        j += 8
+    for i in range(j, n):
+        m0 = max(m0, x[i])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
@@ -404,13 +421,12 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
                 qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss)
             for g in range(ng):
                 sw = s[g * ss:g * ss + n]  # sw[j]: key lo + j
-                mx = np.float32(-np.inf)
                 for j in range(n):
-                    a = sw[j] * scale
-                    if softcap > 0:
-                        a = softcap * np.float32(math.tanh(a / softcap))
-                    sw[j] = a
-                    mx = max(mx, a)
+                    sw[j] *= scale
+                if softcap > 0:
+                    for j in range(n):
+                        sw[j] = softcap * np.float32(math.tanh(sw[j] / softcap))
+                mx = _max(sw)
                 if sinks.shape[0]:
                     mx = max(mx, sinks[h0 + g])
                 total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64

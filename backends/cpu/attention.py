@@ -20,7 +20,8 @@ fly (vcvtph2ps on x86, see target.py), for up to HEADS query heads of one KV hea
 - q·k for a run of keys: one horizontal sum per key and head;
 - the weighted sum of a run of value rows: the sums stay in registers across the rows (a loop
   in numba would load and store them for every row).
-Head sizes that are not a multiple of the vector width take plain loops for what is left.
+A head size that is not a multiple of the vector width takes a plain loop for q·k, and for the
+value dimensions past the last whole vector.
 The intrinsics live in this module with the kernel that inlines them: numba's on-disk cache of
 a function is keyed on its own file only.
 """
@@ -38,7 +39,7 @@ from infer.quant.kquants import F16_TO_F32
 
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .ops import fwht, round_f16
-from .target import VECTOR_WIDTH, half_to_float, splat
+from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, splat
 from .vexp import softmax_exp
 
 
@@ -144,7 +145,8 @@ def _make_weighted(NH: int, NV: int):
     v: (S, Hkv, Dv) uint16 f16 bits; s, out: 1-D f32.  Each value vector is loaded and widened once
     for the NH heads.  Every output element sums alike whatever NH and NV: two chains, even keys
     into one (which starts from out), odd keys into the other (two FMA chains in flight, not one),
-    added at the end; so the sums carry on from one call to the next as one run would."""
+    added at the end; a call starts from what out holds, so a run of keys split into calls (the
+    cache's blocks) sums in an order fixed by where the splits fall."""
 
     @intrinsic
     def weighted_rows(typingctx, v, kh, lo, n, i0, s, so, sstride, out, o0, ostride):
@@ -197,10 +199,11 @@ def _make_weighted(NH: int, NV: int):
     return weighted_rows
 
 
-# keys per qk call and value vectors per weighted call for 1..HEADS heads: at most 16 sums in
-# registers (of 32 vector registers with AVX-512), the loads shared as widely as that allows
-_QK1, _QK2, _QK3, _QK4 = (_make_qk(h, 4 if h <= 2 else 2) for h in range(1, HEADS + 1))
-_NV = (4, 4, 2, 2)
+# keys per qk call and value vectors per weighted call for 1..HEADS heads: two sums in registers
+# for each of them and each head, at most half the vector registers (16 of AVX-512's 32; 8 of
+# AVX2's 16 and of NEON's 16 pairs), the loads shared as widely as that allows
+_NV = (4, 4, 2, 2) if W == 16 else (4, 2, 1, 1)
+_QK1, _QK2, _QK3, _QK4 = (_make_qk(h, _NV[h - 1]) for h in range(1, HEADS + 1))
 _WV1, _WV2, _WV3, _WV4 = (_make_weighted(h, _NV[h - 1]) for h in range(1, HEADS + 1))
 _WV1v, _WV2v, _WV3v, _WV4v = (_make_weighted(h, 1) for h in range(1, HEADS + 1))
 
@@ -304,8 +307,7 @@ def _qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
 
 def weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
     """For g < ng: out[o0 + g*Dv : +Dv] += sum over j < m of s[so + g*ss + j] * V row r0+j of head kh
-    (v: (S, Hkv, row) f16 bits or q8_0 blocks; s, out: 1-D f32); the sums carry on from one call
-    to the next exactly as in one run."""
+    (v: (S, Hkv, row) f16 bits or q8_0 blocks; s, out: 1-D f32); each call adds to what out holds."""
 
 
 @overload(weigh_values, jit_options={"fastmath": True})
@@ -369,7 +371,7 @@ def _max(x):
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
-    # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as qkv_post left them (prepare_q); scale multiplies q·k
+    # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)
     # tables: (S, max_blocks) int32: block b of sequence s holds its positions b*bs .. b*bs+bs-1
     # tok_seq: (T,) int32 row of tables for each query; q_pos: (T,) int32 its position;
@@ -377,9 +379,9 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
     # window: 0 or the sliding window (key p visible iff q_pos - p < window)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
-    # rot_v: 0 or the size of the rotation V was stored with (qkv_post), undone on each output head
+    # rot_v: 0 or the size of the rotation V was stored with (kv_write.qkv_post), undone on each output head
     # out: (T, Hq, Dv) f32; scores: (n_chunks, >= Hq/Hkv * longest sequence) f32 scratch, a row per
-    #   parallel chunk (the workspace has 4 per thread)
+    #   parallel chunk (the workspace has CHUNKS_PER_THREAD per thread)
     # A work item is one query token and up to Hq/Hkv query heads of one KV head: the heads share
     # each load of a key and a value (grouped-query attention).  Every head's numbers are formed
     # alone, so how many heads an item takes changes no result.
@@ -388,9 +390,9 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
     Dv = out.shape[2]
     group = Hq // Hkv
     # heads per item: the whole group, split while there are fewer items than threads (decode: one
-    # token, few KV heads; the workspace gives scores 4 rows per thread)
+    # token, few KV heads; scores has CHUNKS_PER_THREAD rows per thread)
     per = group
-    while per > 1 and 4 * T * Hkv * (-(-group // per)) < scores.shape[0]:
+    while per > 1 and CHUNKS_PER_THREAD * T * Hkv * (-(-group // per)) < scores.shape[0]:
         per = -(-per // 2)
     nsplit = -(-group // per)
     n_work = T * Hkv * nsplit

@@ -1,10 +1,11 @@
 """The step between the Q/K/V products and attention: biases, norms, RoPE, and K and V written to
 the paged cache in its type (kv_pool.py), with Q prepared for the products with that K
 (attention.py reads them):
-- f16 cache: K and V rounded to the nearest half; Q rounded to f16 (llama.cpp's f16 vec_dot);
-- q8_0 cache: K and V as q8_0 blocks written by the quantizer of llama.cpp's q8_0 activations; Q
-  quantized the same way (llama.cpp's q8_0 x q8_0 vec_dot).
-The writers dispatch on the cache's dtype at compile time (numba overloads).
+- an f16 K or V: rounded to the nearest half;
+- a q8_0 K or V: q8_0 blocks written by the quantizer of llama.cpp's q8_0 activations;
+- Q, after K's type: rounded to f16 for an f16 K (llama.cpp's f16 vec_dot), quantized to q8_0 for
+  a q8_0 K (its q8_0 x q8_0 vec_dot).
+The writers dispatch on the cache's dtypes at compile time (numba overloads).
 """
 from __future__ import annotations
 

@@ -23,6 +23,10 @@ _TRIPLE = llvm.get_process_triple()
 # float32 lanes per vector: 16 with AVX-512, else 8 (two 128-bit registers on NEON: LLVM splits)
 VECTOR_WIDTH = 16 if "+avx512f" in _FEATURES else 8
 
+# Parallel kernels split their work into this many chunks per thread (the workspace's scratch has a
+# row per chunk): enough to even out uneven chunks, few enough that each is worth its dispatch.
+CHUNKS_PER_THREAD = 4
+
 # Whether f16 -> f32 has an instruction (x86 F16C: vcvtph2ps; every aarch64).  Without one, LLVM would
 # call a runtime helper that numba does not link, so half_to_float below converts with integer ops.
 F16_NATIVE = "+f16c" in _FEATURES or _TRIPLE.startswith(("aarch64", "arm64"))

@@ -26,7 +26,7 @@ from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
 from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
-from .target import ISA
+from .target import CHUNKS_PER_THREAD, ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks
 _NONE = np.zeros(0, np.float32)  # an absent bias or norm weight
@@ -183,8 +183,10 @@ class Workspace:
         half = cfg.n_rot // 2
         self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
         self.sin = np.zeros((2, T, half), f32)
-        n_chunks = max(1, 4 * n_threads)
-        self.group = cfg.n_head // cfg.n_head_kv  # query heads per KV head: an attention item's scores
+        n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
+        # attention's scratch: a row per chunk, room in each for the scores of all the query heads
+        # that share a KV head (attention.py serves them together)
+        self.group = cfg.n_head // cfg.n_head_kv
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
         if cfg.n_expert:  # a mixture of experts (moe.py): the router's output, the batch grouped by expert

@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from infer.quant.dequant import dequant_row
 from infer.quant.kquants import bits_f32, f32_bits
@@ -170,23 +170,38 @@ def fwht(x, n):
             step *= 2
 
 
-@njit(cache=True, fastmath=True)
+PAR_ROWS_MIN = 8  # from this many rows on, residual_norm runs in parallel
+
+
+@njit(cache=True, parallel=True)  # no fastmath: numba would compile _rms_scale's sum with it
 def residual_norm(x, o, post_norm, eps, scale, next_norm, xn):
     # After a block: x += scale * norm(o) (o normalized in place by post_norm unless it is (0,)), then
     # xn = norm(x) by next_norm, the input of the next block (x itself where next_norm is (0,)).
     # x, o, xn: (T, D) f32; norms: (D,) or (0,) f32; scale: the residual scale (granite; else 1)
-    for t in range(x.shape[0]):
-        if post_norm.shape[0] > 0:
-            _rmsnorm_row(o[t], post_norm, eps, o[t])
-        if scale != 1.0:
-            for i in range(x.shape[1]):
-                o[t, i] *= scale
-        for i in range(x.shape[1]):
-            x[t, i] += o[t, i]
-        if next_norm.shape[0] > 0:
-            _rmsnorm_row(x[t], next_norm, eps, xn[t])
-        else:
-            xn[t] = x[t]
+    # Rows in parallel when there are many: each row's norm is a chain of float64 adds (ggml's order)
+    T = x.shape[0]
+    if T >= PAR_ROWS_MIN:
+        for t in prange(T):
+            _residual_row(x[t], o[t], post_norm, eps, scale, next_norm, xn[t])
+    else:  # a parallel region costs more than a few rows
+        for t in range(T):
+            _residual_row(x[t], o[t], post_norm, eps, scale, next_norm, xn[t])
+
+
+@njit(cache=True)
+def _residual_row(x, o, post_norm, eps, scale, next_norm, xn):
+    # residual_norm of one row: x, o, xn (D,) f32
+    if post_norm.shape[0] > 0:
+        _rmsnorm_row(o, post_norm, eps, o)
+    if scale != 1.0:
+        for i in range(x.shape[0]):
+            o[i] *= scale
+    for i in range(x.shape[0]):
+        x[i] += o[i]
+    if next_norm.shape[0] > 0:
+        _rmsnorm_row(x, next_norm, eps, xn)
+    else:
+        xn[:] = x
 
 
 @njit(cache=True)

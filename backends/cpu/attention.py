@@ -369,6 +369,31 @@ def _max(x):
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
+@njit(cache=True, inline="always")
+def _softmax(sw, scale, softcap, sink, v_pool):
+    # One head's scores sw (n,) f32 -> its softmax weights in place, as ggml_soft_max_ext forms them:
+    # scaled, soft-capped (softcap > 0), exp(x - max) by ggml's vector exp with the sum in float64;
+    # sink: (1,) or (0,), a logit in the max and the sum without a value; then rounded as the
+    # product with V takes them (round_weights).  Inlined into the parallel loop, whose flags it
+    # takes: no fastmath (softmax_exp's sum has ggml's order)
+    n = sw.shape[0]
+    for j in range(n):
+        sw[j] *= scale
+    if softcap > 0:
+        for j in range(n):
+            sw[j] = softcap * np.float32(math.tanh(sw[j] / softcap))
+    mx = _max(sw)
+    if sink.shape[0]:
+        mx = max(mx, sink[0])
+    total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64
+    if sink.shape[0]:
+        total += np.float64(np.float32(math.exp(sink[0] - mx)))
+    inv = np.float32(1.0 / total)
+    for j in range(n):
+        sw[j] *= inv
+    round_weights(sw, v_pool)
+
+
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
@@ -422,22 +447,7 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
                 qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss)
             for g in range(ng):
-                sw = s[g * ss:g * ss + n]  # sw[j]: key lo + j
-                for j in range(n):
-                    sw[j] *= scale
-                if softcap > 0:
-                    for j in range(n):
-                        sw[j] = softcap * np.float32(math.tanh(sw[j] / softcap))
-                mx = _max(sw)
-                if sinks.shape[0]:
-                    mx = max(mx, sinks[h0 + g])
-                total = softmax_exp(sw, mx)  # ggml_vec_soft_max_f32: its vector exp, the sum in float64
-                if sinks.shape[0]:
-                    total += np.float64(np.float32(math.exp(sinks[h0 + g] - mx)))
-                inv = np.float32(1.0 / total)
-                for j in range(n):
-                    sw[j] *= inv
-                round_weights(sw, v_pool)
+                _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], v_pool)
             o0 = (t * Hq + h0) * Dv
             oflat[o0:o0 + ng * Dv] = 0.0
             for b in range(lo // bs, hi // bs + 1):

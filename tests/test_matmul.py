@@ -8,7 +8,6 @@ from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
-from infer.backends.cpu.qdot import EXPAND_MIN_TOKENS
 from infer.backends.cpu.qdot import LAYOUTS, NC
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
@@ -94,12 +93,13 @@ def test_integer_kernel_bit_identical(qtype, T):
 def test_batching_changes_no_result(qtype):
     """Each token's row of a batch is bit-identical to that token alone (decode and prefill
     agree: the 4-token register tile and the 1-token one sum in the same order, and a batch of
-    EXPAND_MIN_TOKENS or more runs on tiles expanded to bytes, a single token on the planes; the
-    float types' reference path sums each output in an order fixed by its row alone)."""
-    rows, n, T = 130, 768, EXPAND_MIN_TOKENS + 5  # a partial last tile
+    the type's expand_from tokens or more runs on tiles expanded to bytes, a single token on the
+    planes; the float types' reference path sums each output in an order fixed by its row alone)."""
+    expand_from = LAYOUTS[int(qtype)].expand_from if int(qtype) in LAYOUTS else 0
+    rows, n, T = 130, 768, (expand_from or 16) + 5  # a partial last tile
     w = random_weight(qtype, rows, n, seed=int(qtype) * 13)
     x = np.random.default_rng(7).normal(0, 1, size=(T, n)).astype(np.float32)
-    ws = MatmulWorkspace(32, 2 * n, 4)  # wider than K, as a model's workspace is for most products
+    ws = MatmulWorkspace(max(T, 32), 2 * n, 4)  # wider than K, as a model's workspace is for most products
     kernels = [False, True] if INT_KERNEL else [False]
     for int_kernel in (kernels if qtype in REPACKED else [None]):
         p = w if int_kernel is None else pack_stacked((w,), int_kernel=int_kernel)
@@ -140,7 +140,7 @@ def mxfp4_as_q5_0(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("T", [1, 5, EXPAND_MIN_TOKENS + 3])
+@pytest.mark.parametrize("T", [1, 5, LAYOUTS[int(GT.MXFP4)].expand_from + 3])
 def test_mxfp4_packs_its_codes_and_agrees_with_q5_0(T):
     """An MXFP4 weight keeps its 4-bit codes (4.5 bits per weight: its exponent byte becomes an f16
     scale) and the kernels map them to its values: the same integer dots and scales, so the same
@@ -151,7 +151,7 @@ def test_mxfp4_packs_its_codes_and_agrees_with_q5_0(T):
     q5 = QTensor.from_bytes(int(GT.Q5_0), (rows, n), mxfp4_as_q5_0(w.raw).reshape(-1))
     np.testing.assert_array_equal(q5.dequantize(), w.dequantize())
     x = np.random.default_rng(T).normal(0, 1, size=(T, n)).astype(np.float32)
-    ws = MatmulWorkspace(32, n, 4)
+    ws = MatmulWorkspace(max(T, 32), n, 4)
     for int_kernel in ([False, True] if INT_KERNEL else [False]):
         p, pq = pack_stacked((w,), int_kernel=int_kernel), pack_stacked((q5,), int_kernel=int_kernel)
         # 18 bytes per 32 weights (the file: 17), for each row of whole tiles

@@ -115,7 +115,7 @@ def test_kv_cache_decode_matches_full_recompute(tiny, cache_type):
 
 
 def test_prefill_in_chunks_matches_one_pass(tiny):
-    # Chunked prefill (chunks of 5, below the expanded-tile threshold) must agree with one 16-token pass.
+    # Chunked prefill (chunks of 5) must agree with one 16-token pass.
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
     runner = CpuTransformer(model.config, model.weights, n_threads=2, max_tokens=5)

@@ -30,8 +30,9 @@ x86 dot instructions), over a register tile of TT tokens x ROWS rows:
   the 4 column lanes of each row added at the end of the block (exact integers), the offset term
   added; the same integer, then the same scaling operations in the same order.
 All take the same layout; which one runs is chosen per weight when it is packed (repack.py).
-Batches of EXPAND_MIN_TOKENS or more first expand each tile to bytes (expand_tile) and run all
-their tokens over that: the unpacking is paid once per tile instead of once per 4 tokens.
+Batches of a type's Layout.expand_from tokens or more first expand each tile to bytes
+(expand_tile) and run all their tokens over that: the unpacking is paid once per tile instead of
+once per 4 tokens, for a pass over the whole weight that pays only on long batches.
 
 The intrinsics live in this module on purpose: numba's on-disk cache of a function is keyed on
 its own file only, so code generated for it from another module would go stale unnoticed.
@@ -74,6 +75,8 @@ class Layout:
     # MXFP4: the 4-bit planes keep its e2m1 codes; the kernels map each to u = value + 12 (its
     # values are the integers 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12) after taking the nibble apart
     e2m1: bool = False
+    # batches of this many tokens or more run on tiles expanded to bytes (expand_tile; 0: never)
+    expand_from: int = 0
 
     @property
     def lo_bytes(self) -> int:  # bytes of one block of one tile in the low plane
@@ -90,18 +93,24 @@ def _plane_bytes(group: int, bits: int) -> int:
     return -(-(group // 4) * bits // 8) * NC * 4 if bits else 0
 
 
+# expand_from, measured (AVX-512 VNNI, 2 threads; 8960 x 1536 products and whole 1.5B models at
+# 16-512 tokens): expanding costs a pass over the whole weight per product, and saves the
+# unpacking each 4-token pass does in registers, which is cheap for plain nibbles (Q4_*: still
+# no gain at 512 tokens in a whole Q4_K_M model) and dearer with a high plane, 2-bit fields or
+# MXFP4's codes (Q3_K and MXFP4 gain from 64 tokens)
 LAYOUTS = {
-    qt.Q4_0: Layout(32, 4, 0, 8, SC_F16, False),
-    qt.Q4_1: Layout(32, 4, 0, 0, SC_F16, True),
-    qt.Q5_0: Layout(32, 4, 1, 16, SC_F16, False),
-    qt.Q5_1: Layout(32, 4, 1, 0, SC_F16, True),
-    qt.Q8_0: Layout(32, 8, 0, 128, SC_F16, False),
-    qt.Q2_K: Layout(16, 2, 0, 0, SC_K2, True),
-    qt.Q3_K: Layout(16, 2, 1, 4, SC_K6, False),
-    qt.Q4_K: Layout(32, 4, 0, 0, SC_K4, True),
-    qt.Q5_K: Layout(32, 4, 1, 0, SC_K4, True),
-    qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False),
-    qt.MXFP4: Layout(32, 4, 0, 12, SC_F16, False, e2m1=True),  # its 2**(e - 128) scale as f16 (repack.py)
+    qt.Q4_0: Layout(32, 4, 0, 8, SC_F16, False, expand_from=1024),
+    qt.Q4_1: Layout(32, 4, 0, 0, SC_F16, True, expand_from=1024),
+    qt.Q5_0: Layout(32, 4, 1, 16, SC_F16, False, expand_from=384),
+    qt.Q5_1: Layout(32, 4, 1, 0, SC_F16, True, expand_from=384),
+    qt.Q8_0: Layout(32, 8, 0, 128, SC_F16, False),  # bytes already
+    qt.Q2_K: Layout(16, 2, 0, 0, SC_K2, True, expand_from=128),
+    qt.Q3_K: Layout(16, 2, 1, 4, SC_K6, False, expand_from=64),
+    qt.Q4_K: Layout(32, 4, 0, 0, SC_K4, True, expand_from=1024),
+    qt.Q5_K: Layout(32, 4, 1, 0, SC_K4, True, expand_from=384),
+    qt.Q6_K: Layout(16, 4, 2, 32, SC_K6, False, expand_from=192),
+    # its 2**(e - 128) scale as f16 (repack.py)
+    qt.MXFP4: Layout(32, 4, 0, 12, SC_F16, False, e2m1=True, expand_from=48),
 }
 
 # Prefill expands a tile's quants to bytes once (expand_tile) and runs every token over them:
@@ -109,7 +118,8 @@ LAYOUTS = {
 EXPANDED = 256  # type_id + EXPANDED: that type's quants expanded to bytes
 BYTE_LAYOUTS = {t + EXPANDED: Layout(L.group, 8, 0, L.offset, L.scales, L.has_min)
                 for t, L in LAYOUTS.items() if L.lo_bits < 8}
-EXPAND_MIN_TOKENS = 16  # from this many tokens on, expanding pays for itself
+# each type's expand_from by type id, as the compiled matmul_packed reads it (0: never)
+EXPAND_FROM = tuple(LAYOUTS[t].expand_from if t in LAYOUTS else 0 for t in range(max(LAYOUTS) + 1))
 
 W = VECTOR_WIDTH  # float32 lanes per vector
 VC = 4  # vectors per call: 4*W rows
@@ -651,7 +661,7 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     quantize_rows(mode, x, xq, dxb, bsum)
     if mode == ACT_Q8_K:
         pair_sums(bsum, group // 16, bpair)
-    expand = T >= EXPAND_MIN_TOKENS and lo_bits < 8
+    expand = 0 < EXPAND_FROM[type_id] <= T
     tid = type_id + EXPANDED if expand else type_id
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):

@@ -97,7 +97,8 @@ def _plane_bytes(group: int, bits: int) -> int:
 # 16-512 tokens): expanding costs a pass over the whole weight per product, and saves the
 # unpacking each 4-token pass does in registers, which is cheap for plain nibbles (Q4_*: still
 # no gain at 512 tokens in a whole Q4_K_M model) and dearer with a high plane, 2-bit fields or
-# MXFP4's codes (Q3_K and MXFP4 gain from 64 tokens)
+# MXFP4's codes (Q3_K and MXFP4 gain from 64 tokens); Q4_0/Q4_1 and Q5_0/Q5_1, measured up to
+# 256 tokens (no gain there), take Q4_K's and Q5_K's
 LAYOUTS = {
     qt.Q4_0: Layout(32, 4, 0, 8, SC_F16, False, expand_from=1024),
     qt.Q4_1: Layout(32, 4, 0, 0, SC_F16, True, expand_from=1024),

@@ -202,8 +202,11 @@ def test_kv_cache_is_resident_only_where_written():
                           n_head_kv=2, head_dim=128, head_dim_v=128)
     pool = KVPool(cfg, [256], 16)
     k = pool.k[0]
-    assert k.shape == (4, 4096, 2, 128) and k.dtype == np.uint16 and not k.any()
+    assert k.shape == (4, 4096, 2, 128) and k.dtype == np.uint16
+    # measured before anything reads the array: a read of untouched pages maps the zero page, which
+    # the kernel sometimes counts as resident (1 MiB of the 8 once, in CI)
     assert _in_anonymous_mapping(k) and _smaps_field(k, "Rss") == 0
     k[:, 0] = 7  # one token in every layer
     assert 0 < _smaps_field(k, "Rss") <= 4 * 4 * 2  # KiB: a 4 KiB page per layer, at most two
     assert _smaps_field(k, "AnonHugePages") == 0
+    assert (k[:, 0] == 7).all() and not k[:, 1:].any()  # zeros where not written

@@ -10,6 +10,8 @@ from numba import njit, prange
 from infer.quant.dequant import dequant_row
 from infer.quant.kquants import bits_f32, f32_bits
 
+from .vexp import fma32
+
 
 @njit(cache=True, inline="always")
 def f16_round(v):
@@ -113,11 +115,26 @@ def rope_angles(cfg: Any, positions: np.ndarray, swa: bool, freq_factors: np.nda
                cos_out, sin_out)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, inline="always")
+def _rotate(x, i, j, c, s):
+    # x[i], x[j] rotated by the angle of cos c, sin s as llama.cpp's compiled rotate_pairs computes
+    # x0*c - x1*s and x0*s + x1*c: the compiler contracts each first product into a fused
+    # multiply-add with the second rounded (GCC's -ffp-contract=fast with FMA, clang's fmuladd),
+    # so ggml's Q and K are fma(x0, c, -(x1*s)) and fma(x0, s, x1*c), bit for bit
+    a = x[i]
+    b = x[j]
+    x[i] = fma32(a, c, -(b * s))
+    x[j] = fma32(a, s, b * c)
+
+
+@njit(cache=True)
 def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
     # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
     # bias (H*hd,) or (0,); norm (hd,): RMSNorm over each head, (H*hd,) (H > 1): over the whole
     # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
+    # No fastmath: with it LLVM chose which products to fuse, differently as the code around it
+    # compiled (a fresh compile and numba's cached one differed), and numba compiles the norm it
+    # calls with the caller's flags
     H, D = dst.shape
     for h in range(H):
         for i in range(D):
@@ -133,18 +150,13 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
             _rmsnorm_row(dst[h], norm, eps, dst[h])
         if rot:
             half = cos_t.shape[0]
+            row = dst[h]
             if neox:
                 for i in range(half):
-                    a = dst[h, i]
-                    b = dst[h, i + half]
-                    dst[h, i] = a * cos_t[i] - b * sin_t[i]
-                    dst[h, i + half] = a * sin_t[i] + b * cos_t[i]
+                    _rotate(row, i, i + half, cos_t[i], sin_t[i])
             else:
                 for i in range(half):
-                    a = dst[h, 2 * i]
-                    b = dst[h, 2 * i + 1]
-                    dst[h, 2 * i] = a * cos_t[i] - b * sin_t[i]
-                    dst[h, 2 * i + 1] = a * sin_t[i] + b * cos_t[i]
+                    _rotate(row, 2 * i, 2 * i + 1, cos_t[i], sin_t[i])
         if scale != 1.0:
             for i in range(D):
                 dst[h, i] *= scale

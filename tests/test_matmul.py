@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
-from infer.backends.cpu.activations import ACT_NONE, ACT_ROUNDING, round_activations
+from infer.backends.cpu.activations import ACT_NONE, ACT_Q8_1, ACT_ROUNDING, round_activations
 from infer.backends.cpu.qdot import LAYOUTS, NC
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
@@ -52,16 +52,34 @@ def test_qmatmul_matches_reference(qtype, T, repacked):
     out = np.zeros((T, rows), np.float32)
     # float types are never repacked: both ids run the raw path for them
     qmatmul((pack_stacked((w,)) or w) if repacked else w, x, out, MatmulWorkspace(32, n, 4))
-    ref = reference_product(qtype, w, x)
+    # the raw path (a fallback for tensors the kernels cannot pack) multiplies the rounded
+    # activations as they are: without Q8_1's rounded block sums
+    ref = reference_product(qtype, w, x, q8_1_sums=repacked)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
-def reference_product(qtype, w, x):
-    """x (rounded as llama.cpp rounds it for the type) @ W.T in float64."""
+def reference_product(qtype, w, x, q8_1_sums=True):
+    """x (rounded as llama.cpp rounds it for the type) @ W.T in float64; for the types with a min
+    (Q4_1, Q5_1: Q8_1 activations) each block's min times the block's f16 sum s = d * sum(q),
+    as llama.cpp's vec_dot takes it, instead of times the sum of the rounded activations."""
+    mode = ACT_ROUNDING[int(qtype)]
     xr = x.copy()
-    if ACT_ROUNDING[int(qtype)] != ACT_NONE:
-        round_activations(ACT_ROUNDING[int(qtype)], x, xr)
-    return xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    if mode != ACT_NONE:
+        round_activations(mode, x, xr)
+    out = xr.astype(np.float64) @ w.dequantize().astype(np.float64).T
+    if mode == ACT_Q8_1 and q8_1_sums:
+        blocks = x.reshape(x.shape[0], -1, 32)
+        amax = np.abs(blocks).max(-1)
+        d_raw = (amax / np.float32(127)).astype(np.float32)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(amax[..., None] > 0, np.rint(blocks * (np.float32(127) / amax)[..., None]), 0)
+        sum_q = q.sum(-1).astype(np.float32)
+        s = (d_raw * sum_q).astype(np.float16).astype(np.float64)  # quantize_row_q8_1's s
+        exact = d_raw.astype(np.float16).astype(np.float64) * sum_q  # what the rounded activations sum to
+        raw = np.asarray(w.raw).reshape(w.shape[0], -1, 20 if qtype == GT.Q4_1 else 24)
+        mins = raw[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # the blocks' m (after d)
+        out += (s - exact) @ mins.T
+    return out
 
 
 REPACKED = [t for t in TYPES if int(t) in LAYOUTS]

@@ -2,9 +2,10 @@
 quants the packed kernels (qdot.py) take.
 
 llama.cpp quantizes the activations for its dot products to the weight type's "vec_dot_type":
-Q8_0 (a scale per 32) for the legacy types and MXFP4, Q8_K (per 256) for the K-quants, f16 or
-bf16 for those float types.  Applying the same rounding keeps our logits within llama.cpp's own rounding
-of the same file.
+Q8_0 (a scale per 32) for the legacy types and MXFP4, Q8_1 for the legacy types with a min (Q4_1,
+Q5_1: Q8_0's quants, and each block's sum d * sum(q) rounded to f16, which the min multiplies),
+Q8_K (per 256) for the K-quants, f16 or bf16 for those float types.  Applying the same rounding
+keeps our logits within llama.cpp's own rounding of the same file.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from infer.quant.kquants import bits_f32
 
 from .ops import f16_round
 
-ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16, ACT_Q8_1 = 0, 1, 2, 3, 4, 5
 ACT_ROUNDING = {
     qt.F32: ACT_NONE, qt.F16: ACT_F16, qt.BF16: ACT_BF16,
-    qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_0, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_0, qt.Q8_0: ACT_Q8_0,
+    qt.Q4_0: ACT_Q8_0, qt.Q4_1: ACT_Q8_1, qt.Q5_0: ACT_Q8_0, qt.Q5_1: ACT_Q8_1, qt.Q8_0: ACT_Q8_0,
     qt.Q2_K: ACT_Q8_K, qt.Q3_K: ACT_Q8_K, qt.Q4_K: ACT_Q8_K, qt.Q5_K: ACT_Q8_K, qt.Q6_K: ACT_Q8_K,
     qt.MXFP4: ACT_Q8_0,
 }
@@ -30,6 +31,7 @@ PAR_QUANT_MIN = 8  # from this many tokens on, quantize the activations in paral
 @njit(cache=True)
 def round_activations(mode, x, out):
     # x, out: (T, K) f32; out = x as llama.cpp quantizes it for the dot product, dequantized again
+    # (Q8_1's quants are Q8_0's; its rounded block sums are no rounding of x)
     T, K = x.shape
     if mode == ACT_F16:
         for t in range(T):
@@ -45,7 +47,7 @@ def round_activations(mode, x, out):
                 # round to nearest even on the upper 16 bits (NaN is not expected in activations)
                 u[t, k] = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)) << np.uint32(16)
         return
-    bs = 32 if mode == ACT_Q8_0 else 256
+    bs = 256 if mode == ACT_Q8_K else 32
     for t in range(T):
         for b0 in range(0, K, bs):
             amax = np.float32(0.0)
@@ -59,7 +61,7 @@ def round_activations(mode, x, out):
                 for k in range(b0, b0 + bs):
                     out[t, k] = 0.0
                 continue
-            if mode == ACT_Q8_0:
+            if mode != ACT_Q8_K:
                 # Q8_0: scale stored as f16, quants from the unrounded inverse
                 d = f16_round(amax / np.float32(127.0))
                 iscale = np.float32(127.0) / amax
@@ -76,16 +78,18 @@ def round_activations(mode, x, out):
 
 @njit(cache=True)
 def quantize_row(mode, x, xq, dxb, bsum):
-    # x: (K,) f32 C-contiguous; mode: ACT_Q8_0 or ACT_Q8_K
+    # x: (K,) f32 C-contiguous; mode: ACT_Q8_0, ACT_Q8_1 or ACT_Q8_K
     # xq: (K,) f32 or int8 (for the integer kernel), the integer quants llama.cpp forms for its dot
     #   products (all in [-127, 127])
-    # dxb: (K//16,) f32, the scale of each 16-element sub-block; bsum: (K//16,) f32, its sum of quants
+    # dxb: (K//16,) f32, the scale of each 16-element sub-block; bsum: (K//16,) f32, its sum of quants;
+    #   Q8_1: each block's first holds the block's s = f16(d * sum of its quants), with d the scale
+    #   before its f16 rounding (llama.cpp's quantize_row_q8_1), the second 0
     # round_activations(mode, x) == xq * dxb (repeated over each sub-block), exactly.
     # No fastmath: the scale's division and the rounding must be exactly llama.cpp's.
     # The loops run over slices indexed from 0 (no negative-index checks) for a block size the
     # compiler does not know (a known 32 makes it unroll the max into a scalar chain), so they vectorize.
     K = x.shape[0]
-    bs = 32 if mode == ACT_Q8_0 else 256
+    bs = 256 if mode == ACT_Q8_K else 32
     for b0 in range(0, K, bs):
         xs, qs = x[b0:b0 + bs], xq[b0:b0 + bs]
         bits = xs.view(np.uint32)
@@ -94,13 +98,15 @@ def quantize_row(mode, x, xq, dxb, bsum):
         for k in range(bs):
             m = max(m, bits[k] & np.uint32(0x7FFFFFFF))
         d = np.float32(0.0)
+        d_raw = np.float32(0.0)
         if m == 0:
             for k in range(bs):
                 qs[k] = 0.0
-        elif mode == ACT_Q8_0:
+        elif mode != ACT_Q8_K:
             amax = bits_f32(np.uint32(m))  # the largest |x|: the float with those bits
             # scale stored as f16, quants from the unrounded inverse
-            d = f16_round(amax / np.float32(127.0))
+            d_raw = amax / np.float32(127.0)
+            d = f16_round(d_raw)
             iscale = np.float32(127.0) / amax
             for k in range(bs):
                 qs[k] = np.float32(np.rint(xs[k] * iscale))
@@ -121,6 +127,10 @@ def quantize_row(mode, x, xq, dxb, bsum):
             for k in range(16 * j, 16 * j + 16):
                 acc += np.int32(qs[k])
             bsum[b0 // 16 + j] = np.float32(acc)
+        if mode == ACT_Q8_1:
+            j = b0 // 16
+            bsum[j] = f16_round(d_raw * (bsum[j] + bsum[j + 1]))
+            bsum[j + 1] = np.float32(0.0)
 
 
 @njit(cache=True)

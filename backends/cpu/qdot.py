@@ -363,7 +363,8 @@ class _Kernel:
 
     def block_loop(self, L: Layout, rows):
         """The whole K for a legacy layout: per block the exact integer dot, then one FMA with the
-        product of the block's and the activations' scales (as llama.cpp), and one for the min."""
+        product of the block's and the activations' scales (as llama.cpp), and one for the min
+        (Q4_1, Q5_1: the activations are Q8_1, their block sums s already scaled)."""
         bld, blk, TT = self.b, self.blk, self.TT
         with cgutils.for_range(bld, bld.udiv(self.K, _c64(L.group))) as loop:
             b_idx = loop.index
@@ -375,8 +376,8 @@ class _Kernel:
                 for tt in range(TT):
                     c = bld.sitofp(self.block_dot(tt, i, L, bss[tt]), ir.VectorType(F32, self.rw))
                     a = self.fma(c, bld.fmul(s, dxs[tt]), bld.load(self.acc[tt][i]))
-                    if m is not None:  # - min * (sum of the block's activation quants)
-                        a = self.fma(bld.fmul(m, dxs[tt]), splat(bld, bld.fneg(bss[tt]), self.rw), a)
+                    if m is not None:  # - min * the block's Q8_1 sum s (quantize_row): llama.cpp's m * s
+                        a = self.fma(m, splat(bld, bld.fneg(bss[tt]), self.rw), a)
                     bld.store(a, self.acc[tt][i])
 
     def superblock_loop(self, L: Layout, rows):
@@ -642,8 +643,8 @@ def store_row(src, dst, c0, n):
 @njit(cache=True, parallel=True)
 def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
                   hi_bits, group, expanded):
-    # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0 or ACT_Q8_K, the weight
-    # type's activation rounding)
+    # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0, ACT_Q8_1 or ACT_Q8_K, the
+    # weight type's activation rounding)
     # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
     #   (shapes in _make_dot's doc), its layout's lo_bits, hi_bits and group
     # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf: (>= T*K/16,),

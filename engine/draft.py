@@ -41,6 +41,7 @@ class DraftModel:
                                    keep_extra=draft_max + 1)
         self.pool = runner.new_kv_pool(n_blocks, block_size)
         self.seen: dict[int, list[int]] = {}  # sequence id -> tokens whose K/V the draft holds
+        self.prompt_end: dict[int, int] = {}  # sequence id -> its prompt's length (Batch.prompt_end)
 
     @property
     def nbytes(self) -> int:
@@ -48,13 +49,15 @@ class DraftModel:
 
     def drop(self, seq_id: int) -> None:
         """The target's sequence ended (finished, cancelled or failed): its draft K/V go."""
+        self.prompt_end.pop(seq_id, None)
         if self.seen.pop(seq_id, None) is not None:
             self.blocks.free(seq_id)
 
-    def propose(self, wanted: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
-        """Drafts for (sequence id, its tokens (the last one just sampled), most tokens to draft)."""
+    def propose(self, wanted: list[tuple[int, list[int], int, int]]) -> dict[int, list[int]]:
+        """Drafts for (sequence id, its tokens (the last one just sampled), most tokens to draft,
+        its prompt's length: the draft computes each position as the target does, see Batch.prompt_end)."""
         live = {}
-        for sid, tokens, k in wanted:
+        for sid, tokens, k, n_prompt in wanted:
             k = min(k, self.draft_max, self.n_ctx - len(tokens))  # the draft's context may be the shorter
             if len(tokens) >= self.n_ctx or max(tokens) >= self.n_shared:
                 self.drop(sid)  # past the draft's context, or holding an id it does not have: no more drafts
@@ -62,6 +65,7 @@ class DraftModel:
             if k < 1:
                 continue
             self._sync(sid, tokens)
+            self.prompt_end[sid] = n_prompt
             live[sid] = (list(tokens), k)
         drafts: dict[int, list[int]] = {sid: [] for sid in live}
         # catch up on what the draft has not seen, then one token per pass
@@ -138,15 +142,17 @@ class DraftModel:
         return finished
 
     def _batch(self, items: list[tuple[int, list[int], bool]]) -> tuple[Batch, list[int]]:
-        toks, pos, tok_seq, rows = [], [], [], []
+        toks, pos, tok_seq, rows, ends = [], [], [], [], []
         for i, (sid, t, last) in enumerate(items):
             start = self.blocks.num_computed(sid)
             toks.extend(t)
             pos.extend(range(start, start + len(t)))
             tok_seq.extend([i] * len(t))
             rows.append(len(toks) - 1)
+            ends.append(self.prompt_end[sid])
         positions, tok_seq = np.asarray(pos, np.int32), np.asarray(tok_seq, np.int32)
         tables, slots = self.blocks.batch_tables([sid for sid, _, _ in items], tok_seq, positions)
         batch = Batch(np.asarray(toks, np.int32), positions, tok_seq, slots, tables,
-                      np.asarray(rows, np.int32), np.asarray([sid for sid, _, _ in items], np.int64))
+                      np.asarray(rows, np.int32), np.asarray([sid for sid, _, _ in items], np.int64),
+                      prompt_end=np.asarray(ends, np.int32))
         return batch, list(range(len(items)))

@@ -319,7 +319,8 @@ class Engine:
         positions, tok_seq = np.asarray(pos, np.int32), np.asarray(tok_seq, np.int32)
         tables, slots = self.blocks.batch_tables([s.id for s in seqs], tok_seq, positions)
         batch = Batch(np.asarray(toks, np.int32), positions, tok_seq, slots, tables,
-                      np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64))
+                      np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64),
+                      prompt_end=np.asarray([s.num_prompt for s in seqs], np.int32))
         if pooled:
             if self._hidden is None:
                 self._hidden = np.empty((self.scheduler.max_batch_tokens, self.n_embd), np.float32)
@@ -388,7 +389,7 @@ class Engine:
             # not past max_tokens or the context: the last drafted position's sample must still fit
             k = max(0, min(room, req.params.max_tokens - len(seq.output) - 1, self.n_ctx - n - 1))
             if self.drafter is not None:
-                wanted.append((seq.id, seq.tokens, k))
+                wanted.append((seq.id, seq.tokens, k, seq.num_prompt))
             elif k:
                 seq.draft = ngram_draft(req.history[:n], self.spec.ngram_n, self.spec.draft_max)[:k]
         if wanted:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infer.backends.cpu.attention import attention
+from numba import njit
+
+from infer.backends.cpu.attention import attention, qk
 
 BS = 16  # positions per cache block
 
@@ -57,22 +59,24 @@ def _case(Hq, Hkv, D, Dv, cache, T, S0, seed=0):
         q = np.round(rng.normal(0, 40, (T, Hq, D))).clip(-127, 127).astype(np.float32)  # q8_0 quants
         qd = rng.uniform(0.05, 0.1, (T, Hq * D // 16)).astype(np.float32)  # their scales, every other used
     tables = rng.permutation(nb)[:2 * per_seq].astype(np.int32).reshape(2, per_seq)
-    return q, qd, k, v, tables, seq, pos
+    # the first sequence's queries generated tokens, the second's a prompt's: both orders of q·k
+    prompt_end = np.array([S0, S0 + T], np.int32)
+    return q, qd, k, v, tables, seq, pos, prompt_end
 
 
 def _run(case, window, softcap, sinks, rows=4):
-    q, qd, k, v, tables, seq, pos = case
+    q, qd, k, v, tables, seq, pos, prompt_end = case
     T, Hq, _ = q.shape
     Dv = v.shape[2] if v.dtype == np.uint16 else v.shape[2] // 34 * 32
     out = np.full((T, Hq, Dv), np.nan, np.float32)
     scores = np.zeros((rows, Hq * (int(pos.max()) + 1)), np.float32)  # room for any grouping
-    attention(q, qd, k, v, tables, seq, pos, BS, window, np.float32(1 / np.sqrt(q.shape[2])), np.float32(softcap),
+    attention(q, qd, k, v, tables, seq, pos, prompt_end, BS, window, np.float32(1 / np.sqrt(q.shape[2])), np.float32(softcap),
               sinks, 0, out, scores)
     return out
 
 
 def _reference(case, window, softcap, sinks):
-    q, qd, k, v, tables, seq, pos = case
+    q, qd, k, v, tables, seq, pos, _ = case
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     Dv = v.shape[2] if v.dtype == np.uint16 else v.shape[2] // 34 * 32
@@ -114,9 +118,9 @@ def test_grouped_heads_are_each_heads_own(Hq, Hkv, D, Dv, cache, T, S0):
     if cache == "q8_0" and (D % 32 or Dv % 32):
         pytest.skip("q8_0 needs whole 32-element blocks")
     case = _case(Hq, Hkv, D, Dv, cache, T, S0)
-    q, qd, k, v, tables, seq, pos = case
+    q, qd, k, v, tables, seq, pos, prompt_end = case
     group = Hq // Hkv
-    alone = (q, qd, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1), tables, seq, pos)  # one head per KV head
+    alone = (q, qd, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1), tables, seq, pos, prompt_end)  # one head per KV head
     for window, softcap, sink in SETTINGS:
         sinks = np.random.default_rng(1).normal(2, 1, Hq).astype(np.float32) if sink else np.zeros(0, np.float32)
         ref = _run(alone, window, softcap, sinks)
@@ -129,13 +133,86 @@ def test_grouped_heads_are_each_heads_own(Hq, Hkv, D, Dv, cache, T, S0):
 
 
 def test_scores_scratch_must_hold_a_group_of_rows():
-    q, qd, k, v, tables, seq, pos = _case(12, 2, 64, 64, "f16", 8, 0)
+    q, qd, k, v, tables, seq, pos, prompt_end = _case(12, 2, 64, 64, "f16", 8, 0)
     need = 6 * (int(pos.max()) + 1)  # a whole group of 6 heads at once (few items for 2 rows)
 
     def run(width):
-        attention(q, qd, k, v, tables, seq, pos, BS, 0, np.float32(0.125), np.float32(0), np.zeros(0, np.float32), 0,
+        attention(q, qd, k, v, tables, seq, pos, prompt_end, BS, 0, np.float32(0.125), np.float32(0), np.zeros(0, np.float32), 0,
                   np.zeros(q.shape, np.float32), np.zeros((2, width), np.float32))
 
     run(need)
     with pytest.raises(ValueError, match="scratch"):
         run(need - 1)
+
+
+@njit(cache=True)
+def _scores(q, k, single, s):
+    # qk over every key of head 0 for the q's heads (q: (ng * D,) f32), into s (ng * n,)
+    qk(q, 0, q.shape[0] // k.shape[2], q[:0], 0, k, 0, 0, k.shape[0], s, 0, k.shape[0], single)
+
+
+def _fma(a, b, c):
+    # a * b + c rounded once (the float64 product of two floats of 24 bits or less is exact)
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def _halving(v):
+    while v.shape[-1] > 1:
+        h = v.shape[-1] // 2
+        v = (v[..., :h] + v[..., h:]).astype(np.float32)
+    return v[..., 0]
+
+
+def _pairwise8(v):
+    # GGML_F32x8_REDUCE's end: the 128-bit halves added, then two _mm_hadd_ps
+    t = (v[:4] + v[4:]).astype(np.float32)
+    return np.float32(np.float32(t[0] + t[1]) + np.float32(t[2] + t[3]))
+
+
+def _vec_dot_f16(x, y, W):
+    """ggml_vec_dot_f16 on x86 (AVX-512: W 16; AVX2: W 8): four W-lane FMA chains over each 4W,
+    summed (0 + 2, 1 + 3, then those), reduced; the elements past the last 4W in float64."""
+    n = len(x) - len(x) % (4 * W)
+    acc = np.zeros((4, W), np.float32)
+    for i in range(0, n, 4 * W):
+        for j in range(4):
+            acc[j] = _fma(x[i + j * W:i + (j + 1) * W], y[i + j * W:i + (j + 1) * W], acc[j])
+    v = ((acc[0] + acc[2]).astype(np.float32) + (acc[1] + acc[3]).astype(np.float32)).astype(np.float32)
+    total = np.float64(_halving(v) if W == 16 else _pairwise8(v))
+    for i in range(n, len(x)):
+        total += np.float64(np.float32(x[i] * y[i]))
+    return np.float32(total)
+
+
+def _tinyblas(x, y, W):
+    """llamafile's tinyBLAS on x86: one W-lane FMA chain, reduced by halving."""
+    acc = np.zeros(W, np.float32)
+    for i in range(0, len(x), W):
+        acc = _fma(x[i:i + W], y[i:i + W], acc)
+    return _halving(acc)
+
+
+@pytest.mark.parametrize("D", [64, 72, 80, 128, 256])
+@pytest.mark.parametrize("single", [True, False], ids=["decode", "prompt"])
+def test_scores_sum_in_llama_cpp_order(D, single):
+    """q·k with an f16 K is summed as llama.cpp's CPU backend sums it: ggml_vec_dot_f16 for a token
+    alone in its batch, tinyBLAS for a prompt's tokens (which falls back to the vec_dot for a head
+    size that is not a multiple of its vector): bit for bit, for every grouping of heads."""
+    from infer.backends.cpu.target import VECTOR_WIDTH as W
+
+    rng = np.random.default_rng(D)
+    n = 37
+    k = rng.normal(0, 1, (n, 1, D)).astype(np.float16)
+    for ng in (1, 2, 3, 4, 5):
+        q = rng.normal(0, 3, ng * D).astype(np.float16).astype(np.float32)
+        s = np.full(ng * n, np.nan, np.float32)
+        _scores(q, k.view(np.uint16), single, s)
+        kf = k[:, 0].astype(np.float32)
+        vec = single or D % W != 0
+        want = np.array([[(_vec_dot_f16 if vec else _tinyblas)(kf[j], q[g * D:(g + 1) * D], W) for j in range(n)]
+                         for g in range(ng)], np.float32)
+        np.testing.assert_array_equal(s.reshape(ng, n), want)
+        if D % W == 0:  # the two orders give other floats: which one runs is tested too
+            other = np.array([[(_tinyblas if vec else _vec_dot_f16)(kf[j], q[g * D:(g + 1) * D], W)
+                               for j in range(n)] for g in range(ng)], np.float32)
+            assert not np.array_equal(want, other)

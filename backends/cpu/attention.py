@@ -6,7 +6,10 @@ its positions b*bs .. b*bs+bs-1, and the kernel reads keys and values through it
 gather into a contiguous copy).  Keys and values are kept as llama.cpp keeps them for the same
 cache types (kv_pool.py): f16 bits (uint16) or q8_0 blocks (uint8), each read here in the way
 llama.cpp computes with it:
-- f16 K: Q rounded to f16, q·k in float32 (llama.cpp's f16 vec_dot);
+- f16 K: Q rounded to f16, q·k in float32 summed in the order of llama.cpp's own product: its
+  f16 vec_dot for a token alone in its batch (decode), llamafile's tinyBLAS for a prompt's tokens
+  (_make_qk): on x86 the scores are llama.cpp's bit for bit (checked against its AVX-512 build;
+  its ARM builds sum f16 in f16);
 - q8_0 K: Q quantized to q8_0 as llama.cpp quantizes activations, and q·k per block as the
   integer dot of the quants times both scales (llama.cpp's q8_0 x q8_0 vec_dot);
 - f16 V: the softmax weights rounded to f16 before the weighted sum (llama.cpp multiplies f16 V
@@ -20,8 +23,7 @@ fly (vcvtph2ps on x86, see target.py), for up to HEADS query heads of one KV hea
 - q·k for a run of keys: one horizontal sum per key and head;
 - the weighted sum of a run of value rows: the sums stay in registers across the rows (a loop
   in numba would load and store them for every row).
-A head size that is not a multiple of the vector width takes a plain loop for q·k, and for the
-value dimensions past the last whole vector.
+The value dimensions past the last whole vector take a plain loop.
 The intrinsics live in this module with the kernel that inlines them: numba's on-disk cache of
 a function is keyed on its own file only.
 """
@@ -40,7 +42,7 @@ from infer.quant.kquants import F16_TO_F32
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .ops import fwht, round_f16
 from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, splat
-from .vexp import softmax_exp
+from .vexp import fma32, softmax_exp
 
 
 W = VECTOR_WIDTH  # float32 lanes per vector
@@ -58,6 +60,13 @@ def _load_f16(builder, data, off):
     return half_to_float(builder, builder.load(p, align=2))
 
 
+def _load_f16_1(builder, data, off):
+    # the f16 value (uint16 bits) at element off of data, widened to float32
+    bits = builder.insert_element(ir.Constant(ir.VectorType(ir.IntType(16), 1), ir.Undefined),
+                                  builder.load(builder.gep(data, [off])), ir.Constant(_I32, 0))
+    return builder.extract_element(half_to_float(builder, bits), ir.Constant(_I32, 0))
+
+
 def _fma(builder):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), f"llvm.fma.v{W}f32")
     return lambda a, b, c: builder.call(fn, [a, b, c])
@@ -66,14 +75,42 @@ def _fma(builder):
 HEADS = 4  # most query heads one call of the f16 kernels serves (their sums all in registers)
 
 
-def _make_qk(NH: int, NK: int):
+def _hsum(builder, v, pairwise: bool):
+    """The lanes of a float vector summed as ggml's x86 reductions add them: halving (lane i plus
+    lane i + n/2 until one is left: _mm512_reduce_add_ps, and tinyBLAS's 8-lane hsum), or, for
+    ggml's 8-lane GGML_F32x8_REDUCE (pairwise), the halves added and then two _mm_hadd_ps
+    (neighbours: (t0 + t1) + (t2 + t3))."""
+    n = v.type.count
+    undef = ir.Constant(v.type, ir.Undefined)
+    if pairwise and n == 8:
+        lo = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3]))
+        hi = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, 4), [4, 5, 6, 7]))
+        t = builder.fadd(lo, hi)
+        e = lambda i: builder.extract_element(t, ir.Constant(_I32, i))
+        return builder.fadd(builder.fadd(e(0), e(1)), builder.fadd(e(2), e(3)))
+    width = n
+    while width > 1:  # halve the vector until one lane is left
+        width //= 2
+        lanes = [width + i if i < width else i for i in range(n)]
+        v = builder.fadd(v, builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, n), lanes)))
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _make_qk(NH: int, NK: int, single: bool):
     """The intrinsic qk_rows(q, qo, qstride, k, kh, lo, n, s, so, sstride):
     s[so + g*sstride + j] = q[qo + g*qstride : +D] · k[lo+j, kh, :] for g < NH, j < n.
-    q: 1-D f32; k: (S, Hkv, D) uint16 f16 bits, D % W == 0; s: 1-D f32.
+    q: 1-D f32; k: (S, Hkv, D) uint16 f16 bits (D % W == 0 unless single); s: 1-D f32.
     NK keys at a time: each key vector is loaded and widened once for the NH query heads of its
     group (grouped-query attention), each query vector once for the NK keys.  Each (head, key) sum
-    is formed alone, in the same order whatever NH, NK and the keys around it: two chains over
-    alternate vectors, added, then a halving horizontal sum."""
+    is formed alone, in the order of the product llama.cpp's CPU backend runs (each sum the same
+    whatever NH, NK and the keys around it):
+    - single (a query token alone in its batch: decode): ggml_vec_dot_f16, four chains of
+      W-lane FMAs (vector u into chain u % 4), added (0 + 2, 1 + 3, then those) and reduced
+      (_hsum); the elements past the last whole four vectors are added one by one in float64;
+    - else (a prompt's tokens: ggml hands products of two or more tokens to llamafile's
+      tinyBLAS, which takes head sizes that are a multiple of W): one chain of W-lane FMAs,
+      reduced by halving."""
+    chains = 4 if single else 1
 
     @intrinsic
     def qk_rows(typingctx, q, qo, qstride, k, kh, lo, n, s, so, sstride):
@@ -88,44 +125,49 @@ def _make_qk(NH: int, NK: int):
                                                 for i in (1, 2, 4, 5, 6, 8, 9))
             H, D = cgutils.unpack_tuple(builder, ka.shape, 3)[1:]
             fma = _fma(builder)
-            npair = builder.udiv(D, ir.Constant(_I64, 2 * W))
             i64 = lambda v: ir.Constant(_I64, v)
+            nstep = builder.udiv(D, i64(chains * W))  # whole steps of `chains` vectors
             qbase = [builder.add(qo_, builder.mul(qs_, i64(g))) for g in range(NH)]
             sbase = [builder.add(so_, builder.mul(ss_, i64(g))) for g in range(NH)]
 
             def keys(j0, nk):  # s[.. + j0 + c] for c < nk
                 rows = [builder.add(builder.mul(builder.add(lo_, builder.add(j0, i64(c))), builder.mul(H, D)),
                                     builder.mul(kh_, D)) for c in range(nk)]
-                acc = [[[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(2)]
+                acc = [[[cgutils.alloca_once_value(builder, ir.Constant(_VF, [0.0] * W)) for _ in range(chains)]
                         for _ in range(NH)] for _ in range(nk)]
 
-                def step(h, u):  # chain h of every (key, head): += q[u:u+W] * k[row+u:row+u+W]
-                    kvs = [_load_f16(builder, ka.data, builder.add(rows[c], u)) for c in range(nk)]
-                    for g in range(NH):
-                        qp = builder.bitcast(builder.gep(qa.data, [builder.add(qbase[g], u)]), _VF.as_pointer())
-                        qv = builder.load(qp, align=4)
-                        for c in range(nk):
-                            builder.store(fma(qv, kvs[c], builder.load(acc[c][g][h])), acc[c][g][h])
+                def q_at(g, u):
+                    qp = builder.bitcast(builder.gep(qa.data, [builder.add(qbase[g], u)]), _VF.as_pointer())
+                    return builder.load(qp, align=4)
 
-                with cgutils.for_range(builder, npair) as vl:  # two sums in flight per (key, head)
-                    u = builder.mul(vl.index, i64(2 * W))
-                    step(0, u)
-                    step(1, builder.add(u, i64(W)))
-                odd = builder.icmp_unsigned("!=", builder.mul(npair, i64(2 * W)), D)
-                with builder.if_then(odd):  # D = (2 * npair + 1) * W
-                    step(0, builder.mul(npair, i64(2 * W)))
+                with cgutils.for_range(builder, nstep) as vl:
+                    for h in range(chains):  # chain h of every (key, head): += q[u:u+W] * k[row+u:row+u+W]
+                        u = builder.add(builder.mul(vl.index, i64(chains * W)), i64(h * W))
+                        kvs = [_load_f16(builder, ka.data, builder.add(rows[c], u)) for c in range(nk)]
+                        for g in range(NH):
+                            qv = q_at(g, u)
+                            for c in range(nk):
+                                builder.store(fma(qv, kvs[c], builder.load(acc[c][g][h])), acc[c][g][h])
+                tail = builder.mul(nstep, i64(chains * W))
                 for c in range(nk):
                     for g in range(NH):
-                        v = builder.fadd(builder.load(acc[c][g][0]), builder.load(acc[c][g][1]))
-                        width = W
-                        while width > 1:  # horizontal sum: halve the vector until one lane is left
-                            width //= 2
-                            lanes = [width + i if i < width else i for i in range(W)]
-                            hi = builder.shuffle_vector(v, ir.Constant(_VF, ir.Undefined),
-                                                        ir.Constant(ir.VectorType(_I32, W), lanes))
-                            v = builder.fadd(v, hi)
-                        si = builder.add(sbase[g], builder.add(j0, i64(c)))
-                        builder.store(builder.extract_element(v, ir.Constant(_I32, 0)), builder.gep(sa.data, [si]))
+                        v = [builder.load(a) for a in acc[c][g]]
+                        if chains == 4:
+                            v = builder.fadd(builder.fadd(v[0], v[2]), builder.fadd(v[1], v[3]))
+                        else:
+                            v = v[0]
+                        sp = builder.gep(sa.data, [builder.add(sbase[g], builder.add(j0, i64(c)))])
+                        total = _hsum(builder, v, pairwise=chains == 4)
+                        builder.store(total, sp)
+                        if chains == 4:  # ggml's leftovers: float products added in float64
+                            dsum = cgutils.alloca_once_value(builder, builder.fpext(total, ir.DoubleType()))
+                            with cgutils.for_range(builder, builder.sub(D, tail)) as tl:
+                                e = builder.add(tail, tl.index)
+                                qe = builder.load(builder.gep(qa.data, [builder.add(qbase[g], e)]))
+                                ke = _load_f16_1(builder, ka.data, builder.add(rows[c], e))
+                                prod = builder.fpext(builder.fmul(qe, ke), ir.DoubleType())
+                                builder.store(builder.fadd(builder.load(dsum), prod), dsum)
+                            builder.store(builder.fptrunc(builder.load(dsum), ir.FloatType()), sp)
 
             nb = builder.udiv(n_, i64(NK))
             with cgutils.for_range(builder, nb) as loop:
@@ -199,23 +241,38 @@ def _make_weighted(NH: int, NV: int):
     return weighted_rows
 
 
-# keys per qk call and value vectors per weighted call for 1..HEADS heads: two sums in registers
-# for each of them and each head, at most half the vector registers (16 of AVX-512's 32; 8 of
-# AVX2's 16 and of NEON's 16 pairs), the loads shared as widely as that allows
+# value vectors per weighted call for 1..HEADS heads: two sums in registers for each of them and
+# each head, at most half the vector registers (16 of AVX-512's 32; 8 of AVX2's 16 and of NEON's 16
+# pairs), the loads shared as widely as that allows
 _NV = (4, 4, 2, 2) if W == 16 else (4, 2, 1, 1)
-_QK1, _QK2, _QK3, _QK4 = (_make_qk(h, _NV[h - 1]) for h in range(1, HEADS + 1))
 _WV1, _WV2, _WV3, _WV4 = (_make_weighted(h, _NV[h - 1]) for h in range(1, HEADS + 1))
 _WV1v, _WV2v, _WV3v, _WV4v = (_make_weighted(h, 1) for h in range(1, HEADS + 1))
+# keys per qk call for 1..HEADS heads, by the same register budget: a prompt's tokens keep one sum
+# per (key, head), a decode token four (ggml_vec_dot_f16's chains)
+_NK = (8, 4, 2, 2) if W == 16 else (4, 2, 1, 1)
+_NK1 = (4, 2, 1, 1) if W == 16 else (2, 1, 1, 1)
+_QK1, _QK2, _QK3, _QK4 = (_make_qk(h, _NK[h - 1], False) for h in range(1, HEADS + 1))
+_QK1s, _QK2s, _QK3s, _QK4s = (_make_qk(h, _NK1[h - 1], True) for h in range(1, HEADS + 1))
 
 
 @njit(cache=True, inline="always")
-def _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng):
-    # _make_qk's product for ng heads (q rows D apart), HEADS at a time
+def _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng, single):
+    # _make_qk's product for ng heads (q rows D apart), HEADS at a time; single: the query token is
+    # alone in its batch (decode), as llama.cpp's order of sums depends on it
     g = 0
     while g < ng:
         nh = min(HEADS, ng - g)
         qg, sg = qo + g * D, so + g * ss
-        if nh == 4:
+        if single:
+            if nh == 4:
+                _QK4s(q, qg, D, k, kh, r0, m, s, sg, ss)
+            elif nh == 3:
+                _QK3s(q, qg, D, k, kh, r0, m, s, sg, ss)
+            elif nh == 2:
+                _QK2s(q, qg, D, k, kh, r0, m, s, sg, ss)
+            else:
+                _QK1s(q, qg, D, k, kh, r0, m, s, sg, ss)
+        elif nh == 4:
             _QK4(q, qg, D, k, kh, r0, m, s, sg, ss)
         elif nh == 3:
             _QK3(q, qg, D, k, kh, r0, m, s, sg, ss)
@@ -264,29 +321,23 @@ def _f16_at(row, o):
     return F16_TO_F32[np.uint16(row[o]) | (np.uint16(row[o + 1]) << np.uint16(8))]
 
 
-def qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
+def qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss, single):
     """s[so + g*ss + j] = q[qo + g*D : +D] · K row r0+j of head kh, for g < ng (query heads of one
     KV head, D apart in q) and j < m. q: 1-D f32 (prepare_q); qd: 1-D f32, the q8_0 scale of
-    q[qo + 32b:] at qd[qdo + 2b]; k: (S, Hkv, row) f16 bits or q8_0 blocks; s: 1-D f32."""
+    q[qo + 32b:] at qd[qdo + 2b]; k: (S, Hkv, row) f16 bits or q8_0 blocks; s: 1-D f32; single:
+    the query token is alone in its batch (the order of an f16 K's sums, _make_qk)."""
 
 
-@overload(qk, jit_options={"fastmath": True})
-def _qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
+@overload(qk)
+def _qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss, single):
     if k.dtype == types.uint16:
-        def f16(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
+        def f16(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss, single):
             D = k.shape[2]
-            if D % W == 0:
-                _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng)
-                return
-            for g in range(ng):
-                for j in range(m):
-                    acc = np.float32(0.0)
-                    for i in range(D):
-                        acc += q[qo + g * D + i] * F16_TO_F32[k[r0 + j, kh, i]]
-                    s[so + g * ss + j] = acc
+            # tinyBLAS refuses a head size that is not a multiple of its vector: ggml_vec_dot_f16 then
+            _qk_f16(q, qo, D, k, kh, r0, m, s, so, ss, ng, single or D % W != 0)
         return f16
 
-    def q8_0(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss):
+    def q8_0(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss, single):
         ki = k.view(np.int8)
         D = k.shape[2] // Q8_BYTES * Q8
         for g in range(ng):
@@ -310,7 +361,7 @@ def weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
     (v: (S, Hkv, row) f16 bits or q8_0 blocks; s, out: 1-D f32); each call adds to what out holds."""
 
 
-@overload(weigh_values, jit_options={"fastmath": True})
+@overload(weigh_values)
 def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
     if v.dtype == types.uint16:
         def f16(v, kh, r0, m, s, so, ss, out, o0, ng):
@@ -321,7 +372,7 @@ def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
                 for i in range(nvec * W, Dv):
                     acc = out[o0 + g * Dv + i]
                     for j in range(m):
-                        acc += s[so + g * ss + j] * F16_TO_F32[v[r0 + j, kh, i]]
+                        acc = fma32(F16_TO_F32[v[r0 + j, kh, i]], s[so + g * ss + j], acc)
                     out[o0 + g * Dv + i] = acc
         return f16
 
@@ -336,8 +387,9 @@ def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
                 for b in range(v.shape[2] // Q8_BYTES):
                     o = b * Q8_BYTES
                     d = _f16_at(row, o)
-                    for i in range(Q8):  # llama.cpp dequantizes the row, then adds weight * row
-                        out[o0 + g * Dv + b * Q8 + i] += w * (d * np.float32(qrow[o + 2 + i]))
+                    for i in range(Q8):  # llama.cpp dequantizes the row, then adds row * weight (an FMA)
+                        k = o0 + g * Dv + b * Q8 + i
+                        out[k] = fma32(d * np.float32(qrow[o + 2 + i]), w, out[k])
     return q8_0
 
 
@@ -395,12 +447,15 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
-def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, softcap, sinks, rot_v, out, scores):
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, scale, softcap, sinks, rot_v, out,
+              scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)
     # tables: (S, max_blocks) int32: block b of sequence s holds its positions b*bs .. b*bs+bs-1
     # tok_seq: (T,) int32 row of tables for each query; q_pos: (T,) int32 its position;
     #   keys 0..q_pos[t] of that sequence are visible (causal)
+    # prompt_end: (S,) int32 per row of tables: a query at or past it is a generated token, whose
+    #   f16 q·k sums in the order llama.cpp gives a token alone in its batch (Batch.prompt_end)
     # window: 0 or the sliding window (key p visible iff q_pos - p < window)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
@@ -437,6 +492,7 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
             ng = min(per, (kh + 1) * group - h0)
             table = tables[tok_seq[t]]
             hi = q_pos[t]
+            single = hi >= prompt_end[tok_seq[t]]
             lo = 0
             if window > 0 and hi - window + 1 > 0:
                 lo = hi - window + 1
@@ -445,7 +501,7 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, bs, window, scale, 
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
-                qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss)
+                qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss, single)
             for g in range(ng):
                 _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], v_pool)
             o0 = (t * Hq + h0) * Dv

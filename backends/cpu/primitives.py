@@ -57,6 +57,7 @@ class CpuPrimitives:
         rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
         if self.any_swa:
             rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
+        self.prompt_end = batch.prompt_ends()
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:
@@ -100,7 +101,7 @@ class CpuPrimitives:
         qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
                  self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
                  r.rot_k, r.rot_v)
-        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, pool.block_size,
+        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
                   pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
                   self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
         if self.trace is not None:

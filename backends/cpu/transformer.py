@@ -297,9 +297,10 @@ class CpuTransformer:
         if all_logits and T > self.max_tokens:
             raise ValueError("all_logits needs at most max_tokens tokens per call")
         out = None
+        prompt_end = pos0 if T == 1 else pos0 + T  # several tokens are a prompt, fed in chunks or not
         for s in range(0, T, self.max_tokens):
             part = tokens[s:s + self.max_tokens]
-            batch = Batch.single(part, pos0 + s, cache.tables, cache.pool.block_size, all_logits)
+            batch = Batch.single(part, pos0 + s, cache.tables, cache.pool.block_size, all_logits, prompt_end)
             out = self.forward_batch(batch, cache.pool)
         return out
 

@@ -4,7 +4,9 @@
 prange loop) to expand one row of raw GGUF bytes into float32.  `dequantize(raw, type_id, shape)`
 is the Python entry point for whole tensors.  Results are bit-identical to
 `gguf.quants.dequantize` (float32, multiplying left to right, no fused multiply-add), and MXFP4's
-to llama.cpp's dequantize_row_mxfp4.
+to llama.cpp's dequantize_row_mxfp4.  Every row function says fastmath=False: numba compiles a
+function that does not say with the flags of the caller that compiles it first (the fastmath
+reference matmul, backends/cpu/matmul.py), and caches that variant for every later caller.
 
 The row functions never raise and never allocate.  A row whose sizes disagree is expanded only
 as far as both arrays hold whole blocks (the rest of dst is left as it was); an unknown type id
@@ -93,7 +95,7 @@ def _as_f32(typingctx, bits):
     return types.float32(bits), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_f32(src, dst):
     # src: (4*n,) uint8, little-endian float32 bits; dst: (n,) float32
     n = min(dst.shape[0], src.shape[0] // 4)
@@ -106,7 +108,7 @@ def dequant_row_f32(src, dst):
         )
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_f16(src, dst):
     # src: (2*n,) uint8, little-endian f16 bits; dst: (n,) float32
     n = min(dst.shape[0], src.shape[0] // 2)
@@ -114,7 +116,7 @@ def dequant_row_f16(src, dst):
         dst[i] = F16_TO_F32[np.int64(src[2 * i]) | (np.int64(src[2 * i + 1]) << 8)]
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_bf16(src, dst):
     # src: (2*n,) uint8, little-endian bf16 bits; dst: (n,) float32
     n = min(dst.shape[0], src.shape[0] // 2)
@@ -125,7 +127,7 @@ def dequant_row_bf16(src, dst):
 # --------------------------------------------------------------------------- legacy 32-element blocks
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q4_0(src, dst):
     # src: (nb*18,) uint8, blocks of [d f16, qs[16]]; dst: (nb*32,) float32
     n = dst.shape[0]
@@ -143,7 +145,7 @@ def dequant_row_q4_0(src, dst):
             dst[t + 16 + j] = d * int_to_f32(shr(x, 4) - 8)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q4_1(src, dst):
     # src: (nb*20,) uint8, blocks of [d f16, m f16, qs[16]]; dst: (nb*32,) float32
     n = dst.shape[0]
@@ -162,7 +164,7 @@ def dequant_row_q4_1(src, dst):
             dst[t + 16 + j] = d * int_to_f32(shr(x, 4)) + m
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q5_0(src, dst):
     # src: (nb*22,) uint8, blocks of [d f16, qh u32, qs[16]]; dst: (nb*32,) float32
     n = dst.shape[0]
@@ -183,7 +185,7 @@ def dequant_row_q5_0(src, dst):
             dst[t + 16 + j] = d * int_to_f32(hi - 16)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q5_1(src, dst):
     # src: (nb*24,) uint8, blocks of [d f16, m f16, qh u32, qs[16]]; dst: (nb*32,) float32
     n = dst.shape[0]
@@ -205,7 +207,7 @@ def dequant_row_q5_1(src, dst):
             dst[t + 16 + j] = d * int_to_f32(hi) + m
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q8_0(src, dst):
     # src: (nb*34,) uint8, blocks of [d f16, qs int8[32]]; dst: (nb*32,) float32
     n = dst.shape[0]
@@ -241,7 +243,7 @@ def e8m0_half(e):
     return _as_f32(np.uint32(0x00200000) << np.uint32(e) if e < 2 else np.uint32(e - 1) << np.uint32(23))
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_mxfp4(src, dst):
     # src: (nb*17,) uint8, blocks of [e u8, qs[16]]; dst: (nb*32,) float32
     # weight = kvalues_mxfp4[code] * 2**(e - 128): element j in qs[j]'s low nibble, j+16 in its high
@@ -263,7 +265,7 @@ def dequant_row_mxfp4(src, dst):
 # --------------------------------------------------------------------------- dispatch
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row(type_id, src, dst):
     # type_id: GGML type id; src: (row_bytes,) uint8 C-contiguous, raw bytes of one row;
     # dst: (n,) float32, written in place

@@ -162,7 +162,7 @@ def k4_scales(src, o):
             d * f(sc4), dmin * f(m4), d * f(sc5), dmin * f(m5), d * f(sc6), dmin * f(m6), d * f(sc7), dmin * f(m7))
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q2_k(src, dst):
     # src: (nb*84,) uint8, blocks of [scales[16], qs[64], d f16, dmin f16]; dst: (nb*256,) float32
     # Element e = 128*hh + 32*k + 16*p + l (l < 16): q = (qs[32hh + 16p + l] >> 2k) & 3,
@@ -213,7 +213,7 @@ def q3_scale(src, s, j):
     return (lo | (hi << 4)) - 32
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q3_k(src, dst):
     # src: (nb*110,) uint8, blocks of [hmask[32], qs[64], scales[12], d f16]; dst: (nb*256,) float32
     # Element e = 128*hh + 32*k + 16*p + l (l < 16): low2 = (qs[32hh + 16p + l] >> 2k) & 3,
@@ -255,7 +255,7 @@ def dequant_row_q3_k(src, dst):
                 dst[e + 112 + l] = d31 * int_to_f32(shr(y, 6) + (shr(v, 1) & 4) - 4)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q4_k(src, dst):
     # src: (nb*144,) uint8, blocks of [d f16, dmin f16, scales[12], qs[128]]; dst: (nb*256,) float32
     # Element 64c + l (l < 32) is the low nibble of qs[32c + l], element 64c + 32 + l its high
@@ -285,7 +285,7 @@ def dequant_row_q4_k(src, dst):
             dst[t + 224 + l] = d7 * int_to_f32(shr(x3, 4)) - n7
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q5_k(src, dst):
     # src: (nb*176,) uint8, blocks of [d f16, dmin f16, scales[12], qh[32], qs[128]];
     # dst: (nb*256,) float32.  As Q4_K, plus bit 4 of element 32j + l = bit j of qh[l].
@@ -316,7 +316,7 @@ def dequant_row_q5_k(src, dst):
             dst[t + 224 + l] = d7 * int_to_f32(shr(x3, 4) | (shr(y, 3) & 16)) - n7
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def dequant_row_q6_k(src, dst):
     # src: (nb*210,) uint8, blocks of [ql[128], qh[64], scales int8[16], d f16]; dst: (nb*256,) float32
     # Element e = 128*hh + 32*k + 16*p + l (l < 16), i = 16p + l: low nibble of ql[64hh + 32*(k&1) + i]

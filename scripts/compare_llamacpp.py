@@ -8,16 +8,30 @@ relative to llama.cpp's largest value and how many elements are not bit-identica
 step, the logits' largest difference and whether the argmax agrees.
 
     python scripts/compare_llamacpp.py [--model PATH] [--prompt TEXT] [-n 8] [--threads 2] [--flash-attn]
+    python scripts/compare_llamacpp.py --force [--model PATH] [--prompt TEXT]
+    python scripts/compare_llamacpp.py --greedy PROMPTS.json [--model PATH] [-n 32]
 
 Why it exists: both engines round activations to 8 bits before each quantized product, so a
 one-ulp difference in a float sum (llama.cpp sums in SIMD lanes whose order depends on the kernel
 and the CPU) moves some quants by a step, and the difference grows layer by layer.
+
+--force measures each op alone instead (forced_ops): every intermediate of infer's is replaced by
+llama.cpp's once compared, so each op starts from llama.cpp's own inputs.  The products then
+differ in their last bits (the order of their sums), and everything else should be identical:
+an op that is not is computing something else (issue 41 found the RoPE's fused multiply-adds,
+Q4_1/Q5_1's Q8_1 sums and the GELU table's rounding this way).
+
+--greedy measures what a user sees (greedy_agreement): infer's greedy continuations against
+llama.cpp's default path, beside llama.cpp's flash-attention path as the yardstick of its own
+spread; run it on two checkouts to bisect a change in agreement.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -79,12 +93,18 @@ class LlamaCppTracer:
         return np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)).copy()
 
     def intermediates(self) -> dict[str, np.ndarray]:
+        """What was seen, with infer's stacked products assembled from llama.cpp's parts: "qkv" from
+        the Q, K and V products (or the fused one, "wqkv"), "ffn_gate_up" from the gate and up ones
+        (or a fused up, which holds both)."""
         out = dict(self.seen)
         for il in range(1000):
-            parts = [out.get(f"{n}@mm-{il}") for n in ("Qcur", "Kcur", "Vcur")]
-            if parts[0] is None:
+            if f"l_out-{il}" not in out:
                 break
-            out[f"qkv-{il}"] = np.concatenate(parts, axis=1)
+            for name, parts in (("qkv", ("Qcur@mm", "Kcur@mm", "Vcur@mm")), ("qkv", ("wqkv",)),
+                                ("ffn_gate_up", ("ffn_gate", "ffn_up")), ("ffn_gate_up", ("ffn_up",))):
+                arrs = [out.get(f"{n}-{il}") for n in parts]
+                if f"{name}-{il}" not in out and all(a is not None for a in arrs) and len({a.shape[0] for a in arrs}) == 1:
+                    out[f"{name}-{il}"] = np.concatenate(arrs, axis=1)
         return out
 
 
@@ -102,15 +122,159 @@ def compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> list[tup
     return rows
 
 
+def forced_ops(runner, ref: LlamaCppTracer, tokens: list[int], pos: int, cache) -> dict[str, list]:
+    """Feed tokens at pos through llama.cpp and through runner, replacing each of runner's traced
+    intermediates by llama.cpp's once compared (where llama.cpp has it: the rows it keeps), so each
+    op is measured from llama.cpp's inputs.  Returns {op: [elements not bit-identical, elements,
+    max |diff| / max |llama.cpp|]} over the layers ("attn_norm" for every "attn_norm-il")."""
+    ref.decode(tokens)
+    seen = ref.intermediates()
+    stats: dict[str, list] = {}
+
+    def on(name, a):
+        b = seen.get(name)
+        a2 = a.reshape(a.shape[0], -1)
+        if b is None or b.shape[1:] != a2.shape[1:] or b.shape[0] > a2.shape[0]:
+            return
+        mine = a2[a2.shape[0] - b.shape[0]:]  # llama.cpp keeps only the output rows at its last layer
+        st = stats.setdefault(re.sub(r"-\d+$", "", name), [0, 0, 0.0])
+        st[0] += int((mine != b).sum())
+        st[1] += b.size
+        st[2] = max(st[2], float(np.abs(mine - b).max()) / (float(np.abs(b).max()) or 1.0))
+        mine[:] = b
+
+    runner.trace = on
+    try:
+        runner.forward(np.array(tokens, np.int32), pos, cache)
+    finally:
+        runner.trace = None
+    return stats
+
+
+# -- greedy agreement: infer and llama.cpp's flash-attention path, each against its default path ---
+
+@dataclass
+class Agreement:
+    """How close greedy continuations are to llama.cpp's default path's."""
+
+    first: int  # prompts whose first greedy token is the default path's
+    whole: int  # prompts whose whole continuation is
+    prefix: float  # mean tokens in common with it from the start
+
+    @classmethod
+    def of(cls, runs: list[list[int]], refs: list[list[int]]) -> "Agreement":
+        common = [next((i for i, (a, b) in enumerate(zip(r, f)) if a != b), len(f)) for r, f in zip(runs, refs)]
+        return cls(sum(r[0] == f[0] for r, f in zip(runs, refs)), sum(r == f for r, f in zip(runs, refs)),
+                   float(np.mean(common)))
+
+    def at_least(self, other: "Agreement") -> bool:
+        return self.first >= other.first and self.whole >= other.whole and self.prefix >= other.prefix
+
+
+class LlamaCppSteps:
+    """One llama-cpp-python context stepped a token at a time (its default path, or flash attention)."""
+
+    def __init__(self, path: str, n_ctx: int, n_threads: int, flash_attn: bool):
+        import llama_cpp
+
+        self.L = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, verbose=False,
+                                   flash_attn=flash_attn)
+
+    def _logits(self) -> np.ndarray:
+        ptr = self.L.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+    def start(self, ids: list[int]) -> np.ndarray:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return self._logits()
+
+    def step(self, tok: int) -> np.ndarray:
+        self.llm.eval([tok])
+        return self._logits()
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+class InferSteps:
+    """An infer runner stepped the same way: the prompt in one call, then a token per call."""
+
+    def __init__(self, runner, n_ctx: int):
+        self.runner, self.n_ctx = runner, n_ctx
+
+    def start(self, ids: list[int]) -> np.ndarray:
+        self.cache, self.pos = self.runner.new_kv_cache(self.n_ctx), len(ids)
+        return self.runner.forward(np.array(ids, np.int32), 0, self.cache)[0].copy()
+
+    def step(self, tok: int) -> np.ndarray:
+        out = self.runner.forward(np.array([tok], np.int32), self.pos, self.cache)[0].copy()
+        self.pos += 1
+        return out
+
+
+def greedy(side, ids: list[int], n: int, forced: list[int] | None = None) -> tuple[list[int], list[np.ndarray]]:
+    """n greedy tokens after ids (each step fed forced's token instead, if given) and the logits
+    each came from."""
+    logits = side.start(ids)
+    toks, seen = [], []
+    for i in range(n):
+        seen.append(logits)
+        toks.append(int(np.argmax(logits)))
+        if i + 1 < n:
+            logits = side.step(toks[-1] if forced is None else forced[i])
+    return toks, seen
+
+
+@dataclass
+class AgreementReport:
+    ours: Agreement
+    fa: Agreement  # llama.cpp's flash-attention path: the yardstick
+    dist_ours: float  # teacher forced (fed the default path's tokens): max |logit diff|, mean over prompts
+    dist_fa: float
+    # prompts whose first token differs from the default path's: (prompt ids, how far below its
+    # top llama.cpp scores ours, how far llama.cpp's two paths differ there)
+    first_gaps: list[tuple[list[int], float, float]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (f"infer {self.ours}, llama.cpp flash attention {self.fa}; teacher-forced max |logit diff| "
+                f"(mean over prompts) infer {self.dist_ours:.4g}, flash attention {self.dist_fa:.4g}")
+
+
+def greedy_agreement(ours, ref: LlamaCppSteps, fa: LlamaCppSteps, prompts: list[list[int]], n: int) -> AgreementReport:
+    """ours (InferSteps) and fa against ref (llama.cpp's default path), n greedy tokens per prompt."""
+    refs, mine, theirs, dist_ours, dist_fa, gaps = [], [], [], [], [], []
+    for ids in prompts:
+        r, r_logits = greedy(ref, ids, n)
+        refs.append(r)
+        mine.append(greedy(ours, ids, n)[0])
+        theirs.append(greedy(fa, ids, n)[0])
+        for side, dist in ((ours, dist_ours), (fa, dist_fa)):
+            _, logits = greedy(side, ids, n, forced=r)
+            dist.append(max(float(np.abs(a - b).max()) for a, b in zip(logits, r_logits)))
+        if mine[-1][0] != r[0]:
+            lr = r_logits[0]
+            gaps.append((ids, float(lr.max() - lr[mine[-1][0]]), float(np.abs(lr - fa.start(ids)).max())))
+    return AgreementReport(Agreement.of(mine, refs), Agreement.of(theirs, refs), float(np.mean(dist_ours)),
+                           float(np.mean(dist_fa)), gaps)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded Gemma 3 270M Q4_K_M)")
     p.add_argument("--prompt", default="The capital of France is")
-    p.add_argument("-n", "--steps", type=int, default=8, help="greedy decode steps after the prompt")
+    p.add_argument("-n", "--steps", type=int, default=None, help="greedy decode steps after the prompt (default 8; "
+                   "--greedy: 32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash-attention path")
+    p.add_argument("--force", action="store_true", help="each op from llama.cpp's inputs (forced_ops): "
+                   "the prompt, then one decode step")
+    p.add_argument("--greedy", metavar="PROMPTS.json", help="greedy agreement (greedy_agreement) over a JSON "
+                   "list of prompts, -n tokens each (default 32), against llama.cpp's default path")
     args = p.parse_args(argv)
+    args.steps = args.steps or (32 if args.greedy else 8)
 
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
@@ -119,12 +283,28 @@ def main(argv=None) -> int:
     path = str(args.model or default_model_path())
     llm = LLM.load(path, EngineConfig(n_ctx=args.ctx, n_threads=args.threads, backend="cpu"))
     runner = llm.runner
+    if args.greedy:
+        with open(args.greedy, encoding="utf-8") as f:
+            texts = json.load(f)
+        ref, fa = (LlamaCppSteps(path, args.ctx, args.threads, a) for a in (False, True))
+        prompts = [ref.llm.tokenize(t.encode(), add_bos=True, special=True) for t in texts]
+        print(f"{len(prompts)} prompts x {args.steps} greedy tokens against llama.cpp's default path:")
+        print(greedy_agreement(InferSteps(runner, args.ctx), ref, fa, prompts, args.steps))
+        return 0
     seen: dict[str, np.ndarray] = {}
     runner.trace = lambda name, a: seen.__setitem__(name, a.copy())
     ref = LlamaCppTracer(path, args.ctx, args.threads, args.flash_attn)
 
     ids = llm.tokenizer.encode(args.prompt, add_special=True, parse_special=True)
     cache = runner.new_kv_cache(args.ctx)
+    if args.force:
+        runner.trace = None
+        for what, feed, pos in (("prompt", ids, 0), ("decode step", ids[-1:], len(ids))):
+            print(f"{what} ({len(feed)} tokens), each op from llama.cpp's inputs: "
+                  "elements not bit-identical, max |diff| / max |llama.cpp|")
+            for name, (n_diff, n, rel) in forced_ops(runner, ref, feed, pos, cache).items():
+                print(f"  {name:16s} {n_diff:9d}/{n:<9d} {rel:.2e}")
+        return 0
     feed, pos = ids, 0
     print(f"{len(ids)} prompt tokens, then {args.steps} decode steps (both fed llama.cpp's greedy token)")
     print("step  max|logit diff|  max|logit|  argmax same  top-2 margin (llama.cpp)")

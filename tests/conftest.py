@@ -9,3 +9,17 @@ def gemma_path() -> Path:
     from infer.models.default import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def compare_llamacpp():
+    """scripts/compare_llamacpp.py as a module: its llama.cpp tracer, forced_ops and greedy_agreement."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "compare_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("compare_llamacpp", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod

@@ -191,23 +191,12 @@ def test_teacher_forced_tokens_agree(ours, ref, ref_fa):
     assert max(margins, default=0.0) <= 1.5 * max(margins_fa, default=0.3)
 
 
-def _compare_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "compare_llamacpp.py"
-    spec = importlib.util.spec_from_file_location("compare_llamacpp", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_intermediates_track_llamacpp(gemma_path, ours):
+def test_intermediates_track_llamacpp(gemma_path, ours, compare_llamacpp):
     """Why continuations drift: the first layer's inputs are bit-identical to llama.cpp's, its
     products differ only in the last bit (a different order of float sums), and the 8-bit rounding
     of activations grows that to ~1e-3 of the largest value within a few layers.  Checked through
     CpuTransformer.trace and scripts/compare_llamacpp.py's eval callback."""
-    mod = _compare_script()
+    mod = compare_llamacpp
     ref = mod.LlamaCppTracer(str(gemma_path), 64, 2, flash_attn=False)
     seen = {}
     runner = ours.runner

@@ -51,7 +51,7 @@ class CpuPrimitives:
         T = len(batch.tokens)
         self.batch, self.pool, self.ws, self.T = batch, pool, ws, T
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
-        self.out = {"qkv": ws.qkv[:T], "attn_out": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
         rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
@@ -111,8 +111,8 @@ class CpuPrimitives:
     def bias(self, y: np.ndarray, b: np.ndarray, name: str, il: int) -> np.ndarray:
         if b.shape[0]:
             add_row(y, b)
-            if self.trace is not None:
-                self._seen(name, il, y)
+        if self.trace is not None:
+            self._seen(name, il, y)
         return y
 
     def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray, il: int, name: str,

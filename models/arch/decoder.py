@@ -13,7 +13,8 @@ The primitives (x: the residual stream, h: a normalized input, both (T, n_embd))
 - embed(name) -> x: the batch's token embeddings times config.embed_scale;
 - norm(x, w, name, il) -> h: RMSNorm(x) * w, or x itself where w is absent;
 - linear(w, h, name, il) -> y: h times a prepared weight (several side by side: Q|K|V, gate|up);
-- bias(y, b, name, il) -> y: y plus a bias where the layer has one (gpt-oss's attention output);
+- bias(y, b, name, il) -> y: y plus a bias where the layer has one (gpt-oss's attention output),
+  named either way (the attention's product is "attn_wo", its output with the bias "attn_out");
 - attention(qkv, layer, il) -> a: from the Q|K|V products to the attention output: biases, Q/K
   norms, RoPE, the cache write and the attention over the cache, with the layer's sinks where it
   has them ("kqv_out");
@@ -38,7 +39,7 @@ def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str,
     norm that follows: the next layer's attn_norm, or the output norm ("result_norm", -1)."""
     qkv = ops.linear(ly.qkv, h, "qkv", il)
     a = ops.attention(qkv, ly, il)
-    o = ops.bias(ops.linear(ly.wo, a, "attn_out", il), ly.bo, "attn_out", il)
+    o = ops.bias(ops.linear(ly.wo, a, "attn_wo", il), ly.bo, "attn_out", il)
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
     if ly.experts:
         o = ops.moe(h, ly, il)

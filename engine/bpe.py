@@ -1,88 +1,33 @@
-"""Byte-level BPE ('gpt2' GGUF vocab) encoding through HF `tokenizers`, matching llama.cpp.
+"""BPE vocabularies (tokenizer.ggml.model 'gpt2', 'gemma4', 'whitespace', 'hybriddna') encoded
+through Hugging Face `tokenizers`, matching llama.cpp's llm_tokenizer_bpe.
 
-llama.cpp splits text with a per-`tokenizer.ggml.pre` list of regexes (each one splits
-the pieces left by the previous, keeping matches and gaps), maps bytes to GPT-2's
-printable characters, and merges by rank. A Sequence of Split(isolated) pre-tokenizers
-plus ByteLevel(use_regex=False) and a BPE model reproduce exactly that pipeline.
+llama.cpp splits text with its pre-tokenizer's regexes (each splits the pieces the previous left,
+keeping matches and gaps; engine/pretokenizers.py has them all), maps bytes to GPT-2's printable
+characters (not for Gemma 4's SentencePiece-style BPE, whose spaces are written as U+2581 and
+whose unknown bytes are <0xXX> tokens), and merges by rank; with ignore_merges a word already in the
+vocabulary stays whole. A Sequence of Split(isolated) pre-tokenizers, ByteLevel(use_regex=False)
+where bytes are mapped, and a BPE model reproduce that pipeline, in Rust.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import MappingProxyType
+import re
+from typing import Any
 
-from tokenizers import Regex
+from tokenizers import PreTokenizedString, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-# llama.cpp's regexes, written as it hands them to its splitter. Where it runs a
-# hand-written matcher instead of a regex engine (gpt2, llama3, qwen2 patterns), the
-# matcher implements exactly these patterns, so onig in `tokenizers` agrees with it.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = _CONTRACTIONS + (
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = _CONTRACTIONS + (
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# gpt-4o / o200k (gpt-oss, llama4): llama.cpp's form of tokenizer.json's regex, where a "capital"
-# letter is any letter but a-z and a "lower-case" one any letter but A-Z
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + r"?"
-          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + r"?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# llama.cpp's fallback for 'default': its regex engine sees \p{P} as Unicode punctuation
-# and [0-9] as ASCII digits only, which is what onig does with the same text.
-_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, PreTokenizer, onig_regex, split_digit_groups
+from infer.engine.tokenizer_error import TokenizerError
 
-
-# llama.cpp's character classes come from Unicode 15.1 tables, while the onig engine
-# in `tokenizers` knows Unicode 16. Characters new in 16.0 are unassigned to llama.cpp
-# (so neither letter, digit nor punctuation); these are the ones onig would put in
-# \p{L}, \p{N} or \p{P}, removed from those classes below.
-_UNICODE16 = (
-    ("L", r"\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65}"
-         r"\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC4}\x{11380}-\x{11389}\x{1138B}\x{1138E}"
-         r"\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{13460}-\x{143FA}"
-         r"\x{16100}-\x{1611D}\x{16D40}-\x{16D6C}\x{18CFF}\x{1E5D0}-\x{1E5ED}\x{1E5F0}"),
-    ("N", r"\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{16130}-\x{16139}"
-         r"\x{16D70}-\x{16D79}\x{1CCF0}-\x{1CCF9}\x{1E5F1}-\x{1E5FA}"),
-    ("P", r"\x{1B4E}-\x{1B4F}\x{1B7F}\x{10D6E}\x{113D4}-\x{113D5}\x{113D7}-\x{113D8}\x{11BE1}"
-         r"\x{16D6D}-\x{16D6F}\x{1E5FF}"),
-)
-
-
-def _as_llama_cpp_classes(regex: str) -> str:
-    r"""`regex` with \p{L}, \p{N}, \p{P} narrowed to llama.cpp's Unicode version.
-
-    A nested class works both alone and inside [...] (where onig takes the union).
-    """
-    for cat, extra in _UNICODE16:
-        regex = regex.replace(rf"\p{{{cat}}}", rf"[\p{{{cat}}}&&[^{extra}]]")
-    return regex
-
-
-@dataclass(frozen=True)
-class PreTokenizer:
-    regexes: tuple[str, ...]
-    ignore_merges: bool = False  # a word already in the vocabulary is kept whole
-    clean_spaces: bool = True  # detokenizer removes spaces before punctuation
-    add_bos: bool = False  # default when the GGUF has no add_bos_token key
-
-
-_LLAMA3_PRE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
-_QWEN2_PRE = PreTokenizer((_QWEN2,), clean_spaces=False)
-PRE_TOKENIZERS: MappingProxyType[str, PreTokenizer] = MappingProxyType({
-    "default": PreTokenizer(_DEFAULT),
-    "gpt-2": PreTokenizer((_GPT2,)),
-    "phi-2": PreTokenizer((_GPT2,)),
-    "llama-bpe": _LLAMA3_PRE,
-    "llama3": _LLAMA3_PRE,
-    "llama-v3": _LLAMA3_PRE,
-    "qwen2": _QWEN2_PRE,
-    "deepseek-r1-qwen": _QWEN2_PRE,
-    "gpt-4o": PreTokenizer((_GPT4O,), clean_spaces=False),
-    "llama4": PreTokenizer((_GPT4O,), clean_spaces=False),
-})
+_K = "tokenizer.ggml."
+ESCAPED_SPACE = "\u2581"
+# llama.cpp's whitespace (unicode_set_whitespace: Unicode's White_Space), dropped by the 'whitespace' model
+_WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+                        "\u200a\u2028\u2029\u202f\u205f\u3000")
+_DNA_MARKER = "\ue000"
+_PART = 16384  # characters of a long text's parts, encoded side by side
+_CUT = re.compile(r"(?<=[^\s])\n(?=[A-Za-z])")
 
 
 def byte_to_unicode() -> list[str]:
@@ -99,32 +44,142 @@ def byte_to_unicode() -> list[str]:
     return table
 
 
-class ByteLevelBPE:
-    """BPE over one raw-text fragment (special tokens already split out)."""
+class _DigitGroups:
+    """A custom `tokenizers` pre-tokenizer step: llama.cpp's digit-grouping matcher (pretokenizers.py)."""
 
-    def __init__(self, token_to_id: dict[str, int], merges: list[str], pre: PreTokenizer):
+    def pre_tokenize(self, pretok: PreTokenizedString) -> None:
+        pretok.split(lambda _, piece: [piece[a:b] for a, b in split_digit_groups(str(piece))])
+
+
+def _split(regex: str) -> Any:
+    if regex == DIGIT_GROUPS:
+        return pre_tokenizers.PreTokenizer.custom(_DigitGroups())
+    return pre_tokenizers.Split(Regex(regex), behavior="isolated")
+
+
+class ByteLevelBPE:
+    """BPE over one raw-text fragment (special tokens already split out), for one pre-tokenizer."""
+
+    def __init__(self, token_to_id: dict[str, int], merges: list[str], pre: PreTokenizer, pre_name: str = "",
+                 model: str = "gpt2", lowercase: bool | None = None):
         self.pre = pre
+        self.pre_name = pre_name
+        self.model = model
+        self.add_bos, self.clean_spaces, self.add_sep = pre.add_bos, pre.clean_spaces, pre.add_sep
+        self.no_default_ids = ("bos",) if pre.no_bos else ()
+        self.lowercase = pre.lowercase if lowercase is None else lowercase
+        self._vocab = token_to_id
         self._char_to_byte = {c: b for b, c in enumerate(byte_to_unicode())}
         pairs = _usable_merges(token_to_id, merges)
-        model = models.BPE(vocab=token_to_id, merges=pairs, ignore_merges=pre.ignore_merges)
-        hf = HFTokenizer(model)
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(_as_llama_cpp_classes(r)), behavior="isolated") for r in pre.regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
+        model_ = models.BPE(vocab=token_to_id, merges=pairs, ignore_merges=pre.ignore_merges,
+                            byte_fallback=not pre.byte_encode)
+        hf = HFTokenizer(model_)
+        steps_regexes = [onig_regex(r) for r in pre.regexes]
+        steps = [_split(r) for r in steps_regexes]
+        if pre.byte_encode:
+            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
         self.pipeline = hf  # the tokenizers pipeline that encodes (tokenizer_json.py reuses it)
+        self._newline_runs = pre.type == "GEMMA4"
+        self._cuttable = DIGIT_GROUPS not in steps_regexes
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any], token_to_id: dict[str, int]) -> "ByteLevelBPE":
+        model = meta.get(_K + "model")
+        pre = "gemma4" if model == "gemma4" else (meta.get(_K + "pre") or "default")  # as llama.cpp's loader
+        spec = PRE_TOKENIZERS.get(pre) if isinstance(pre, str) else None
+        if spec is None:  # llama.cpp refuses these too ("unknown pre-tokenizer type")
+            raise TokenizerError(f"unsupported tokenizer.ggml.pre {pre!r} (llama.cpp knows: {', '.join(PRE_TOKENIZERS)})")
+        merges = meta.get(_K + "merges")
+        if not isinstance(merges, list):
+            if pre != "kimi-k2":
+                raise TokenizerError(f"{model} vocabulary has no tokenizer.ggml.merges list")
+            merges = []  # Kimi-K2's vocabulary has none (its ids come from whole-word lookups)
+        lowercase = meta.get(_K + "normalizer.lowercase")
+        return cls(token_to_id, merges, spec, pre, model, None if lowercase is None else bool(lowercase))
 
     def encode(self, fragment: str, after_special: bool = False) -> list[int]:
         if not fragment:
             return []
-        return self.pipeline.encode(fragment, add_special_tokens=False).ids
+        if self.model == "whitespace":  # llama.cpp's whitespace session: runs of the rest, lowercased
+            words = "".join(" " if c in _WHITESPACE else c for c in fragment).split(" ")
+            return [i for w in words if w for i in self._bpe(_lower(w) if self.lowercase else w)]
+        if self.model == "hybriddna" and "<dna>" in fragment:
+            return self._dna(fragment)
+        return self._bpe(fragment)
+
+    def _bpe(self, text: str) -> list[int]:
+        if self.pre.escape_whitespaces:
+            text = text.replace(" ", ESCAPED_SPACE)
+        if not self._newline_runs or "\n" not in text:
+            return self._encode(text)
+        # Gemma 4: a run of newlines that is a token stays one (llama.cpp's fix for it, PR 21343)
+        out: list[int] = []
+        start = 0
+        for i in range(1, len(text) + 1):
+            if i == len(text) or (text[i] == "\n") != (text[start] == "\n"):
+                run = text[start:i]
+                tid = self._vocab.get(run) if run[0] == "\n" else None
+                out.extend([tid] if tid is not None else self._encode(run))
+                start = i
+        return out
+
+    def _encode(self, text: str) -> list[int]:
+        # encode_batch_fast: the same ids without the offsets encode() tracks (half its time), and
+        # a long text in parts encoded side by side, cut where every pre-tokenizer's words part
+        # anyway: after a newline between a non-space and an ASCII letter (the newline stays with
+        # what precedes it, as punctuation's [\r\n]* takes it; not for digit grouping, whose first
+        # group takes the text before it)
+        parts = [text]
+        if len(text) > 2 * _PART and self._cuttable:
+            parts, last = [], 0
+            for m in _CUT.finditer(text, _PART):
+                if m.end() - last >= _PART:
+                    parts.append(text[last:m.end()])
+                    last = m.end()
+            parts.append(text[last:])
+        done = self.pipeline.encode_batch_fast(parts, add_special_tokens=False)
+        return done[0].ids if len(done) == 1 else [i for e in done for i in e.ids]
+
+    def _dna(self, text: str) -> list[int]:
+        """llama.cpp's hybriddna session: <dna>...</dna> spans as 6-mers (padded with A), the rest BPE."""
+        begin, end, oov = (self._vocab.get(t) for t in ("<dna>", "</dna>", "<oov>"))
+        if begin is None or end is None or oov is None:
+            return self._bpe(text)
+        out: list[int] = []
+        pos = 0
+        while pos < len(text):
+            start = text.find("<dna>", pos)
+            if start < 0:
+                out.extend(self._bpe(text[pos:]))
+                break
+            out.extend(self._bpe(text[pos:start]))
+            out.append(begin)
+            stop = text.find("</dna>", start + 5)
+            seq = text[start + 5:len(text) if stop < 0 else stop]
+            seq = "".join(chr(ord(c) - 32) if "a" <= c <= "z" else c for c in seq)
+            for i in range(0, len(seq), 6):
+                kmer = seq[i:i + 6].ljust(6, "A")
+                out.append(self._vocab.get(kmer + _DNA_MARKER, oov))
+            if stop < 0:
+                break
+            out.append(end)
+            pos = stop + 6
+        return out
 
     def normal_piece(self, text: str) -> bytes:
-        """Bytes of a NORMAL vocabulary token: GPT-2 characters mapped back to bytes.
+        """Bytes of a NORMAL vocabulary token: GPT-2 characters mapped back to bytes (or, for the
+        SentencePiece-style BPE, U+2581 as a space).
 
         A character outside the table is rendered as llama.cpp does, as
         '[UNK_BYTE_0x<hex>' + token text + ']', so decoded text stays identical.
         """
+        if self.model == "hybriddna" and text.endswith(_DNA_MARKER) and len(text) > 1:
+            text = text[:-1]  # llama.cpp drops the k-mers' marker from their text
+        if self.pre.escape_whitespaces:
+            return text.replace(ESCAPED_SPACE, " ").encode("utf-8")
+        if not self.pre.byte_encode:
+            return text.encode("utf-8")
         out = bytearray()
         for ch in text:
             b = self._char_to_byte.get(ch)
@@ -134,6 +189,12 @@ class ByteLevelBPE:
                 raw = ch.encode("utf-8")
                 out += b"[UNK_BYTE_0x" + raw.hex().encode() + text.encode("utf-8") + b"]"
         return bytes(out)
+
+
+def _lower(word: str) -> str:
+    # llama.cpp's unicode_tolower maps one code point to one (simple case mapping); Python's lower()
+    # gives two for U+0130 alone, whose simple lowercase is 'i'
+    return "".join(low if len(low := c.lower()) == 1 else "i" if c == "\u0130" else c for c in word)
 
 
 def _usable_merges(token_to_id: dict[str, int], merges: list[str]) -> list[tuple[str, str]]:
@@ -147,6 +208,8 @@ def _usable_merges(token_to_id: dict[str, int], merges: list[str]) -> list[tuple
     seen: set[tuple[str, str]] = set()
     pairs: list[tuple[str, str]] = []
     for entry in merges:
+        if not isinstance(entry, str):
+            continue
         cut = entry.find(" ", 1)
         if cut < 0:
             continue

@@ -6,11 +6,13 @@ token text, and special tokens split out of the text before the model runs.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from infer.engine.bpe import PRE_TOKENIZERS, ByteLevelBPE
+from infer.engine.bpe import ByteLevelBPE
 from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
 from infer.engine.spm import SentencePieceModel
 from infer.engine.tokenizer_error import TokenizerError
@@ -64,7 +66,84 @@ LSTRIP, RSTRIP = 128, 256
 _TYPE_TO_ATTR = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 _TYPE_TO_ATTR.flags.writeable = False
 
-SUPPORTED_MODELS = ("llama", "gpt2")
+
+@dataclass(frozen=True)
+class VocabType:
+    """One of llama.cpp's vocabulary types (llama_vocab_type), as its loader sets it up: the model
+    over raw text (load(meta, vocab) -> an object with encode(fragment, after_special) and
+    normal_piece(text)), the default special ids and flags the GGUF's own keys may override, and
+    which special tokens encode(add_special=True) adds around the text."""
+
+    name: str  # llama.cpp's name for it (LLAMA_VOCAB_TYPE_*)
+    load: Callable[[dict[str, Any], "Vocab"], Any]
+    special: dict[str, int] = field(default_factory=dict)
+    add_bos: bool = False
+    add_eos: bool = False
+    add_space_prefix: bool = False
+    clean_spaces: bool = False
+    add_sep: bool = False  # what llama_vocab_get_add_sep reports (a pair's separator; encode adds none)
+    bos_always: bool = False  # BOS with every add_special, whatever add_bos says (WPM's [CLS])
+    sep_after: bool = False  # SEP after the text with every add_special (WPM)
+    adds_special: bool = True  # False: add_special adds nothing (RWKV, PLaMo-2)
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What every vocabulary type's model reads: the token texts, their ids and attributes, scores."""
+
+    tokens: list[str]
+    token_to_id: dict[str, int]
+    attrs: np.ndarray  # (n,) uint16 llama_token_attr bits
+    scores: np.ndarray  # (n,) float32 (zeros where the file has none)
+
+
+def _spm(meta: dict[str, Any], v: Vocab) -> Any:
+    return SentencePieceModel(v.token_to_id, v.scores, bool(meta.get(_K + "add_space_prefix", True)))
+
+
+def _bpe(meta: dict[str, Any], v: Vocab) -> Any:
+    return ByteLevelBPE.from_metadata(meta, v.token_to_id)
+
+
+def _wpm(meta: dict[str, Any], v: Vocab) -> Any:
+    from infer.engine.wpm import WordPiece
+
+    return WordPiece(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+
+
+def _ugm(meta: dict[str, Any], v: Vocab) -> Any:
+    from infer.engine.ugm import Unigram
+
+    return Unigram(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+
+
+def _rwkv(meta: dict[str, Any], v: Vocab) -> Any:
+    from infer.engine.rwkv import RwkvVocab
+
+    return RwkvVocab(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+
+
+def _plamo2(meta: dict[str, Any], v: Vocab) -> Any:
+    from infer.engine.plamo2 import Plamo2Vocab
+
+    return Plamo2Vocab(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+
+
+_BPE_IDS = {"bos": 11, "eos": 11}
+# tokenizer.ggml.model -> its type, with llama.cpp's defaults (llama_vocab::impl::load)
+VOCAB_TYPES: MappingProxyType[str, VocabType] = MappingProxyType({
+    "llama": VocabType("SPM", _spm, {"bos": 1, "eos": 2, "unk": 0}, add_bos=True, add_space_prefix=True),
+    "gpt2": VocabType("BPE", _bpe, _BPE_IDS, clean_spaces=True),
+    "gemma4": VocabType("BPE", _bpe, {}, clean_spaces=True),
+    "whitespace": VocabType("BPE", _bpe, _BPE_IDS, clean_spaces=True),
+    "hybriddna": VocabType("BPE", _bpe, _BPE_IDS, clean_spaces=True),
+    "bert": VocabType("WPM", _wpm, {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}, add_bos=True,
+                      clean_spaces=True, add_sep=True, bos_always=True, sep_after=True),
+    "t5": VocabType("UGM", _ugm, {"eos": 1, "unk": 2, "pad": 0}, add_eos=True),
+    "rwkv": VocabType("RWKV", _rwkv, {}, adds_special=False),
+    "plamo2": VocabType("PLAMO2", _plamo2, {"bos": 1, "eos": 2, "unk": 0, "pad": 3}, adds_special=False),
+})
+SUPPORTED_MODELS = tuple(VOCAB_TYPES)
 
 # Token texts llama.cpp's loader recognises when the metadata names no id; a match
 # also gains the CONTROL attribute. With several matches llama.cpp takes whichever its
@@ -100,11 +179,13 @@ class Tokenizer:
 
     def __init__(self, meta: dict[str, Any]):
         model = meta.get(_K + "model")
-        if model not in SUPPORTED_MODELS:
+        vtype = VOCAB_TYPES.get(model) if isinstance(model, str) else None
+        if vtype is None:
             raise TokenizerError(
                 f"unsupported tokenizer.ggml.model {model!r} (supported: {', '.join(SUPPORTED_MODELS)})"
             )
         self.model_type: str = model
+        self._type = vtype
         tokens = meta.get(_K + "tokens")
         if not isinstance(tokens, list) or not tokens:
             raise TokenizerError("GGUF metadata has no tokenizer.ggml.tokens list")
@@ -117,11 +198,19 @@ class Tokenizer:
         self._attrs = self._load_attrs(meta.get(_K + "token_type"), n)
         self._pieces: dict[tuple[int, bool], bytes] = {}  # token_to_piece cache, filled on use
 
-        self.pre: str | None = None
-        if model == "llama":
-            self._load_spm(meta)
-        else:
-            self._load_bpe(meta)
+        self.add_bos, self.add_eos = vtype.add_bos, vtype.add_eos
+        self.add_space_prefix, self.clean_spaces = vtype.add_space_prefix, vtype.clean_spaces
+        self.add_sep = vtype.add_sep
+        self._default_ids = dict(vtype.special)
+        self._model = vtype.load(meta, Vocab(tokens, self._token_to_id, self._attrs, self._load_scores(meta, n)))
+        self.pre: str | None = getattr(self._model, "pre_name", None)
+        for flag in ("add_bos", "clean_spaces", "add_space_prefix", "add_sep"):  # a pre-tokenizer's own defaults
+            if getattr(self._model, flag, None) is not None:
+                setattr(self, flag, getattr(self._model, flag))
+        for name in getattr(self._model, "no_default_ids", ()):
+            self._default_ids.pop(name, None)
+        if _K + "add_space_prefix" in meta:
+            self.add_space_prefix = bool(meta[_K + "add_space_prefix"])
         self._load_special_ids(meta)
         self._detect_special_tokens(meta)
         self._build_special_index()
@@ -147,36 +236,15 @@ class Tokenizer:
         attrs[ok] = _TYPE_TO_ATTR[types[ok]]
         return attrs
 
-    def _load_spm(self, meta: dict[str, Any]) -> None:
+    @staticmethod
+    def _load_scores(meta: dict[str, Any], n: int) -> np.ndarray:
         scores = meta.get(_K + "scores")
         if scores is None:
-            scores = np.zeros(self.vocab_size, dtype=np.float32)
+            return np.zeros(n, dtype=np.float32)
         scores = np.asarray(scores, dtype=np.float32)
-        if scores.size < self.vocab_size:
-            raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {self.vocab_size} tokens")
-        self.add_space_prefix = bool(meta.get(_K + "add_space_prefix", True))
-        self.clean_spaces = False
-        self.add_bos, self.add_eos = True, False
-        self._default_ids = {"bos": 1, "eos": 2, "unk": 0}
-        self._model = SentencePieceModel(self._token_to_id, scores, self.add_space_prefix)
-
-    def _load_bpe(self, meta: dict[str, Any]) -> None:
-        pre = meta.get(_K + "pre") or "default"  # llama.cpp falls back to 'default' with a warning
-        if pre not in PRE_TOKENIZERS:
-            raise TokenizerError(
-                f"unsupported tokenizer.ggml.pre {pre!r} for gpt2 vocabularies "
-                f"(supported: {', '.join(PRE_TOKENIZERS)})"
-            )
-        merges = meta.get(_K + "merges")
-        if not isinstance(merges, list):
-            raise TokenizerError("gpt2 vocabulary has no tokenizer.ggml.merges list")
-        spec = PRE_TOKENIZERS[pre]
-        self.pre = pre
-        self.add_space_prefix = bool(meta.get(_K + "add_space_prefix", False))
-        self.clean_spaces = spec.clean_spaces
-        self.add_bos, self.add_eos = spec.add_bos, False
-        self._default_ids = {"bos": 11, "eos": 11}
-        self._model = ByteLevelBPE(self._token_to_id, merges, spec)
+        if scores.ndim != 1 or scores.size < n:
+            raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {n} tokens")
+        return scores[:n]
 
     def _load_special_ids(self, meta: dict[str, Any]) -> None:
         n = self.vocab_size
@@ -199,6 +267,8 @@ class Tokenizer:
             self.add_bos = bool(meta[_K + "add_bos_token"])
         if _K + "add_eos_token" in meta:
             self.add_eos = bool(meta[_K + "add_eos_token"])
+        if _K + "add_sep_token" in meta:
+            self.add_sep = bool(meta[_K + "add_sep_token"])
 
     def _find_text(self, texts: Iterable[str]) -> list[int]:
         found = (self._token_to_id.get(t) for t in texts)
@@ -238,14 +308,24 @@ class Tokenizer:
             attrs[texts["</s>"]] = NORMAL
         self.eog_ids: frozenset[int] = frozenset(eog)
 
+        # llama.cpp's per-model rules (the end of llama_vocab::impl::load), by substrings of names
         name = str(meta.get("general.name", "")).lower()
-        if "phi-3" in name or "phi3" in name:
+        pre, arch = str(meta.get(_K + "pre", "")), str(meta.get("general.architecture", ""))
+        mask = None
+        if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+                a in arch for a in ("nomic-bert-moe", "jina-bert-v3")):
+            mask = self._token_to_id.get("<mask>")  # eats the whitespace before it
+        elif "phi-3" in name or "phi3" in name:
             # llama.cpp's per-model rule: Phi-3 special tokens eat the whitespace after them.
             attrs[(attrs & (CONTROL | USER_DEFINED | UNKNOWN)) != 0] |= RSTRIP
             for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
                 tid = self._token_to_id.get(text)
                 if tid is not None:
                     attrs[tid] = attrs[tid] | RSTRIP if on else int(attrs[tid]) & ~RSTRIP  # a Python int: ~ is negative
+        elif "modern-bert" in name:
+            mask = self._token_to_id.get("[MASK]")
+        if mask is not None:
+            attrs[mask] |= LSTRIP
 
     def _build_special_index(self) -> None:
         """Special tokens in llama.cpp's matching order (longest UTF-8 text first),
@@ -256,6 +336,7 @@ class Tokenizer:
         self._special_by_prefix: dict[str, list[int]] = {}
         for _, tid in order:
             self._special_by_prefix.setdefault(self._tokens[tid][:2], []).append(tid)
+        self._special_first = frozenset(key[0] for key in self._special_by_prefix)
 
     # ------------------------------------------------------------------ properties
 
@@ -289,6 +370,9 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         return bool(self._attrs[self._check_id(token_id)] & CONTROL)
 
+    def is_user_defined(self, token_id: int) -> bool:
+        return bool(self._attrs[self._check_id(token_id)] & USER_DEFINED)
+
     def token_text(self, token_id: int) -> str:
         return self._tokens[self._check_id(token_id)]
 
@@ -310,7 +394,8 @@ class Tokenizer:
         """
         check_text(text)
         out: list[int] = []
-        if add_special and self.add_bos:
+        add_special = add_special and self._type.adds_special
+        if add_special and (self.add_bos or self._type.bos_always):
             out.append(self._required("bos"))
         after_special = True
         for frag in self._partition(text, parse_special):
@@ -320,7 +405,9 @@ class Tokenizer:
             else:
                 out.extend(self._model.encode(frag, after_special))
                 after_special = False
-        if add_special and self.add_eos:
+        if add_special and self._type.sep_after:
+            out.append(self._required("sep"))
+        elif add_special and self.add_eos:
             out.append(self._required("eos"))
         return out
 
@@ -337,8 +424,13 @@ class Tokenizer:
             return []
         candidates: set[int] = set()
         by_prefix = self._special_by_prefix
-        keys = set(text)
-        keys.update([text[i:i + 2] for i in range(len(text) - 1)])
+        keys = set()
+        for c in self._special_first & set(text):  # the places a special token may start at
+            keys.add(c)
+            at = text.find(c)
+            while at >= 0:
+                keys.add(text[at:at + 2])
+                at = text.find(c, at + 1)
         for key in keys:
             group = by_prefix.get(key)
             if group:
@@ -398,6 +490,9 @@ class Tokenizer:
     def _make_piece(self, tid: int, special: bool) -> bytes:
         attr = int(self._attrs[tid])
         text = self._tokens[tid]
+        own = getattr(self._model, "piece", None)
+        if own is not None:  # a vocabulary type whose pieces follow rules of their own (RWKV, PLaMo-2)
+            return own(tid, text, attr, special)
         if attr & (CONTROL | UNKNOWN) and not special:
             return b""
         if attr & (CONTROL | UNKNOWN | USER_DEFINED):

@@ -22,7 +22,8 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizerCore
 from tokenizers import decoders, models, normalizers, processors
 
-from infer.engine.bpe import PRE_TOKENIZERS, ByteLevelBPE
+from infer.engine.bpe import ByteLevelBPE
+from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.chat_template import builtin_template
 from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer import Tokenizer, TokenizerError

@@ -23,3 +23,12 @@ def compare_llamacpp():
     sys.modules[spec.name] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="session")
+def llama_vocab_dir() -> Path:
+    """llama.cpp's ggml-vocab-*.gguf files and their test vectors (tests/llama_vocab.py)."""
+    pytest.importorskip("llama_cpp")
+    from llama_vocab import vocab_dir
+
+    return vocab_dir()

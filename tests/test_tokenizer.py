@@ -1,7 +1,6 @@
 """Tokenizer: ids, pieces and text identical to llama.cpp (via llama-cpp-python)."""
 from __future__ import annotations
 
-import ctypes
 import random
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from infer.engine.detokenizer import clean_up_spaces
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.models.gguf_file import read_gguf
+from vocab_gguf import ref_detokenize, ref_eog, ref_piece, reference, train_byte_bpe, write_vocab_gguf
 
 PROMPTS = [
     "",
@@ -80,33 +80,6 @@ def llama_cpp():
     return pytest.importorskip("llama_cpp")
 
 
-def _reference(llama_cpp, path: Path):
-    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-
-
-def _ref_detokenize(llama_cpp, llm, ids: list[int], special: bool) -> str:
-    """llama_detokenize(remove_special=False, unparse_special=special)."""
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
-    buf = ctypes.create_string_buffer(1 << 16)
-    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, len(buf), False, special)
-    assert n >= 0
-    return buf.raw[:n].decode("utf-8", errors="replace")
-
-
-def _ref_piece(llama_cpp, llm, token_id: int, special: bool) -> bytes:
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    buf = ctypes.create_string_buffer(256)
-    n = llama_cpp.llama_token_to_piece(vocab, token_id, buf, len(buf), 0, special)
-    assert n >= 0
-    return buf.raw[:n]
-
-
-def _ref_eog(llama_cpp, llm, n_vocab: int) -> set[int]:
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    return {i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)}
-
-
 @pytest.fixture(scope="module")
 def gemma_meta(gemma_path):
     return read_gguf(gemma_path).metadata
@@ -119,54 +92,13 @@ def gemma(gemma_meta):
 
 @pytest.fixture(scope="module")
 def gemma_ref(llama_cpp, gemma_path):
-    return _reference(llama_cpp, gemma_path)
-
-
-def _write_vocab_gguf(path: Path, arch: str, tokenizer_kv) -> Path:
-    """A GGUF with tiny hyperparameters and no tensors: llama.cpp loads it with vocab_only."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(64)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-6)
-    tokenizer_kv(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return reference(llama_cpp, gemma_path)
 
 
 @pytest.fixture(scope="session")
 def trained_bpe():
     """Tokens, types and merges of a ~1000-token byte-level BPE trained on BPE_CORPUS."""
-    import json
-
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, pre_tokenizers, trainers
-
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    hf.train_from_iterator(_bpe_corpus(), trainer)
-    model = json.loads(hf.to_str())["model"]
-    tokens = [""] * len(model["vocab"])
-    for text, i in model["vocab"].items():
-        tokens[i] = text
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    tokens.append("[[sep]]")  # a user-defined token: always split out of the text
-    types = [3 if t.startswith("<|") else 4 if t == "[[sep]]" else 1 for t in tokens]
-    return tokens, types, merges
+    return train_byte_bpe(_bpe_corpus())
 
 
 @pytest.fixture(scope="session")
@@ -190,7 +122,7 @@ def bpe_gguf(tmp_path_factory, trained_bpe):
                     w.add_add_eos_token(True)
 
             path = tmp_path_factory.mktemp("bpe") / f"bpe-{pre}.gguf"
-            made[pre] = _write_vocab_gguf(path, "qwen2", kv)
+            made[pre] = write_vocab_gguf(path, "qwen2", kv)
         return made[pre]
 
     return make
@@ -214,10 +146,10 @@ def test_gemma_decode_matches_llama_cpp(llama_cpp, gemma, gemma_ref, text):
     for add_special, parse_special in FLAGS:
         ids = gemma.encode(text, add_special, parse_special)
         for special in (False, True):
-            ref = _ref_detokenize(llama_cpp, gemma_ref, ids, special)
+            ref = ref_detokenize(llama_cpp, gemma_ref, ids, special)
             assert gemma.decode(ids, special=special) == ref
     ids = gemma.encode(text, add_special=False)
-    if _ref_detokenize(llama_cpp, gemma_ref, ids, False) == text:
+    if ref_detokenize(llama_cpp, gemma_ref, ids, False) == text:
         assert gemma.decode(ids) == text
 
 
@@ -229,7 +161,7 @@ def test_gemma_special_tokens(llama_cpp, gemma, gemma_ref):
     assert gemma.add_bos == llama_cpp.llama_vocab_get_add_bos(vocab) is True
     assert gemma.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab) is False
     # <eos>, <end_of_turn> and the user-defined '</s>' that llama.cpp's loader promotes.
-    assert gemma.eog_ids == _ref_eog(llama_cpp, gemma_ref, gemma.vocab_size) == {1, 106, 212}
+    assert gemma.eog_ids == ref_eog(llama_cpp, gemma_ref, gemma.vocab_size) == {1, 106, 212}
     assert gemma.token_text(106) == "<end_of_turn>"
 
 
@@ -240,7 +172,7 @@ def test_gemma_token_to_piece_matches_llama_cpp(llama_cpp, gemma, gemma_ref, gem
         sample |= set(np.nonzero(types == t)[0][:20].tolist())
     for tid in sorted(sample):
         for special in (False, True):
-            assert gemma.token_to_piece(tid, special) == _ref_piece(llama_cpp, gemma_ref, tid, special), tid
+            assert gemma.token_to_piece(tid, special) == ref_piece(llama_cpp, gemma_ref, tid, special), tid
 
 
 def test_gemma_random_text_matches_llama_cpp(gemma, gemma_ref):
@@ -267,19 +199,19 @@ def spm_prefix_gguf(tmp_path_factory, gemma_meta):
         w.add_add_space_prefix(True)
         w.add_add_eos_token(True)
 
-    return _write_vocab_gguf(tmp_path_factory.mktemp("spm") / "spm-prefix.gguf", "llama", kv)
+    return write_vocab_gguf(tmp_path_factory.mktemp("spm") / "spm-prefix.gguf", "llama", kv)
 
 
 def test_spm_space_prefix_matches_llama_cpp(llama_cpp, spm_prefix_gguf):
     tok = Tokenizer.from_metadata(read_gguf(spm_prefix_gguf).metadata)
-    ref = _reference(llama_cpp, spm_prefix_gguf)
+    ref = reference(llama_cpp, spm_prefix_gguf)
     assert tok.add_space_prefix and tok.add_eos
     for text in PROMPTS:
         for add_special, parse_special in FLAGS:
             ids = tok.encode(text, add_special, parse_special)
             assert ids == ref.tokenize(text.encode(), add_bos=add_special, special=parse_special), text
             for special in (False, True):
-                assert tok.decode(ids, special) == _ref_detokenize(llama_cpp, ref, ids, special)
+                assert tok.decode(ids, special) == ref_detokenize(llama_cpp, ref, ids, special)
 
 
 # ---------------------------------------------------------------- gpt2 byte-level BPE
@@ -294,7 +226,7 @@ def bpe_pair(llama_cpp, bpe_gguf):
     def get(pre: str):
         if pre not in cache:
             path = bpe_gguf(pre)
-            cache[pre] = (Tokenizer.from_metadata(read_gguf(path).metadata), _reference(llama_cpp, path))
+            cache[pre] = (Tokenizer.from_metadata(read_gguf(path).metadata), reference(llama_cpp, path))
         return cache[pre]
 
     return get
@@ -336,11 +268,11 @@ def test_bpe_decode_matches_llama_cpp(llama_cpp, bpe_pair, pre):
     for text in PROMPTS:
         ids = tok.encode(text, add_special=True, parse_special=True)
         for special in (False, True):
-            assert tok.decode(ids, special) == _ref_detokenize(llama_cpp, ref, ids, special), text
+            assert tok.decode(ids, special) == ref_detokenize(llama_cpp, ref, ids, special), text
     rng = random.Random(5)  # arbitrary id sequences exercise the clean-up passes
     for _ in range(200):
         ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(0, 12))]
-        assert tok.decode(ids, True) == _ref_detokenize(llama_cpp, ref, ids, True), ids
+        assert tok.decode(ids, True) == ref_detokenize(llama_cpp, ref, ids, True), ids
 
 
 @pytest.mark.parametrize("pre", PRE_TYPES)
@@ -351,10 +283,10 @@ def test_bpe_special_tokens_match_llama_cpp(llama_cpp, bpe_pair, pre):
     assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab)
     assert (tok.bos_id, tok.eos_id) == (0, 2)
     assert tok.eot_id == llama_cpp.llama_vocab_eot(vocab) == tok.token_id("<|im_end|>")
-    assert tok.eog_ids == _ref_eog(llama_cpp, ref, tok.vocab_size) == {0, 2}
+    assert tok.eog_ids == ref_eog(llama_cpp, ref, tok.vocab_size) == {0, 2}
     for tid in range(tok.vocab_size):
         for special in (False, True):
-            assert tok.token_to_piece(tid, special) == _ref_piece(llama_cpp, ref, tid, special), tid
+            assert tok.token_to_piece(tid, special) == ref_piece(llama_cpp, ref, tid, special), tid
 
 
 def test_bpe_pre_type_defaults(bpe_pair):
@@ -414,8 +346,8 @@ def test_clean_up_spaces_rules():
 
 
 def test_unknown_model_is_rejected(gemma_meta):
-    meta = dict(gemma_meta, **{"tokenizer.ggml.model": "bert"})
-    with pytest.raises(TokenizerError, match=r"'bert'.*llama.*gpt2"):
+    meta = dict(gemma_meta, **{"tokenizer.ggml.model": "no-such-model"})
+    with pytest.raises(TokenizerError, match=r"'no-such-model'.*llama.*gpt2.*bert.*t5.*rwkv"):
         Tokenizer.from_metadata(meta)
 
 

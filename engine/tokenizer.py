@@ -98,7 +98,7 @@ class Vocab:
 
 
 def _spm(meta: dict[str, Any], v: Vocab) -> Any:
-    return SentencePieceModel(v.token_to_id, v.scores, bool(meta.get(_K + "add_space_prefix", True)))
+    return SentencePieceModel(v.tokens, v.token_to_id, v.scores, bool(meta.get(_K + "add_space_prefix", True)))
 
 
 def _bpe(meta: dict[str, Any], v: Vocab) -> Any:

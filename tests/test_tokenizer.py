@@ -405,3 +405,13 @@ def test_hf_tokenizer_larger_than_the_embedding_is_refused():
     with pytest.raises(TokenizerError, match="40 tokens but the model's embedding only 32 rows"):
         Ours(core.to_str(), n_vocab=32)
     assert Ours(core.to_str(), n_vocab=48).vocab_size == 48  # padding rows past the tokenizer are fine
+
+
+def test_gemma_long_text_matches_llama_cpp(gemma, gemma_ref):
+    """Long enough to be encoded in parts; Gemma's vocabulary has a token with '▁' inside ('>▁</'),
+    so no cut falls after a '>'."""
+    import llama_cpp
+    from vocab_gguf import ref_tokenize
+
+    text = ("<html>\n<body> </body> x >  y >▁</b " + " ".join(PROMPTS) + "\n") * 400
+    assert gemma.encode(text, False, False) == ref_tokenize(llama_cpp, gemma_ref, text, False, False)

@@ -152,3 +152,30 @@ def test_a_name_llama_cpp_does_not_know_is_refused_as_it_refuses_it(tmp_path, tr
         Tokenizer.from_metadata(meta)
     del meta["tokenizer.ggml.pre"]
     assert Tokenizer.from_metadata(meta).pre == "default"
+
+
+def _long_text() -> str:
+    """~300 KB of prose and code (this repository's README and sources) with other scripts mixed in."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    parts = [(root / "README.md").read_text(encoding="utf-8")]
+    parts += [p.read_text(encoding="utf-8") for p in sorted((root / "engine").glob("*.py"))]
+    text = "\n".join(parts)
+    lines = text.split("\n")
+    mixed = random_texts(7, len(lines) // 20)
+    for i, extra in enumerate(mixed):
+        lines.insert(20 * i, extra)
+    return "\n".join(lines)[:300_000]
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "llama-bpe", "gpt-2", "gemma-4", "deepseek-llm", "bert-bge",
+                                  "nomic-bert-moe"])
+def test_long_text_matches_llama_cpp(vocab, name):
+    """A text long enough to be encoded in parts side by side (SentencePiece and BPE cut it where
+    no token or word can span): the ids of the whole."""
+    from vocab_gguf import ref_tokenize
+
+    _, tok, ref = vocab(name)
+    text = _long_text()
+    assert tok.encode(text, False, False) == ref_tokenize(llama_cpp, ref, text, False, False)

@@ -40,11 +40,13 @@ REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # 1.81%, 0.02%, 0.06%, 0.05%, 0.71%, gpt-oss 0.50%; most of it is the Q6_K weights re-quantized to 8 bits)
 EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
                "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008}
-# max |MLX - cpu backend| / max |logit| (measured 0.89%, 0.10%, 0.68%, 3.57%, 1.72%, 0.39%, 2.6%, 4.5%:
-# tiny gemma2, olmo2, phi3 and qwen3moe amplify the cpu backend's 8-bit activations, 3.0%, 1.7%, 2.6%
-# and 4.1% from exact; llama.cpp's two attention paths differ by 2.5% on the tiny qwen3moe);
-# tiny gemma3: see the test; gpt-oss 0.85%
-CPU_BOUND = {"llama": 0.01, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
+# max |MLX - cpu backend| / max |logit| (measured 1.06% (1.13% with the softcaps below), 0.10%, 0.68%,
+# 3.57%, 1.72%, 0.39%, 2.6%, 4.5%: tiny gemma2, olmo2, phi3 and qwen3moe amplify the cpu backend's
+# 8-bit activations, 3.0%, 1.7%, 2.6% and 4.1% from exact; llama.cpp's two attention paths differ by
+# 2.5% on the tiny qwen3moe; tiny llama's Q4_1 weights take Q8_1 activations as in llama.cpp, which
+# puts the cpu backend 0.92% from exact, as far as llama.cpp's default path (0.92%; its flash-attention
+# path 1.20%) and 0.46% from it); tiny gemma3: see the test; gpt-oss 0.85%
+CPU_BOUND = {"llama": 0.013, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
              "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015}
 
 

@@ -12,10 +12,14 @@ def load_llm(model_name: str | None, config, quiet: bool):
     from rich.console import Console
 
     from infer.engine.llm import LLM
-    from infer.models.resolve import resolve_model
+    from infer.models.resolve import locate_model, resolve_model
 
     from .kernels import kernels_compiled, mark_kernels_compiled
 
+    if not model_name:
+        found = locate_model(None)
+        if found.note:
+            sys.stderr.write(f"note: {found.note}\n")
     path = resolve_model(model_name)
     console = Console(stderr=True)
     first = not kernels_compiled()

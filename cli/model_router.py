@@ -335,7 +335,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
     """The ASGI app of a several-models server: the router behind the API key and CORS."""
     from starlette.middleware.cors import CORSMiddleware
 
-    from infer.models.default import default_model_path
+    from infer.models.resolve import default_model
 
     from .load import load_llm
     from .openai_server import FrontDoor, ServerConfig, create_app
@@ -349,7 +349,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
         return llm, create_app(llm, server_config, metrics, own_lifespan=False)
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
-    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model_path()), metrics, max_body, config.n_ctx, webui), api_key, metrics)
+    app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model().path), metrics, max_body, config.n_ctx, webui), api_key, metrics)
     if cors:
         app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
                              allow_headers=["*"])

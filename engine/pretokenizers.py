@@ -1,8 +1,9 @@
 r"""Every pre-tokenizer llama.cpp knows for its BPE vocabularies, as data: tokenizer.ggml.pre names ->
 llama.cpp's pre-tokenizer type and the flags its loader sets for the name (llama_vocab::impl::load),
 each type's split regexes as llama.cpp writes them (the llm_tokenizer_bpe constructor), and how
-those regexes are run here: by Oniguruma in Hugging Face `tokenizers` (bpe.py), rewritten where
-llama.cpp's own regex handling means something else (onig_regex).
+those regexes are read here: as Oniguruma reads them (in Hugging Face `tokenizers`, bpe.py, and
+as regex_split.py runs them), rewritten where llama.cpp's own regex handling means something else
+(onig_regex).
 
 llama.cpp runs a regex either through a hand-written matcher (GPT-2, Llama 3, Qwen 2/3.5 and a few
 others: unicode_regex_split_custom, which implement their regexes) or through std::regex over a

@@ -4,8 +4,8 @@ llama.cpp does not run SentencePiece's own model: it merges adjacent symbols (UT
 first) greedily by the *score* of the merged piece in the vocabulary, the highest first and the
 leftmost on a tie, and spells what is left outside the vocabulary in byte tokens
 (llm_tokenizer_spm_session). This module follows that algorithm in numba, with the vocabulary in an
-open-addressing hash table over the tokens' code points, so that encoding runs at native speed
-(a Python version of the same loop took 4.4x llama.cpp's time on 1 MB of text).
+open-addressing hash table over the tokens' code points (token_table.py), so that encoding runs at
+native speed (a Python version of the same loop took 4.4x llama.cpp's time on 1 MB of text).
 """
 from __future__ import annotations
 
@@ -16,59 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numba import njit
 
+from infer.engine.token_table import TokenTable, lookup
 from infer.engine.tokenizer_error import TokenizerError
 
 ESCAPED_SPACE = "\u2581"  # '▁', SentencePiece's visible space
 _PART = 1 << 16  # characters of a long text's parts, encoded side by side
-_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
-
-
-@njit(cache=True, inline="always")
-def _hash(cps, start, n):
-    # FNV-1a over the code points cps[start:start + n] (uint64 arithmetic wraps)
-    h = _FNV_OFFSET
-    for i in range(start, start + n):
-        h = (h ^ np.uint64(cps[i])) * _FNV_PRIME
-    return h
-
-
-@njit(cache=True)
-def _build_table(tok_cps, tok_off, table):
-    # table: (M,) int32, M a power of two > 2 * tokens, -1 = empty; token i is tok_cps[tok_off[i]:tok_off[i+1]].
-    # A text seen again takes the later id, as llama.cpp's token_to_id (the last assignment wins).
-    mask = np.uint64(table.shape[0] - 1)
-    for t in range(tok_off.shape[0] - 1):
-        a, n = tok_off[t], tok_off[t + 1] - tok_off[t]
-        slot = _hash(tok_cps, a, n) & mask
-        while table[slot] >= 0:
-            o = table[slot]
-            if _same(tok_cps, tok_off[o], tok_off[o + 1] - tok_off[o], tok_cps, a, n):
-                break
-            slot = (slot + np.uint64(1)) & mask
-        table[slot] = t
-
-
-@njit(cache=True, inline="always")
-def _same(a, sa, na, b, sb, nb):
-    if na != nb:
-        return False
-    for i in range(na):
-        if a[sa + i] != b[sb + i]:
-            return False
-    return True
-
-
-@njit(cache=True)
-def _lookup(cps, start, n, tok_cps, tok_off, table):
-    # the id of the token spelled cps[start:start + n], or -1
-    mask = np.uint64(table.shape[0] - 1)
-    slot = _hash(cps, start, n) & mask
-    while table[slot] >= 0:
-        t = table[slot]
-        if _same(tok_cps, tok_off[t], tok_off[t + 1] - tok_off[t], cps, start, n):
-            return t
-        slot = (slot + np.uint64(1)) & mask
-    return -1
 
 
 @njit(cache=True, inline="always")
@@ -151,7 +103,7 @@ def spm_encode(cps, tok_cps, tok_off, table, scores, byte_ids, out):
     hs, hl, hr, hn = np.empty(cap, np.float32), np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, np.int64)
     heap = 0
     for i in range(n - 1):
-        t = _lookup(cps, i, 2, tok_cps, tok_off, table)
+        t = lookup(cps, i, 2, tok_cps, tok_off, table)
         if t >= 0:
             heap = _push(hs, hl, hr, hn, heap, scores[t], i, i + 1, 2)
     while heap > 0:
@@ -167,18 +119,18 @@ def spm_encode(cps, tok_cps, tok_off, table, scores, byte_ids, out):
             prev[after] = left
         before = prev[left]
         if before >= 0:
-            t = _lookup(cps, before, size[before] + merged, tok_cps, tok_off, table)
+            t = lookup(cps, before, size[before] + merged, tok_cps, tok_off, table)
             if t >= 0:
                 heap = _push(hs, hl, hr, hn, heap, scores[t], before, left, size[before] + merged)
         if after >= 0:
-            t = _lookup(cps, left, merged + size[after], tok_cps, tok_off, table)
+            t = lookup(cps, left, merged + size[after], tok_cps, tok_off, table)
             if t >= 0:
                 heap = _push(hs, hl, hr, hn, heap, scores[t], left, after, merged + size[after])
     k = 0
     buf = np.empty(4, np.int64)
     i = 0
     while i != -1:
-        t = _lookup(cps, i, size[i], tok_cps, tok_off, table)
+        t = lookup(cps, i, size[i], tok_cps, tok_off, table)
         if t >= 0:
             out[k] = t
             k += 1
@@ -198,12 +150,7 @@ class SentencePieceModel:
 
     def __init__(self, tokens: list[str], token_to_id: dict[str, int], scores: np.ndarray, add_space_prefix: bool):
         self.add_space_prefix = add_space_prefix
-        lengths = np.fromiter((len(t) for t in tokens), np.int64, len(tokens))
-        self._tok_off = np.zeros(len(tokens) + 1, np.int64)
-        np.cumsum(lengths, out=self._tok_off[1:])
-        self._tok_cps = np.frombuffer("".join(tokens).encode("utf-32-le"), np.uint32)
-        self._table = np.full(1 << max(4, int(2 * len(tokens)).bit_length()), -1, np.int32)
-        _build_table(self._tok_cps, self._tok_off, self._table)
+        self._vocab = TokenTable(tokens)
         self._scores = np.ascontiguousarray(scores, np.float32)
         inner = [t for t in tokens if ESCAPED_SPACE in t[1:]]
         before = {t[i - 1] for t in inner for i in range(1, len(t)) if t[i] == ESCAPED_SPACE} - {ESCAPED_SPACE}
@@ -242,7 +189,8 @@ class SentencePieceModel:
     def _encode(self, text: str) -> list[int]:
         cps = np.frombuffer(text.encode("utf-32-le"), np.uint32)
         out = np.empty(4 * cps.shape[0], np.int32)
-        k = spm_encode(cps, self._tok_cps, self._tok_off, self._table, self._scores, self._byte_ids, out)
+        v = self._vocab
+        k = spm_encode(cps, v.tok_cps, v.tok_off, v.table, self._scores, self._byte_ids, out)
         if k < 0:
             raise TokenizerError(f"cannot encode {text!r}: vocabulary has no byte-fallback token <0x{-1 - k:02X}>")
         return out[:k].tolist()

@@ -71,7 +71,8 @@ _TYPE_TO_ATTR.flags.writeable = False
 class VocabType:
     """One of llama.cpp's vocabulary types (llama_vocab_type), as its loader sets it up: the model
     over raw text (load(meta, vocab) -> an object with encode(fragment, after_special) and
-    normal_piece(text)), the default special ids and flags the GGUF's own keys may override, and
+    normal_piece(text), and optionally encode_fragments(fragments) where after_special plays no
+    part and encoding the fragments between special tokens together is faster), the default special ids and flags the GGUF's own keys may override, and
     which special tokens encode(add_special=True) adds around the text."""
 
     name: str  # llama.cpp's name for it (LLAMA_VOCAB_TYPE_*)
@@ -95,6 +96,15 @@ class Vocab:
     token_to_id: dict[str, int]
     attrs: np.ndarray  # (n,) uint16 llama_token_attr bits
     scores: np.ndarray  # (n,) float32 (zeros where the file has none)
+
+
+def _find_all(text: str, key: str) -> list[int]:
+    """Every index where key starts in text (overlapping ones too)."""
+    out, at = [], text.find(key)
+    while at >= 0:
+        out.append(at)
+        at = text.find(key, at + 1)
+    return out
 
 
 def _spm(meta: dict[str, Any], v: Vocab) -> Any:
@@ -337,6 +347,9 @@ class Tokenizer:
         for _, tid in order:
             self._special_by_prefix.setdefault(self._tokens[tid][:2], []).append(tid)
         self._special_first = frozenset(key[0] for key in self._special_by_prefix)
+        self._special_keys: dict[str, list[str]] = {}  # first character -> the prefixes it begins
+        for key in self._special_by_prefix:
+            self._special_keys.setdefault(key[0], []).append(key)
 
     # ------------------------------------------------------------------ properties
 
@@ -397,14 +410,21 @@ class Tokenizer:
         add_special = add_special and self._type.adds_special
         if add_special and (self.add_bos or self._type.bos_always):
             out.append(self._required("bos"))
-        after_special = True
-        for frag in self._partition(text, parse_special):
-            if isinstance(frag, int):
-                out.append(frag)
-                after_special = True
-            else:
-                out.extend(self._model.encode(frag, after_special))
-                after_special = False
+        parts = self._partition(text, parse_special)
+        fragments = [p for p in parts if isinstance(p, str)]
+        if len(fragments) > 1 and hasattr(self._model, "encode_fragments"):  # one pass over them all
+            done = iter(self._model.encode_fragments(fragments))
+            for part in parts:
+                out.extend([part] if isinstance(part, int) else next(done))
+        else:
+            after_special = True
+            for part in parts:
+                if isinstance(part, int):
+                    out.append(part)
+                    after_special = True
+                else:
+                    out.extend(self._model.encode(part, after_special))
+                    after_special = False
         if add_special and self._type.sep_after:
             out.append(self._required("sep"))
         elif add_special and self.add_eos:
@@ -422,21 +442,19 @@ class Tokenizer:
         every non-overlapping occurrence in the text pieces left by the earlier ones."""
         if not text:
             return []
-        candidates: set[int] = set()
-        by_prefix = self._special_by_prefix
-        keys = set()
-        for c in self._special_first & set(text):  # the places a special token may start at
-            keys.add(c)
-            at = text.find(c)
-            while at >= 0:
-                keys.add(text[at:at + 2])
-                at = text.find(c, at + 1)
-        for key in keys:
-            group = by_prefix.get(key)
-            if group:
-                candidates.update(group)
+        # the tokens of a prefix (first one or two characters) the text holds; then, where the text
+        # is long and those prefixes rare, the windows after them stand in for it in the searches
+        first = self._special_first & set(text) if len(self._special_first) > 32 else self._special_first
+        keys = [key for c in first if c in text for key in self._special_keys[c] if key in text]
+        candidates = {tid for key in keys for tid in self._special_by_prefix[key]}
         if not candidates:
             return [text]
+        haystack = text
+        longest = max(len(self._tokens[tid]) for tid in candidates)
+        if (len(text) > 4096 and sum(text.count(k) for k in keys) * (longest + 1) < len(text) // 2
+                and not any("\x00" in self._tokens[tid] for tid in candidates)):  # no token spans two windows
+            at = sorted({i for k in keys for i in _find_all(text, k)})
+            haystack = "\x00".join(text[i:i + longest] for i in at)
         skip = 0 if parse_special else (CONTROL | UNKNOWN)
         attrs, tokens = self._attrs, self._tokens
         frags: list[str | int] = [text]
@@ -445,7 +463,7 @@ class Tokenizer:
             if attr & skip:
                 continue
             tok = tokens[tid]
-            if tok not in text:
+            if tok not in haystack:
                 continue
             new: list[str | int] = []
             for frag in frags:

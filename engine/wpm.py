@@ -13,27 +13,30 @@ the ids, so this module follows its rules (src/llama-vocab.cpp, src/unicode.cpp)
   \\p{M} marks when strip_accents; each \\p{P} character, each ASCII \\p{S} and each
   "Chinese" ideograph (its is_chinese_char ranges, 0x2B920 quirk included) is a word alone.
 * Each word, prefixed with '▁', is cut greedily into the longest vocabulary entries; a word
-  with any position no entry starts at becomes one [UNK].
+  with any position no entry starts at becomes one [UNK]. (In numba, over the vocabulary as a
+  token_table.py hash table.)
 
 Character classes come from Python's unicodedata (14.0 on Python 3.11) plus the code points
 Unicode 15.0/15.1 assigned to the classes above, since llama.cpp's tables are Unicode 15.1.
 On a Python whose unicodedata is newer than 15.1, characters first assigned after 15.1 are
 unassigned to llama.cpp but not here, so text using them may tokenize differently.
 
-Speed: the text goes through a few whole-text passes that run in C (str.translate, regexes),
-and the Python-level greedy match runs once per distinct word of a call, not per character.
+Speed: the per-code-point work is table lookups over the text's code points (numpy and numba),
+and the greedy match runs once per distinct word of a call (pieces.py).
 """
 from __future__ import annotations
 
-import re
 import unicodedata
 from functools import partial
 from itertools import compress, filterfalse
-from operator import itemgetter, methodcaller, ne
+from operator import itemgetter, ne
 from typing import Any
 
 import numpy as np
+from numba import njit
 
+from infer.engine.pieces import encode_pieces
+from infer.engine.token_table import TokenTable, lookup
 from infer.engine.tokenizer_error import TokenizerError
 
 ESCAPED_SPACE = "\u2581"  # '▁', the prefix that marks a word's first piece
@@ -57,7 +60,6 @@ _UNICODE15 = {
 }
 _MAX_CODEPOINT = 0x110000
 _CASED_LIMIT = 0x30000  # no case mapping or decomposition lies above (Unicode <= 16)
-_LONG_RUN = 256  # a run of this many code points stays in a regex class, not the translate table
 
 
 def _categories() -> np.ndarray:
@@ -74,17 +76,6 @@ def _categories() -> np.ndarray:
             span = first[lo:hi + 1]
             span[span == ord("n")] = ord(letter)
     return first
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """(first, last) code point of each run where mask is true."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
-    return [(int(lo), int(hi) - 1) for lo, hi in zip(edges[::2], edges[1::2])]
-
-
-def _char_class(runs: list[tuple[int, int]]) -> str:
-    """The body of a regex character class matching these runs of code points."""
-    return "".join(f"\\U{lo:08X}-\\U{hi:08X}" for lo, hi in runs)
 
 
 def _lower_nfd(lowercase: bool, strip_accents: bool) -> dict[int, str]:
@@ -131,82 +122,118 @@ class WordPiece:
 
     def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
                  scores: np.ndarray, meta: dict[str, Any]):
-        self._vocab = token_to_id
+        self._vocab = TokenTable(tokens)  # the same ids as token_to_id: a repeated text's last one
         self._max_len = max((len(t) for t in tokens), default=1)  # longest entry, in code points
         self._unk = _unk_id(meta, len(tokens))
         lowercase = bool(meta.get(_K + "normalizer.lowercase", True))
         strip_accents = bool(meta.get(_K + "normalizer.strip_accents", lowercase))
         self.lowercase, self.strip_accents = lowercase, strip_accents
         space, drop, single = _classes(strip_accents)
+        # Code point -> what llama.cpp's preprocessing makes of it, -1 where it vanishes: NFD's
+        # first code point, lowercased (lowering keeps a character's class, a letter stays a
+        # letter, so whether it vanishes, or what word it makes, is read after it)
+        mapped = np.arange(_MAX_CODEPOINT, dtype=np.int32)
+        if lowercase or strip_accents:
+            lowered = _lower_nfd(lowercase, strip_accents)
+            mapped[np.fromiter(lowered, np.int64, len(lowered))] = [ord(c) for c in lowered.values()]
+        self._map = np.where(drop[mapped], -1, mapped).astype(np.int32)
+        self._kind = np.where(space, 1, np.where(single, 2, 0)).astype(np.uint8)  # 1 space, 2 a word alone
 
-        # The per-code-point work is one str.translate: NFD and lowercase (lowering keeps a
-        # character's class, a letter stays a letter, so the classes are read after it), and
-        # deleting dropped characters or setting apart by spaces the one-character words above
-        # U+FFFF: re tests the ranges of a class up there one by one (below, it is one bitmap
-        # lookup), so short runs there would slow every character. Long runs (private use,
-        # surrogates, CJK ideographs) are few ranges but too many table entries: regexes take them.
-        drop_runs, single_runs = _runs(drop), _runs(single)
-        short_drop = [cpt for lo, hi in drop_runs if hi - lo + 1 < _LONG_RUN for cpt in range(lo, hi + 1)]
-        short_single = {cpt for lo, hi in single_runs if lo > 0xFFFF and hi - lo + 1 < _LONG_RUN
-                        for cpt in range(lo, hi + 1)}
-        lowered = _lower_nfd(lowercase, strip_accents) if lowercase or strip_accents else {}
-        table: dict[int, str | None] = {}
-        for cpt in {*lowered, *short_drop, *short_single}:
-            out = lowered.get(cpt, chr(cpt))
-            table[cpt] = None if drop[ord(out)] else f" {out} " if ord(out) in short_single else out
-        self._table = table
-        self._ascii = {c: table[c] for c in range(0x80) if c in table}  # 1:1 or delete: C's fast path
-        self._non_ascii = re.compile("([^\\x00-\\x7f]+)")
-        self._drop = re.compile(f"[{_char_class([(lo, hi) for lo, hi in drop_runs if hi - lo + 1 >= _LONG_RUN])}]+")
-        singles = _char_class([(lo, hi) for lo, hi in single_runs if lo <= 0xFFFF or hi - lo + 1 >= _LONG_RUN])
-        # A word is one member of the one-character class, or a run of anything else but space.
-        self._words = re.compile(f"[{singles}]|[^{singles}{_char_class(_runs(space))}]+")
+    def _normalize(self, fragment: str) -> tuple[str, np.ndarray]:
+        """The fragment's code points as llama.cpp's preprocessing leaves them, and as text."""
+        cps = self._map[np.frombuffer(fragment.encode("utf-32-le", "surrogatepass"), dtype="<u4")]
+        cps = cps[cps >= 0].astype(np.uint32)  # no surrogate is left: they are \p{C}
+        return cps.astype("<u4").tobytes().decode("utf-32-le"), cps
+
+    def _spans(self, cps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        starts, ends = np.empty(len(cps), np.int64), np.empty(len(cps), np.int64)
+        n = _word_spans(cps, self._kind, starts, ends)
+        return starts[:n], ends[:n]
 
     def words(self, fragment: str) -> list[str]:
-        """llm_tokenizer_wpm_session::preprocess: the normalized words of `fragment`.
-        ASCII stretches take a small 1:1 table that str.translate runs in C; only the rest
-        pays for the full table's per-character lookups."""
-        if fragment.isascii():
-            return self._words.findall(fragment.translate(self._ascii))
-        pieces = self._non_ascii.split(fragment)  # ASCII, other, ASCII, ..., ASCII
-        pieces[0::2] = map(methodcaller("translate", self._ascii), pieces[0::2])
-        pieces[1::2] = map(partial(self._drop.sub, ""), map(methodcaller("translate", self._table), pieces[1::2]))
-        return self._words.findall("".join(pieces))
+        """llm_tokenizer_wpm_session::preprocess: the normalized words of `fragment`."""
+        text, cps = self._normalize(fragment)
+        return [text[a:b] for a, b in zip(*(x.tolist() for x in self._spans(cps)))]
 
     def encode(self, fragment: str, after_special: bool = False) -> list[int]:
         """Token ids of one raw-text fragment (`after_special` does not matter to WPM)."""
-        memo: dict[str, list[int]] = {}
-        out: list[int] = []
-        for word in self.words(fragment):
-            ids = memo.get(word)
-            if ids is None:
-                ids = memo[word] = self._word_ids(word)
-            out += ids
-        return out
+        text, cps = self._normalize(fragment)
+        return encode_pieces(text, cps, *self._spans(cps), self._words_ids)[0].tolist()
 
-    def _word_ids(self, word: str) -> list[int]:
-        """Greedy longest match over '▁' + word; one [UNK] if any position has no match."""
-        text = ESCAPED_SPACE + word
-        n, get, max_len = len(text), self._vocab.get, self._max_len
-        ids: list[int] = []
-        i = 0
-        while i < n:
-            for j in range(min(n, i + max_len), i, -1):
-                tid = get(text[i:j])
-                if tid is not None:
-                    ids.append(tid)
-                    i = j
-                    break
-            else:
-                if self._unk is None:
-                    raise TokenizerError(f"word {word!r} has no pieces and the vocabulary has no [UNK]")
-                return [self._unk]
-        return ids
+    def _words_ids(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each word's ids, one after another, and their counts (_wordpiece)."""
+        cps = np.frombuffer("".join(words).encode("utf-32-le"), np.uint32)
+        off = np.zeros(len(words) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, words), np.int64, len(words)), out=off[1:])
+        ids, counts = np.empty(len(cps) + len(words), np.int32), np.empty(len(words), np.int64)
+        v = self._vocab
+        k = _wordpiece(cps, off, ord(ESCAPED_SPACE), self._max_len, v.tok_cps, v.tok_off, v.table,
+                       -1 if self._unk is None else self._unk, ids, counts)
+        if k < 0:
+            word = words[-1 - k]
+            raise TokenizerError(f"word {word!r} has no pieces and the vocabulary has no [UNK]")
+        return ids[:k], counts
 
     @staticmethod
     def normal_piece(text: str) -> bytes:
         """A NORMAL token's bytes: llama.cpp unescapes every '▁' to a space."""
         return text.replace(ESCAPED_SPACE, " ").encode("utf-8")
+
+
+@njit(cache=True)
+def _word_spans(cps, kind, starts, ends):
+    # cps: (N,) uint32 code points; kind: (0x110000,) uint8 (see WordPiece.__init__); starts, ends:
+    # (N,) int64 receive the words. A word is one kind-2 character or a run of kind 0; returns the count.
+    n = 0
+    i = 0
+    while i < cps.shape[0]:
+        k = kind[cps[i]]
+        if k == 1:
+            i += 1
+            continue
+        j = i + 1
+        if k == 0:
+            while j < cps.shape[0] and kind[cps[j]] == 0:
+                j += 1
+        starts[n], ends[n] = i, j
+        n += 1
+        i = j
+    return n
+
+
+@njit(cache=True)
+def _wordpiece(cps, off, prefix, max_len, tok_cps, tok_off, table, unk, ids, counts):
+    # cps: (N,) uint32 the words' code points, word w at off[w]:off[w + 1] ((W + 1,) int64);
+    # ids: (N + W,) int32 and counts: (W,) int64 receive each word's ids. Greedy longest match over
+    # prefix ('▁') + word; one [UNK] (unk) where some position starts no token. Returns the number
+    # of ids, or -1 - w where word w needs an [UNK] the vocabulary lacks (unk < 0).
+    buf = np.empty(max(1, cps.shape[0]) + 1, np.uint32)
+    k = 0
+    for w in range(off.shape[0] - 1):
+        n = off[w + 1] - off[w] + 1
+        buf[0] = prefix
+        buf[1:n] = cps[off[w]:off[w + 1]]
+        start = k
+        i = 0
+        while i < n:
+            j = min(n, i + max_len)
+            while j > i:
+                t = lookup(buf, i, j - i, tok_cps, tok_off, table)
+                if t >= 0:
+                    ids[k] = t
+                    k += 1
+                    break
+                j -= 1
+            if j == i:
+                if unk < 0:
+                    return -1 - w
+                k = start
+                ids[k] = unk
+                k += 1
+                break
+            i = j
+        counts[w] = k - start
+    return k
 
 
 def _unk_id(meta: dict[str, Any], n: int) -> int | None:

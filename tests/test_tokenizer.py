@@ -76,11 +76,6 @@ def _bpe_corpus() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def llama_cpp():
-    return pytest.importorskip("llama_cpp")
-
-
-@pytest.fixture(scope="module")
 def gemma_meta(gemma_path):
     return read_gguf(gemma_path).metadata
 

@@ -24,7 +24,7 @@ import pytest
 
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece
+from vocab_gguf import ref_detokenize, ref_piece, write_vocab_gguf
 
 pytestmark = pytest.mark.reference
 
@@ -54,22 +54,6 @@ def _ngrams(units, lo: int, hi: int) -> Counter:
 
 
 # ---------------------------------------------------------------- writing the vocabularies
-
-
-def _write_vocab_gguf(path: Path, arch: str, tokenizer_kv) -> Path:
-    """A GGUF with no tensors: llama.cpp loads it with vocab_only (no hyperparameters read)."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(64)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    tokenizer_kv(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def _rwkv_escape(data: bytes) -> str:
@@ -191,11 +175,6 @@ def plamo2_random_vocab(size: int = 20000) -> tuple[list[str], list[float], list
     return tokens, scores, types
 
 
-@pytest.fixture(scope="module")
-def llama_cpp():
-    return pytest.importorskip("llama_cpp")
-
-
 def _pair(llama_cpp, path: Path):
     tok = Tokenizer.from_metadata(read_gguf(path).metadata)
     return tok, llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
@@ -214,7 +193,7 @@ def rwkv(llama_cpp, tmp_path_factory):
         w.add_eos_token_id(0)
         w.add_eot_token_id(eot)
 
-    return _pair(llama_cpp, _write_vocab_gguf(tmp_path_factory.mktemp("rwkv") / "rwkv.gguf", "rwkv6", kv))
+    return _pair(llama_cpp, write_vocab_gguf(tmp_path_factory.mktemp("rwkv") / "rwkv.gguf", "rwkv6", kv))
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +206,7 @@ def rwkv_unk(llama_cpp, tmp_path_factory):
         w.add_token_types(types)
         w.add_unk_token_id(tokens.index("<unk>"))
 
-    return _pair(llama_cpp, _write_vocab_gguf(tmp_path_factory.mktemp("rwkv") / "rwkv-unk.gguf", "rwkv7", kv))
+    return _pair(llama_cpp, write_vocab_gguf(tmp_path_factory.mktemp("rwkv") / "rwkv-unk.gguf", "rwkv7", kv))
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +224,7 @@ def plamo2(llama_cpp, tmp_path_factory):
         w.add_pad_token_id(3)
         w.add_eot_token_id(4)
 
-    return _pair(llama_cpp, _write_vocab_gguf(tmp_path_factory.mktemp("plamo2") / "plamo2.gguf", "plamo2", kv))
+    return _pair(llama_cpp, write_vocab_gguf(tmp_path_factory.mktemp("plamo2") / "plamo2.gguf", "plamo2", kv))
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +238,7 @@ def plamo2_random(llama_cpp, tmp_path_factory):
         w.add_token_types(types)
 
     path = tmp_path_factory.mktemp("plamo2") / "plamo2-random.gguf"
-    return _pair(llama_cpp, _write_vocab_gguf(path, "plamo2", kv))
+    return _pair(llama_cpp, write_vocab_gguf(path, "plamo2", kv))
 
 
 VOCABS = ["rwkv", "rwkv_unk", "plamo2", "plamo2_random"]

@@ -195,11 +195,6 @@ def write_t5_gguf(folder: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llama_cpp():
-    return pytest.importorskip("llama_cpp")
-
-
-@pytest.fixture(scope="module")
 def t5_dir(tmp_path_factory) -> Path:
     pytest.importorskip("sentencepiece")
     return tmp_path_factory.mktemp("t5_vocab")

@@ -100,11 +100,6 @@ def _write_bert_gguf(path: Path, meta: dict, **normalizer: bool) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llama_cpp():
-    return pytest.importorskip("llama_cpp")
-
-
-@pytest.fixture(scope="module")
 def bge_path(llama_vocab_dir) -> Path:
     return llama_vocab_dir / "ggml-vocab-bert-bge.gguf"
 

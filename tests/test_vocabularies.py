@@ -170,12 +170,29 @@ def _long_text() -> str:
 
 
 @pytest.mark.parametrize("name", ["llama-spm", "llama-bpe", "gpt-2", "gemma-4", "deepseek-llm", "bert-bge",
-                                  "nomic-bert-moe"])
+                                  "nomic-bert-moe", "command-r", "gpt-neox"])
 def test_long_text_matches_llama_cpp(vocab, name):
     """A text long enough to be encoded in parts side by side (SentencePiece and BPE cut it where
-    no token or word can span): the ids of the whole."""
+    no token or word can span) and to have its special tokens looked for in the windows after
+    their prefixes, with and without special parsing: the ids of the whole."""
     from vocab_gguf import ref_tokenize
 
     _, tok, ref = vocab(name)
-    text = _long_text()
-    assert tok.encode(text, False, False) == ref_tokenize(llama_cpp, ref, text, False, False)
+    lines = _long_text().split("\n")
+    for i, special in enumerate(_special_texts(tok)[:40]):
+        lines.insert(97 * i, special)
+    text = "\n".join(lines)
+    for parse in (False, True):
+        assert tok.encode(text, False, parse) == ref_tokenize(llama_cpp, ref, text, False, parse)
+
+
+def test_readme_lists_what_the_tables_hold():
+    """The README's vocabulary list is written from the tables (scripts/readme_vocabularies.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "readme_vocabularies.py"
+    spec = importlib.util.spec_from_file_location("readme_vocabularies", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.block() in mod.README.read_text(encoding="utf-8"), "run scripts/readme_vocabularies.py"

@@ -14,6 +14,7 @@ import numpy as np
 
 from infer.engine.bpe import ByteLevelBPE
 from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
+from infer.engine.special_tokens import BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, UNUSED, USER_DEFINED, SpecialTokens
 from infer.engine.spm import SentencePieceModel
 from infer.engine.tokenizer_error import TokenizerError
 
@@ -59,9 +60,6 @@ def check_text(text: Any) -> None:
         raise TokenizerError(f"text is not valid Unicode: {e.reason} at index {e.start}") from None
 
 
-# llama.cpp's token attribute bits (llama_token_attr).
-UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 2, 4, 8, 16, 32
-LSTRIP, RSTRIP = 128, 256
 # GGUF token_type (0 undefined, 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
 _TYPE_TO_ATTR = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.uint16)
 _TYPE_TO_ATTR.flags.writeable = False
@@ -96,15 +94,6 @@ class Vocab:
     token_to_id: dict[str, int]
     attrs: np.ndarray  # (n,) uint16 llama_token_attr bits
     scores: np.ndarray  # (n,) float32 (zeros where the file has none)
-
-
-def _find_all(text: str, key: str) -> list[int]:
-    """Every index where key starts in text (overlapping ones too)."""
-    out, at = [], text.find(key)
-    while at >= 0:
-        out.append(at)
-        at = text.find(key, at + 1)
-    return out
 
 
 def _spm(meta: dict[str, Any], v: Vocab) -> Any:
@@ -179,7 +168,6 @@ EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<
              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
-_C_SPACE = " \t\n\v\f\r"  # C isspace(), used for the lstrip/rstrip attributes
 
 _K = "tokenizer.ggml."
 
@@ -223,7 +211,7 @@ class Tokenizer:
             self.add_space_prefix = bool(meta[_K + "add_space_prefix"])
         self._load_special_ids(meta)
         self._detect_special_tokens(meta)
-        self._build_special_index()
+        self._special = SpecialTokens(self._tokens, self._attrs)
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
         self.architecture: str = str(meta.get("general.architecture", ""))
 
@@ -337,20 +325,6 @@ class Tokenizer:
         if mask is not None:
             attrs[mask] |= LSTRIP
 
-    def _build_special_index(self) -> None:
-        """Special tokens in llama.cpp's matching order (longest UTF-8 text first),
-        indexed by their first two characters so a text only tries the ones it may hold."""
-        special = np.nonzero(self._attrs & (CONTROL | USER_DEFINED | UNKNOWN))[0]
-        order = sorted(((-len(self._tokens[t].encode("utf-8")), int(t)) for t in special))
-        self._special_rank = {tid: rank for rank, (_, tid) in enumerate(order)}
-        self._special_by_prefix: dict[str, list[int]] = {}
-        for _, tid in order:
-            self._special_by_prefix.setdefault(self._tokens[tid][:2], []).append(tid)
-        self._special_first = frozenset(key[0] for key in self._special_by_prefix)
-        self._special_keys: dict[str, list[str]] = {}  # first character -> the prefixes it begins
-        for key in self._special_by_prefix:
-            self._special_keys.setdefault(key[0], []).append(key)
-
     # ------------------------------------------------------------------ properties
 
     @property
@@ -410,7 +384,7 @@ class Tokenizer:
         add_special = add_special and self._type.adds_special
         if add_special and (self.add_bos or self._type.bos_always):
             out.append(self._required("bos"))
-        parts = self._partition(text, parse_special)
+        parts = self._special.partition(text, parse_special)
         fragments = [p for p in parts if isinstance(p, str)]
         if len(fragments) > 1 and hasattr(self._model, "encode_fragments"):  # one pass over them all
             done = iter(self._model.encode_fragments(fragments))
@@ -436,59 +410,6 @@ class Tokenizer:
         if tid is None:
             raise TokenizerError(f"vocabulary asks for a {name.upper()} token but defines none")
         return tid
-
-    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """Split special tokens out of `text`: each token in turn, longest first, takes
-        every non-overlapping occurrence in the text pieces left by the earlier ones."""
-        if not text:
-            return []
-        # the tokens of a prefix (first one or two characters) the text holds; then, where the text
-        # is long and those prefixes rare, the windows after them stand in for it in the searches
-        first = self._special_first & set(text) if len(self._special_first) > 32 else self._special_first
-        keys = [key for c in first if c in text for key in self._special_keys[c] if key in text]
-        candidates = {tid for key in keys for tid in self._special_by_prefix[key]}
-        if not candidates:
-            return [text]
-        haystack = text
-        longest = max(len(self._tokens[tid]) for tid in candidates)
-        if (len(text) > 4096 and sum(text.count(k) for k in keys) * (longest + 1) < len(text) // 2
-                and not any("\x00" in self._tokens[tid] for tid in candidates)):  # no token spans two windows
-            at = sorted({i for k in keys for i in _find_all(text, k)})
-            haystack = "\x00".join(text[i:i + longest] for i in at)
-        skip = 0 if parse_special else (CONTROL | UNKNOWN)
-        attrs, tokens = self._attrs, self._tokens
-        frags: list[str | int] = [text]
-        for tid in sorted(candidates, key=self._special_rank.__getitem__):
-            attr = int(attrs[tid])
-            if attr & skip:
-                continue
-            tok = tokens[tid]
-            if tok not in haystack:
-                continue
-            new: list[str | int] = []
-            for frag in frags:
-                if isinstance(frag, int) or tok not in frag:
-                    new.append(frag)
-                    continue
-                start = 0
-                while True:
-                    at = frag.find(tok, start)
-                    if at < 0:
-                        break
-                    left = frag[start:at]
-                    if attr & LSTRIP:
-                        left = left.rstrip(_C_SPACE)
-                    if left:
-                        new.append(left)
-                    new.append(tid)
-                    start = at + len(tok)
-                    if attr & RSTRIP:
-                        while start < len(frag) and frag[start] in _C_SPACE:
-                            start += 1
-                if start < len(frag):
-                    new.append(frag[start:])
-            frags = new
-        return frags
 
     # ------------------------------------------------------------------ decoding
 

@@ -68,6 +68,10 @@ def _split(regex: str) -> Any:
 class ByteLevelBPE:
     """BPE over one raw-text fragment (special tokens already split out), for one pre-tokenizer."""
 
+    # Texts of fewer characters stay with Oniguruma: a few milliseconds there cost less than a
+    # process's first call of the numba kernels (about 0.3 s to load them from numba's cache)
+    numba_from = 16384
+
     def __init__(self, token_to_id: dict[str, int], merges: list[str], pre: PreTokenizer, pre_name: str = "",
                  model: str = "gpt2", lowercase: bool | None = None):
         self.pre = pre
@@ -79,24 +83,38 @@ class ByteLevelBPE:
         self._vocab = token_to_id
         self._char_to_byte = {c: b for b, c in enumerate(byte_to_unicode())}
         pairs = _usable_merges(token_to_id, merges)
-        model_ = models.BPE(vocab=token_to_id, merges=pairs, ignore_merges=pre.ignore_merges,
-                            byte_fallback=not pre.byte_encode)
-        hf = HFTokenizer(model_)
         steps_regexes = [onig_regex(r) for r in pre.regexes]
         steps = [_split(r) for r in steps_regexes]
         if pre.byte_encode:
             steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        hf = HFTokenizer(models.BPE(vocab=token_to_id, merges=pairs, ignore_merges=pre.ignore_merges,
+                                    byte_fallback=not pre.byte_encode))
         hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        self.pipeline = hf  # the whole tokenizers pipeline (tokenizer_json.py reuses it)
+        self.pipeline = hf  # the vocabulary's tokenizers pipeline (tokenizer_json.py writes it out)
+        # A byte whose character the vocabulary lacks (Falcon's control bytes): llama.cpp keeps it
+        # in the word, where no merge crosses it, and then emits nothing for it; `tokenizers`
+        # would drop it first and merge its neighbours. An unknown-token stand-in keeps it in place
+        # and its id (one past the vocabulary) is taken out of the results.
+        self._drop = None
+        encoder = hf
+        if pre.byte_encode and any(c not in token_to_id for c in byte_to_unicode()):
+            unknown = "<|unknown byte|>"
+            while unknown in token_to_id:
+                unknown += "_"
+            self._drop = max(token_to_id.values(), default=-1) + 1
+            encoder = HFTokenizer(models.BPE(vocab={**token_to_id, unknown: self._drop}, merges=pairs,
+                                             ignore_merges=pre.ignore_merges, unk_token=unknown))
+            encoder.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        self._encoder = encoder
         # The regexes run here in numba where they can (regex_split.py), and `tokenizers` encodes
-        # each distinct piece they leave (pieces.py), sharing the pipeline's BPE model
+        # each distinct piece they leave (pieces.py), sharing the encoder's BPE model
         self._chain = None
         if DIGIT_GROUPS not in steps_regexes and steps_regexes != [_LINES]:
             try:
                 self._chain = SplitChain(steps_regexes)
             except Unsupported:
                 pass
-        self._words = HFTokenizer(hf.model)
+        self._words = HFTokenizer(encoder.model)
         if pre.byte_encode:
             self._words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         self._newline_runs = pre.type == "GEMMA4"
@@ -144,7 +162,7 @@ class ByteLevelBPE:
         return out
 
     def _encode(self, text: str) -> list[int]:
-        if self._chain is not None:
+        if self._chain is not None and len(text) >= self.numba_from:
             done = self._encode_fast([text])
             if done is not None:
                 return done[0]
@@ -161,13 +179,14 @@ class ByteLevelBPE:
                     parts.append(text[last:m.end()])
                     last = m.end()
             parts.append(text[last:])
-        done = self.pipeline.encode_batch_fast(parts, add_special_tokens=False)
-        return done[0].ids if len(done) == 1 else [i for e in done for i in e.ids]
+        done = self._encoder.encode_batch_fast(parts, add_special_tokens=False)
+        ids = done[0].ids if len(done) == 1 else [i for e in done for i in e.ids]
+        return ids if self._drop is None else [i for i in ids if i != self._drop]
 
     def encode_fragments(self, fragments: list[str]) -> list[list[int]]:
         """encode() of each fragment (the raw text between special tokens); for plain byte-level
         BPE in one pass over them all, so that the pieces they share are encoded once."""
-        if self._chain is not None and self.model == "gpt2":
+        if self._chain is not None and self.model == "gpt2" and sum(map(len, fragments)) >= self.numba_from:
             done = self._encode_fast(fragments)
             if done is not None:
                 return done
@@ -190,7 +209,11 @@ class ByteLevelBPE:
 
     def _encode_words(self, words: list[str]) -> tuple[list[int], np.ndarray]:
         done = self._words.encode(words, is_pretokenized=True, add_special_tokens=False)
-        return done.ids, np.bincount(np.array(done.word_ids, np.int64), minlength=len(words))
+        ids, word = np.array(done.ids, np.int32), np.array(done.word_ids, np.int64)
+        if self._drop is not None:
+            keep = ids != self._drop
+            ids, word = ids[keep], word[keep]
+        return ids, np.bincount(word, minlength=len(words))
 
     def _dna(self, text: str) -> list[int]:
         """llama.cpp's hybriddna session: <dna>...</dna> spans as 6-mers (padded with A), the rest BPE."""

@@ -25,10 +25,10 @@ from tokenizers import models, pre_tokenizers
 from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, PreTokenizer, onig_regex, split_digit_groups
 from infer.engine.pieces import encode_pieces
 from infer.engine.regex_split import SplitChain, Unsupported
+from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer_error import TokenizerError
 
 _K = "tokenizer.ggml."
-ESCAPED_SPACE = "\u2581"
 # llama.cpp's whitespace (unicode_set_whitespace: Unicode's White_Space), dropped by the 'whitespace' model
 _WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
                         "\u200a\u2028\u2029\u202f\u205f\u3000")
@@ -207,7 +207,7 @@ class ByteLevelBPE:
         ids = ids.tolist()
         return [ids[a:b] for a, b in zip(cut, cut[1:])]
 
-    def _encode_words(self, words: list[str]) -> tuple[list[int], np.ndarray]:
+    def _encode_words(self, words: list[str]) -> tuple[np.ndarray, np.ndarray]:
         done = self._words.encode(words, is_pretokenized=True, add_special_tokens=False)
         ids, word = np.array(done.ids, np.int32), np.array(done.word_ids, np.int64)
         if self._drop is not None:

@@ -70,8 +70,9 @@ class VocabType:
     """One of llama.cpp's vocabulary types (llama_vocab_type), as its loader sets it up: the model
     over raw text (load(meta, vocab) -> an object with encode(fragment, after_special) and
     normal_piece(text), and optionally encode_fragments(fragments) where after_special plays no
-    part and encoding the fragments between special tokens together is faster), the default special ids and flags the GGUF's own keys may override, and
-    which special tokens encode(add_special=True) adds around the text."""
+    part and encoding the fragments between special tokens together is faster), the default
+    special ids and flags the GGUF's own keys may override, and which special tokens
+    encode(add_special=True) adds around the text."""
 
     name: str  # llama.cpp's name for it (LLAMA_VOCAB_TYPE_*)
     load: Callable[[dict[str, Any], "Vocab"], Any]
@@ -94,6 +95,16 @@ class Vocab:
     token_to_id: dict[str, int]
     attrs: np.ndarray  # (n,) uint16 llama_token_attr bits
     scores: np.ndarray  # (n,) float32 (zeros where the file has none)
+    unk_id: int | None  # the unknown token (special_id), which WPM and UGM encode with
+
+
+def special_id(meta: dict[str, Any], key: str, default: int | None, n: int) -> int | None:
+    """llama.cpp's rule for a special token's id: the metadata's tokenizer.ggml.KEY where it is in
+    range (an out-of-range one is ignored), else the vocabulary type's default where that is."""
+    value = meta.get(_K + key)
+    if _is_int(value) and 0 <= int(value) < n:
+        return int(value)
+    return default if default is not None and default < n else None
 
 
 def _spm(meta: dict[str, Any], v: Vocab) -> Any:
@@ -107,13 +118,13 @@ def _bpe(meta: dict[str, Any], v: Vocab) -> Any:
 def _wpm(meta: dict[str, Any], v: Vocab) -> Any:
     from infer.engine.wpm import WordPiece
 
-    return WordPiece(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+    return WordPiece(v.tokens, v.unk_id, meta)
 
 
 def _ugm(meta: dict[str, Any], v: Vocab) -> Any:
     from infer.engine.ugm import Unigram
 
-    return Unigram(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+    return Unigram(v.tokens, v.attrs, v.scores, v.unk_id, meta)
 
 
 def _rwkv(meta: dict[str, Any], v: Vocab) -> Any:
@@ -200,7 +211,8 @@ class Tokenizer:
         self.add_space_prefix, self.clean_spaces = vtype.add_space_prefix, vtype.clean_spaces
         self.add_sep = vtype.add_sep
         self._default_ids = dict(vtype.special)
-        self._model = vtype.load(meta, Vocab(tokens, self._token_to_id, self._attrs, self._load_scores(meta, n)))
+        unk = special_id(meta, "unknown_token_id", vtype.special.get("unk"), n)
+        self._model = vtype.load(meta, Vocab(tokens, self._token_to_id, self._attrs, self._load_scores(meta, n), unk))
         self.pre: str | None = getattr(self._model, "pre_name", None)
         for flag in ("add_bos", "clean_spaces", "add_space_prefix", "add_sep"):  # a pre-tokenizer's own defaults
             if getattr(self._model, flag, None) is not None:
@@ -251,15 +263,9 @@ class Tokenizer:
                  "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
         keys = {"unk": "unknown_token_id", "sep": "seperator_token_id", "pad": "padding_token_id"}
         for name in names:
-            default = self._default_ids.get(name)
-            ids[name] = default if default is not None and default < n else None
-            value = meta.get(_K + keys.get(name, f"{name}_token_id"))
-            if _is_int(value) and 0 <= int(value) < n:  # llama.cpp ignores out-of-range ids
-                ids[name] = int(value)
+            ids[name] = special_id(meta, keys.get(name, f"{name}_token_id"), self._default_ids.get(name), n)
         for name, old in (("fim_pre", "prefix"), ("fim_suf", "suffix"), ("fim_mid", "middle")):
-            value = meta.get(f"{_K}{old}_token_id")  # deprecated keys, still honoured
-            if _is_int(value) and 0 <= int(value) < n:
-                ids[name] = int(value)
+            ids[name] = special_id(meta, f"{old}_token_id", ids[name], n)  # deprecated keys, still honoured
         self._ids = ids
         if _K + "add_bos_token" in meta:
             self.add_bos = bool(meta[_K + "add_bos_token"])

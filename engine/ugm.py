@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer_error import TokenizerError
 
 NORMAL, UNUSED, USER_DEFINED = 4, 2, 16  # llama_token_attr bits (as infer.engine.tokenizer)
 _K = "tokenizer.ggml."
-_SPACE = np.frombuffer("\u2581".encode(), dtype=np.uint8)  # the escaped space, E2 96 81
+_SPACE = np.frombuffer(ESCAPED_SPACE.encode(), dtype=np.uint8)  # the escaped space, E2 96 81
 _NEG_DBL_MAX = -float(np.finfo(np.float64).max)
 # _normalize's error codes (1, 2, 3), where llama.cpp throws on a malformed charsmap
 _ERRORS = ("", "index out of bounds in the charsmap's XCDA array",
@@ -83,6 +84,8 @@ def _build_trie(data, offsets, values):
 
 
 def _trie(keys: list[bytes], values: list[int]) -> tuple[np.ndarray, ...]:
+    if not keys:  # a root without children
+        return np.zeros(2, np.int64), np.zeros(1, np.uint8), np.zeros(1, np.int32), np.full(1, -1, np.int32)
     order = sorted(range(len(keys)), key=keys.__getitem__)  # sorted, keys share their prefixes' nodes
     lengths = np.array([len(keys[i]) for i in order], dtype=np.int64)
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
@@ -273,8 +276,8 @@ class Unigram:
     """llama.cpp's UGM tokenizer for one vocabulary: `encode` one raw-text fragment (special tokens
     already split out), `normal_piece` the text of a NORMAL token."""
 
-    def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
-                 scores: np.ndarray, meta: dict[str, Any]):
+    def __init__(self, tokens: list[str], attrs: np.ndarray, scores: np.ndarray, unk_id: int | None,
+                 meta: dict[str, Any]):
         n = len(tokens)
         # llama.cpp builds its tokenizer before it marks special tokens by text, so the
         # attributes as they are now (not after the Tokenizer's later edits) pick the trie's tokens
@@ -290,22 +293,15 @@ class Unigram:
 
         in_trie = np.nonzero(attrs & (NORMAL | USER_DEFINED | UNUSED))[0]
         user = np.nonzero(attrs & USER_DEFINED)[0]
-        self._tokens = self._trie([tokens[i].encode() for i in in_trie], in_trie.tolist())
-        self._user = self._trie([tokens[i].encode() for i in user], [0] * len(user))[:3]
+        self._tokens = _trie([tokens[i].encode() for i in in_trie], in_trie.tolist())
+        self._user = _trie([tokens[i].encode() for i in user], [0] * len(user))[:3]
         self._xcda, self._repl = self._charsmap(meta.get(_K + "precompiled_charsmap"))
 
         # flags as llama_vocab::impl::load sets them for UGM (escape_whitespaces stays true and
         # treat_whitespace_as_suffix false: no GGUF key changes them)
         self._prepend = bool(meta.get(_K + "add_space_prefix", False))
         self._merge = bool(meta.get(_K + "remove_extra_whitespaces", False))
-        self._unk_id = self._special_id(meta, "unknown_token_id", 2, n)
-
-    @staticmethod
-    def _trie(keys: list[bytes], values: list[int]) -> tuple[np.ndarray, ...]:
-        if not keys:  # a root without children
-            return (np.zeros(2, np.int64), np.zeros(1, np.uint8), np.zeros(1, np.int32),
-                    np.full(1, -1, np.int32))
-        return _trie(keys, values)
+        self._unk_id = -1 if unk_id is None else unk_id  # llama.cpp's special_unk_id (UGM's default: 2)
 
     @staticmethod
     def _charsmap(blob: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -324,16 +320,6 @@ class Unigram:
             raise TokenizerError("index out of bounds in precompiled_charsmap")
         xcda = raw[4:4 + size // 4 * 4].view("<u4").astype(np.uint32)
         return xcda, raw[4 + size:].copy()
-
-    @staticmethod
-    def _special_id(meta: dict[str, Any], key: str, default: int, n: int) -> int:
-        """llama.cpp's special id rule: the default unless out of range (then none, -1), replaced by
-        an in-range metadata value."""
-        tid = default if default < n else -1
-        value = meta.get(_K + key)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= int(value) < n:
-            tid = int(value)
-        return tid
 
     def _scores(self) -> np.ndarray:
         """Token scores as Viterbi adds them: doubles, 0 for user-defined tokens. llama.cpp checks
@@ -363,4 +349,4 @@ class Unigram:
 
     def normal_piece(self, text: str) -> bytes:
         """Bytes of a NORMAL token: '▁' back to a space (llama_unescape_whitespace)."""
-        return text.replace("\u2581", " ").encode("utf-8")
+        return text.replace(ESCAPED_SPACE, " ").encode("utf-8")

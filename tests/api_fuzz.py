@@ -75,13 +75,12 @@ def _stand_in_for_default(tiny: Path, home: Path) -> str:
     """Put the tiny model where the several-models server finds the default chat model
     (models/default.py: the file and its verified stamp under INFER_HOME), so that requests that
     name no model, which go to it, run as fast as the others; its name."""
-    from infer.models.default import CHAT_MODEL
+    from infer.models.default import CHAT_MODEL, stamp_verified
 
     target = home / "models" / "default" / CHAT_MODEL.file
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tiny, target)
-    st = target.stat()
-    target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {CHAT_MODEL.sha256}\n")
+    stamp_verified(target, CHAT_MODEL.sha256)
     return target.stem
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from infer.models.default import CHAT_MODEL
+from infer.models.default import CHAT_MODEL, stamp_verified
 from fake_hub import FakeHub, FakeRepo
 from test_serve import Server, raw
 from tiny_models import write_tiny_model
@@ -51,9 +51,8 @@ def env(home, hub, chat_model_path):
     # (fetched once), with the stamp that says it was checked
     target = home / "infer" / "models" / "default" / CHAT_MODEL.file
     target.parent.mkdir(parents=True)
-    shutil.copy2(chat_model_path, target)
-    st = target.stat()
-    target.with_suffix(".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {CHAT_MODEL.sha256}\n")
+    shutil.copyfile(chat_model_path, target)
+    stamp_verified(target, CHAT_MODEL.sha256)
     return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home / "hf"), "INFER_HOME": str(home / "infer"),
             "HF_HUB_OFFLINE": "0"}
 

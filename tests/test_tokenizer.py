@@ -11,7 +11,8 @@ import pytest
 from infer.engine.detokenizer import clean_up_spaces
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_eog, ref_piece, reference, train_byte_bpe, write_vocab_gguf
+from vocab_gguf import (ref_detokenize, ref_eog, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf,
+                        write_vocab_gguf)
 
 PROMPTS = [
     "",
@@ -99,25 +100,16 @@ def trained_bpe():
 @pytest.fixture(scope="session")
 def bpe_gguf(tmp_path_factory, trained_bpe):
     """make(pre) -> path of a gpt2-vocabulary GGUF with that tokenizer.ggml.pre."""
-    tokens, types, merges = trained_bpe
     made: dict[str, Path] = {}
+
+    def explicit(w):  # exercise the explicit keys too
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(True)
 
     def make(pre: str) -> Path:
         if pre not in made:
-            def kv(w):
-                w.add_tokenizer_model("gpt2")
-                w.add_tokenizer_pre(pre)
-                w.add_token_list(tokens)
-                w.add_token_types(types)
-                w.add_token_merges(merges)
-                w.add_bos_token_id(0)
-                w.add_eos_token_id(2)
-                if pre == "gpt-2":  # exercise the explicit keys too
-                    w.add_add_bos_token(True)
-                    w.add_add_eos_token(True)
-
             path = tmp_path_factory.mktemp("bpe") / f"bpe-{pre}.gguf"
-            made[pre] = write_vocab_gguf(path, "qwen2", kv)
+            made[pre] = write_byte_bpe_gguf(path, trained_bpe, pre, explicit if pre == "gpt-2" else None)
         return made[pre]
 
     return make

@@ -17,7 +17,7 @@ import pytest
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.engine.ugm import Unigram
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, reference
+from vocab_gguf import ref_detokenize, ref_piece, reference, write_vocab_gguf
 
 pytestmark = pytest.mark.reference
 
@@ -159,36 +159,26 @@ def write_t5_gguf(folder: Path, name: str) -> Path:
         i = n_sp + 2 + k
         tokens[i], scores[i], types[i] = text, -1000.0, gguf.TokenType.USER_DEFINED
 
-    path = folder / f"{name}.gguf"
-    w = gguf.GGUFWriter(str(path), "t5")
-    w.add_context_length(64)
-    w.add_embedding_length(64)
-    w.add_feed_forward_length(64)
-    w.add_block_count(1)
-    w.add_head_count(2)
-    w.add_key_length(32)
-    w.add_value_length(32)
-    w.add_layer_norm_eps(1e-6)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_relative_attn_buckets_count(32)
-    w.add_decoder_start_token_id(0)
-    w.add_tokenizer_model("t5")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_add_space_prefix(add_prefix)
-    w.add_remove_extra_whitespaces(remove_extra)
-    if charsmap:
-        w.add_precompiled_charsmap(charsmap)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(2)
-    w.add_pad_token_id(0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    def kv(w):
+        w.add_key_length(32)
+        w.add_value_length(32)
+        w.add_layer_norm_eps(1e-6)
+        w.add_relative_attn_buckets_count(32)
+        w.add_decoder_start_token_id(0)
+        w.add_tokenizer_model("t5")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_add_space_prefix(add_prefix)
+        w.add_remove_extra_whitespaces(remove_extra)
+        if charsmap:
+            w.add_precompiled_charsmap(charsmap)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(2)
+        w.add_pad_token_id(0)
+
+    return write_vocab_gguf(folder / f"{name}.gguf", "t5", kv)
 
 
 # ---------------------------------------------------------------- fixtures

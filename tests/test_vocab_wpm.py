@@ -9,7 +9,7 @@ import pytest
 
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, ref_tokenize, reference
+from vocab_gguf import ref_detokenize, ref_piece, ref_tokenize, reference, write_vocab_gguf
 from llama_vocab import vectors
 
 pytestmark = pytest.mark.reference
@@ -70,30 +70,20 @@ RANDOM_TEXTS = [random_text(random.Random(seed)) for seed in range(400)]
 def _write_bert_gguf(path: Path, meta: dict, **normalizer: bool) -> Path:
     """A vocabulary-only 'bert' GGUF with meta's tokens, types and special ids, and the
     tokenizer.ggml.normalizer.* keys given."""
-    import gguf
+    def kv(w):
+        w.add_layer_norm_eps(1e-12)
+        w.add_causal_attention(False)
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre(meta.get("tokenizer.ggml.pre", "default"))
+        w.add_token_list(list(meta["tokenizer.ggml.tokens"]))
+        w.add_token_types([int(t) for t in meta["tokenizer.ggml.token_type"]])
+        for key in ("bos", "unknown", "seperator", "padding", "cls", "mask"):
+            if f"tokenizer.ggml.{key}_token_id" in meta:
+                w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(meta[f"tokenizer.ggml.{key}_token_id"]))
+        for name, value in normalizer.items():
+            w.add_bool(f"tokenizer.ggml.normalizer.{name}", value)
 
-    w = gguf.GGUFWriter(str(path), "bert")
-    w.add_context_length(512)
-    w.add_embedding_length(64)
-    w.add_block_count(1)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
-    w.add_layer_norm_eps(1e-12)
-    w.add_causal_attention(False)
-    w.add_tokenizer_model("bert")
-    w.add_tokenizer_pre(meta.get("tokenizer.ggml.pre", "default"))
-    w.add_token_list(list(meta["tokenizer.ggml.tokens"]))
-    w.add_token_types([int(t) for t in meta["tokenizer.ggml.token_type"]])
-    for key in ("bos", "unknown", "seperator", "padding", "cls", "mask"):
-        if f"tokenizer.ggml.{key}_token_id" in meta:
-            w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(meta[f"tokenizer.ggml.{key}_token_id"]))
-    for name, value in normalizer.items():
-        w.add_bool(f"tokenizer.ggml.normalizer.{name}", value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_vocab_gguf(path, "bert", kv)
 
 
 # ---------------------------------------------------------------- fixtures

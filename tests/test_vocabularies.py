@@ -12,7 +12,7 @@ from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
 from llama_vocab import vectors
-from vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_vocab_gguf
+from vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference
@@ -132,18 +132,7 @@ def trained():
 
 
 def _pre_vocab(tmp_path_factory, trained, pre: str):
-    tokens, types, merges = trained
-
-    def kv(w):
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(pre)
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(0)
-        w.add_eos_token_id(2)
-
-    path = write_vocab_gguf(tmp_path_factory.mktemp("pre") / f"{pre}.gguf", "qwen2", kv)
+    path = write_byte_bpe_gguf(tmp_path_factory.mktemp("pre") / f"{pre}.gguf", trained, pre)
     return Tokenizer.from_metadata(read_gguf(path).metadata), reference(llama_cpp, path)
 
 

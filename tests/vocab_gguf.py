@@ -30,6 +30,26 @@ def write_vocab_gguf(path: Path, arch: str, tokenizer_kv: Callable) -> Path:
     return path
 
 
+def write_byte_bpe_gguf(path: Path, trained: tuple[list[str], list[int], list[str]], pre: str,
+                        extra: Callable | None = None) -> Path:
+    """A 'gpt2' vocabulary GGUF of train_byte_bpe's tokens, types and merges, with tokenizer.ggml.pre
+    `pre`, BOS 0 and EOS 2; extra(writer) adds more keys."""
+    tokens, types, merges = trained
+
+    def kv(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(2)
+        if extra is not None:
+            extra(w)
+
+    return write_vocab_gguf(path, "qwen2", kv)
+
+
 def train_byte_bpe(corpus: list[str], vocab_size: int = 1000) -> tuple[list[str], list[int], list[str]]:
     """Tokens, GGUF token types and merges of a byte-level BPE trained on corpus, with three control
     tokens and a user-defined one ("[[sep]]", always split out of the text)."""

@@ -21,13 +21,12 @@ use, so loading a 100k-token vocabulary costs only the set of its suffixes.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
+from infer.engine.special_tokens import BYTE, CONTROL, UNKNOWN
 from infer.engine.tokenizer_error import TokenizerError
 
-_UNKNOWN, _CONTROL, _BYTE = 1, 8, 32  # llama_token_attr bits
 _INVALID_SCORE = -20_000_000  # a string that is only a suffix of tokens, or an unusable score
 _UNKNOWN_SCORE = -10_000_000  # the sentinel row: one code point as byte tokens
 _SENTINEL = ("", 1, -1, _UNKNOWN_SCORE)  # (piece, length, token id, score code), as in llama.cpp
@@ -60,15 +59,14 @@ def score_code(score: float) -> int:
 class Plamo2Vocab:
     """llm_tokenizer_plamo2's Viterbi encode over lazily built blocks of its suffix table."""
 
-    def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
-                 scores: np.ndarray, meta: dict[str, Any]):
-        del meta  # special ids and flags are the Tokenizer's; the table needs none
+    def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray, scores: np.ndarray):
+        # special ids and flags are the Tokenizer's; the table needs none
         byte_ids = [0] * 256
         score_of: dict[str, float] = {}
         nan = math.nan
         attr_list, score_list = attrs.tolist(), scores.tolist()  # float32 -> the same double
         for tid, text in enumerate(tokens):
-            if attr_list[tid] & _BYTE:  # byte tokens stay out of the table, well-formed or not
+            if attr_list[tid] & BYTE:  # byte tokens stay out of the table, well-formed or not
                 value = byte_token_value(text)
                 if value is not None:
                     byte_ids[value] = tid  # a later '<0x0a>' replaces an earlier '<0x0A>'
@@ -170,9 +168,9 @@ class Plamo2Vocab:
         `special`; a byte token with a well-formed '<0xXX>' text is that byte; every other
         token, whatever its type (unused and undefined included), is its text."""
         del token_id
-        if attr & (_CONTROL | _UNKNOWN) and not special:
+        if attr & (CONTROL | UNKNOWN) and not special:
             return b""
-        if attr & _BYTE:
+        if attr & BYTE:
             value = byte_token_value(text)
             if value is not None:
                 return bytes([value])

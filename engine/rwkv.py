@@ -11,13 +11,10 @@ from __future__ import annotations
 import codecs
 import re
 from types import MappingProxyType
-from typing import Any
 
-import numpy as np
-
+from infer.engine.special_tokens import CONTROL, UNKNOWN
 from infer.engine.tokenizer_error import TokenizerError
 
-_UNKNOWN, _CONTROL = 1, 8  # llama_token_attr bits
 _BACKSLASH = 0x5C
 # Texts whose every escape reads the same in Python and in llama_unescape_rwkv_token.
 _PYTHON_ESCAPES = re.compile(rb'(?:[^\\]|\\[tnr\\\'"]|\\x[0-9a-f]{2})*')
@@ -71,9 +68,8 @@ class RwkvVocab:
     replaces an earlier one with the same unescaped bytes, as llama.cpp's trie insert does.
     """
 
-    def __init__(self, tokens: list[str], token_to_id: dict[str, int], attrs: np.ndarray,
-                 scores: np.ndarray, meta: dict[str, Any]):
-        del token_to_id, attrs, scores  # every token goes into the trie; scores play no part
+    def __init__(self, tokens: list[str], unk_id: int | None):
+        # every token goes into the trie, whatever its type; scores play no part
         node: dict[bytes, int] = {}
         for tid, text in enumerate(tokens):
             data = unescape_rwkv(text)
@@ -83,10 +79,7 @@ class RwkvVocab:
             for k in range(1, len(data)):
                 node.setdefault(data[:k], -1)
         self._node = node
-        # A byte no token starts with becomes the unknown token; RWKV's own default is none.
-        unk = meta.get("tokenizer.ggml.unknown_token_id")
-        ok = isinstance(unk, (int, np.integer)) and not isinstance(unk, bool) and 0 <= int(unk) < len(tokens)
-        self._unk: int | None = int(unk) if ok else None
+        self._unk = unk_id  # a byte no token starts with becomes it (RWKV's default: none)
 
     def encode(self, fragment: str, after_special: bool) -> list[int]:
         """Token ids of one raw-text fragment (special tokens already split out); RWKV adds no
@@ -131,6 +124,6 @@ class RwkvVocab:
         every other token, whatever its type (user-defined, byte, unused padding, undefined),
         is its unescaped text."""
         del token_id
-        if attr & (_CONTROL | _UNKNOWN) and not special:
+        if attr & (CONTROL | UNKNOWN) and not special:
             return b""
         return unescape_rwkv(text)

@@ -130,13 +130,13 @@ def _ugm(meta: dict[str, Any], v: Vocab) -> Any:
 def _rwkv(meta: dict[str, Any], v: Vocab) -> Any:
     from infer.engine.rwkv import RwkvVocab
 
-    return RwkvVocab(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+    return RwkvVocab(v.tokens, v.unk_id)
 
 
 def _plamo2(meta: dict[str, Any], v: Vocab) -> Any:
     from infer.engine.plamo2 import Plamo2Vocab
 
-    return Plamo2Vocab(v.tokens, v.token_to_id, v.attrs, v.scores, meta)
+    return Plamo2Vocab(v.tokens, v.token_to_id, v.attrs, v.scores)
 
 
 _BPE_IDS = {"bos": 11, "eos": 11}

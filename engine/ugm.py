@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from infer.engine.special_tokens import NORMAL, UNUSED, USER_DEFINED
 from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer_error import TokenizerError
 
-NORMAL, UNUSED, USER_DEFINED = 4, 2, 16  # llama_token_attr bits (as infer.engine.tokenizer)
 _K = "tokenizer.ggml."
 _SPACE = np.frombuffer(ESCAPED_SPACE.encode(), dtype=np.uint8)  # the escaped space, E2 96 81
 _NEG_DBL_MAX = -float(np.finfo(np.float64).max)

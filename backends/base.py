@@ -11,10 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 from .batch import Batch
 
 
-class BackendError(ValueError):
+class BackendError(InferError, ValueError):
     """A backend that cannot run here or cannot run this model; the message says what to do."""
 
 

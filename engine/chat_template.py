@@ -13,15 +13,16 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from infer.models.arch import UnknownArchitecture, architecture
+from infer.quant.errors import InferError
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(InferError, ValueError):
     """A chat template failed to compile or render, or raised on purpose via raise_exception."""
 
 
-class MessageError(ValueError):
+class MessageError(InferError, ValueError):
     """The chat messages are malformed."""
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
+from infer.quant.errors import InferError
+
 from .engine import Event, PromptError
 from .reasoning import split_reply, style
 from .sampler import SamplingParams
@@ -18,7 +20,7 @@ from .sampler import SamplingParams
 ROLES = ("system", "user", "assistant")
 
 
-class ConversationError(ValueError):
+class ConversationError(InferError, ValueError):
     """A conversation file that cannot be loaded."""
 
 

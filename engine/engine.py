@@ -22,6 +22,7 @@ import numpy as np
 from infer.backends.base import KV_CACHE_BYTES, BlockKVPool, check_cache_type
 from infer.backends.batch import Batch
 from infer.backends.registry import BACKEND_CHOICES
+from infer.quant.errors import InferError
 
 from .block_manager import BlockManager, KVUsage
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
@@ -37,15 +38,15 @@ DEFAULT_CTX = 4096
 BLOCK_SIZE = 16
 
 
-class PromptError(ValueError):
+class PromptError(InferError, ValueError):
     """A prompt that cannot be run: empty, or longer than the context window."""
 
 
-class ModelRunError(RuntimeError):
+class ModelRunError(InferError, RuntimeError):
     """The model's forward pass failed (a corrupt file's weights: NaN scales, say); one line for the user."""
 
 
-class EngineConfigError(ValueError):
+class EngineConfigError(InferError, ValueError):
     """Engine settings that cannot work (a KV pool too small for one sequence, say)."""
 
 

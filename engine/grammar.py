@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 from .reasoning import CLOSE as THINK_CLOSE
 from .reasoning import OPEN as THINK_OPEN
 
@@ -32,7 +34,7 @@ KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
 JSON_OPTIONS = MappingProxyType({"whitespace_pattern": r"( |\n{1,2}[ \t]{0,20})?"})
 
 
-class GrammarError(ValueError):
+class GrammarError(InferError, ValueError):
     """A schema, grammar or regex that cannot be compiled (the message names the problem)."""
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 POOLINGS = ("mean", "cls", "last")
 DEFAULT_POOLING = "mean"
 
 
-class PoolingError(ValueError):
+class PoolingError(InferError, ValueError):
     """A pooling infer does not run, or a model/backend that cannot embed."""
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 from .grammar import Grammar
 
 # A candidate set: parallel arrays of token ids and their logits.
@@ -23,7 +25,7 @@ Sampler = Callable[..., int]
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 
 
-class InvalidSamplingParams(ValueError):
+class InvalidSamplingParams(InferError, ValueError):
     """A sampling parameter is out of range or of the wrong type."""
 
 
@@ -33,21 +35,21 @@ F32_MAX = float(np.finfo(np.float32).max)
 def _number(name: str, value: object) -> float:
     # bool is an int subclass; rejecting it catches swapped keyword arguments.
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidSamplingParams(f"{name} must be a number, got {value!r}")
+        raise InvalidSamplingParams(f"{name} must be a number, got {value!r}", field=name)
     try:
         x = float(value)
     except OverflowError:  # an integer past float's range: JSON numbers may have any number of digits
-        raise InvalidSamplingParams(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits") from None
+        raise InvalidSamplingParams(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits", field=name) from None
     if not math.isfinite(x):
-        raise InvalidSamplingParams(f"{name} must be finite, got {value!r}")
+        raise InvalidSamplingParams(f"{name} must be finite, got {value!r}", field=name)
     if abs(x) > F32_MAX:  # would be infinite in the float32 arithmetic of the stages
-        raise InvalidSamplingParams(f"{name} must be within ±3.4e38 (a 32-bit float, as llama.cpp reads it), got {x:g}")
+        raise InvalidSamplingParams(f"{name} must be within ±3.4e38 (a 32-bit float, as llama.cpp reads it), got {x:g}", field=name)
     return x
 
 
 def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidSamplingParams(f"{name} must be an integer, got {value!r}")
+        raise InvalidSamplingParams(f"{name} must be an integer, got {value!r}", field=name)
     return int(value)
 
 
@@ -75,44 +77,44 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:
-            raise InvalidSamplingParams(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise InvalidSamplingParams(f"temperature must be >= 0 (0 = greedy), got {self.temperature}", field="temperature")
         if _integer("top_k", self.top_k) < 0:
-            raise InvalidSamplingParams(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+            raise InvalidSamplingParams(f"top_k must be >= 0 (0 = off), got {self.top_k}", field="top_k")
         if not 0.0 < _number("top_p", self.top_p) <= 1.0:
-            raise InvalidSamplingParams(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+            raise InvalidSamplingParams(f"top_p must be in (0, 1] (1 = off), got {self.top_p}", field="top_p")
         if not 0.0 <= _number("min_p", self.min_p) <= 1.0:
-            raise InvalidSamplingParams(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+            raise InvalidSamplingParams(f"min_p must be in [0, 1] (0 = off), got {self.min_p}", field="min_p")
         if _number("repeat_penalty", self.repeat_penalty) <= 0:
-            raise InvalidSamplingParams(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}")
+            raise InvalidSamplingParams(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}", field="repeat_penalty")
         if _integer("repeat_last_n", self.repeat_last_n) < -1:
             raise InvalidSamplingParams(
-                f"repeat_last_n must be >= -1 (0 = off, -1 = whole history), got {self.repeat_last_n}"
-            )
+                f"repeat_last_n must be >= -1 (0 = off, -1 = whole history), got {self.repeat_last_n}",
+                field="repeat_last_n")
         _number("frequency_penalty", self.frequency_penalty)
         _number("presence_penalty", self.presence_penalty)
         if self.seed is not None and _integer("seed", self.seed) < 0:
-            raise InvalidSamplingParams(f"seed must be a non-negative integer or None, got {self.seed}")
+            raise InvalidSamplingParams(f"seed must be a non-negative integer or None, got {self.seed}", field="seed")
         if _integer("max_tokens", self.max_tokens) < 1:
-            raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}", field="max_tokens")
         if self.logprobs is not None and not 0 <= _integer("logprobs", self.logprobs) <= MAX_LOGPROBS:
             raise InvalidSamplingParams(
-                f"logprobs must be between 0 and {MAX_LOGPROBS} (or None = off), got {self.logprobs}"
-            )
+                f"logprobs must be between 0 and {MAX_LOGPROBS} (or None = off), got {self.logprobs}",
+                field="logprobs")
         stop = self.stop
         if isinstance(stop, str):
-            raise InvalidSamplingParams(f"stop must be a sequence of strings, not a single string {stop!r}")
+            raise InvalidSamplingParams(f"stop must be a sequence of strings, not a single string {stop!r}", field="stop")
         try:
             stop = tuple(stop)
         except TypeError:
-            raise InvalidSamplingParams(f"stop must be a sequence of strings, got {self.stop!r}") from None
+            raise InvalidSamplingParams(f"stop must be a sequence of strings, got {self.stop!r}", field="stop") from None
         for s in stop:
             if not isinstance(s, str) or not s:
-                raise InvalidSamplingParams(f"stop strings must be non-empty strings, got {s!r}")
+                raise InvalidSamplingParams(f"stop strings must be non-empty strings, got {s!r}", field="stop")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
-            raise InvalidSamplingParams(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+            raise InvalidSamplingParams(f"grammar must be a Grammar, got {type(self.grammar).__name__}", field="grammar")
         if self.grammar_triggers and (self.grammar is None or not all(
                 isinstance(t, str) and t.lstrip("^") for t in self.grammar_triggers)):
-            raise InvalidSamplingParams("grammar_triggers need a grammar and non-empty texts")
+            raise InvalidSamplingParams("grammar_triggers need a grammar and non-empty texts", field="grammar_triggers")
         object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
         # Lists are accepted for convenience but stored as a tuple so the params stay hashable.
         object.__setattr__(self, "stop", stop)
@@ -121,7 +123,7 @@ class SamplingParams:
 def make_rng(seed: int | None) -> np.random.Generator:
     """A PCG64 generator; None draws fresh OS entropy."""
     if seed is not None and (_integer("seed", seed) < 0):
-        raise InvalidSamplingParams(f"seed must be a non-negative integer or None, got {seed}")
+        raise InvalidSamplingParams(f"seed must be a non-negative integer or None, got {seed}", field="seed")
     return np.random.Generator(np.random.PCG64(seed))
 
 

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 SPEC_TYPES = ("ngram", "draft")
 STEP_TOKENS = 32  # drafted plus sampled tokens a step may verify across its decoding sequences
 
 
-class SpeculationError(ValueError):
+class SpeculationError(InferError, ValueError):
     """Speculation settings that cannot work."""
 
 

@@ -1,8 +1,10 @@
 """Stop matcher: find stop strings in streamed text without ever emitting part of one."""
 from __future__ import annotations
 
+from infer.quant.errors import InferError
 
-class StopStringError(ValueError):
+
+class StopStringError(InferError, ValueError):
     """The stop strings are malformed."""
 
 

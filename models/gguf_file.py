@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType
 
+from infer.quant.errors import InferError
 from infer.quant.gguf_write import SCALAR_FORMAT, VALUE_DTYPE
 from infer.quant.tensor import QTensor
 from infer.quant.types import UnsupportedQuantType, qtype
@@ -36,7 +37,7 @@ def shard_path(first: Path, i: int, n: int) -> Path:
     return first.with_name(f"{m.group('base')}-{i + 1:05d}-of-{n:05d}.gguf")
 
 
-class GGUFError(ValueError):
+class GGUFError(InferError, ValueError):
     """A file that is not a readable GGUF: the message names the file and the problem."""
 
 

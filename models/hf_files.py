@@ -13,8 +13,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf import GGUFValueType as VT
 
+from infer.quant.errors import InferError
 
-class ConvertError(ValueError):
+
+class ConvertError(InferError, ValueError):
     """A Hugging Face folder that cannot be converted; the message names the file and the problem."""
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from infer.quant.errors import InferError
+
 from .gguf_file import SHARD_NAME
 from .store import DEFAULT_QUANT, ModelStore, StoredModel, canonical_name, parse_name
 
@@ -40,7 +42,7 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HASH_CHUNK = 8 << 20
 
 
-class PullError(ValueError):
+class PullError(InferError, ValueError):
     """A pull that cannot be done as asked (unknown repo, no such quant, no access, offline and not cached...)."""
 
 

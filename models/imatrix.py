@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from infer.quant.errors import InferError
+
 from .gguf_file import GGUF_MAGIC, GGUFError, read_gguf
 
 
-class ImatrixError(ValueError):
+class ImatrixError(InferError, ValueError):
     """An importance-matrix file that cannot be read or does not fit the model."""
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from infer.quant import recipe
+from infer.quant.errors import InferError
 from infer.quant.gguf_write import GGUFStreamWriter, TensorInfo
 from infer.quant.types import BF16, F16, F32, qtype
 
@@ -31,7 +32,7 @@ _DROPPED = ("split.no", "split.count", "split.tensors.count")
 QUANTIZATION_VERSION = 2  # GGML_QNT_VERSION: the block layouts' version
 
 
-class QuantizeError(ValueError):
+class QuantizeError(InferError, ValueError):
     """Input that cannot be quantized: the message names the file or tensor and the problem."""
 
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from infer.quant.errors import InferError
+
 from .default import infer_home
 
 DEFAULT_QUANT = "Q4_K_M"
@@ -22,7 +24,7 @@ FORMATS = ("gguf", "mlx", "safetensors")
 _NAME = re.compile(r"(?P<repo>[\w.-]+/[\w.-]+)(?::(?P<quant>[\w.-]+))?", re.ASCII)
 
 
-class ModelNotFoundError(ValueError):
+class ModelNotFoundError(InferError, ValueError):
     """No model by that name or path."""
 
 

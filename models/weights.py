@@ -9,13 +9,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from infer.quant.affine import AffineTensor
+from infer.quant.errors import InferError
 from infer.quant.tensor import QTensor
 from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(InferError, ValueError):
     """A model file that cannot be run; the message names the file and the problem."""
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InferError
+
 
 @dataclass(frozen=True, eq=False)
 class AffineTensor:
@@ -30,7 +32,7 @@ BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
 
 
-class AffineError(ValueError):
+class AffineError(InferError, ValueError):
     """Bits, group size or shapes that MLX's affine format does not allow."""
 
 

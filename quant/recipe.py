@@ -9,10 +9,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .errors import InferError
 from .types import BF16, F16, F32, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, qtype
 
 
-class RecipeError(ValueError):
+class RecipeError(InferError, ValueError):
     """A file type or tensor type option that cannot be honoured."""
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import InferError
+
 # Ids are GGML's (and gguf.GGMLQuantizationType's), so raw GGUF type fields map directly.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
@@ -40,7 +42,7 @@ QTYPES: dict[int, QType] = {
 }
 
 
-class UnsupportedQuantType(ValueError):
+class UnsupportedQuantType(InferError, ValueError):
     """A tensor type infer cannot compute with."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from infer.quant.errors import InferError
+
 from ..hf_files import ConvertError
 from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe
 from .spec import Architecture
@@ -15,7 +17,7 @@ _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe,
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 
-class UnknownArchitecture(ValueError):
+class UnknownArchitecture(InferError, ValueError):
     """An architecture (GGUF general.architecture) infer does not run."""
 
 

@@ -1,5 +1,6 @@
 """GGML tensor types and their arithmetic: dequantizing, quantizing byte for byte as llama.cpp does,
-and writing GGUF files. This part imports no other part of infer (models and backends import it).
+and writing GGUF files, and the root of infer's user-facing errors. This part imports no other
+part of infer; the others build on it.
 
 Modules, by what they are for:
 
@@ -15,6 +16,8 @@ Modules, by what they are for:
 - `gguf_write.py`: the streaming GGUF writer (one tensor at a time; a temporary file renamed when
   complete).
 - `affine.py`: MLX's affine format (codes, scales and biases of `mx.quantize`, bit for bit, in numpy).
+- `errors.py`: InferError, the root of every error infer reports to its user as one line (here,
+  in the lowest layer, so that every layer can derive its errors from it).
 
 Notes.
 

@@ -32,12 +32,15 @@ delete quant/__pycache__/*.nbi and *.nbc, or dequant_row keeps the old K-quant c
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from infer.quant import types as qt
+from infer.quant.static_type import StaticTypeType
 from infer.quant.kquants import (
     F16_TO_F32,
     f16_at,
@@ -55,6 +58,7 @@ from infer.quant.kquants import (
 __all__ = [
     "dequant_row",
     "dequant_rows",
+    "dequant_static",
     "dequantize",
     "dequant_row_f32",
     "dequant_row_f16",
@@ -300,6 +304,30 @@ def dequant_row(type_id, src, dst):
     else:  # unknown type: NaN rather than a raise (see the module docstring)
         for i in range(dst.shape[0]):
             dst[i] = np.float32(np.nan)
+
+
+ROW_FUNCTIONS = MappingProxyType({
+    qt.Q8_0: dequant_row_q8_0, qt.Q4_K: dequant_row_q4_k, qt.Q6_K: dequant_row_q6_k, qt.Q5_K: dequant_row_q5_k,
+    qt.Q4_0: dequant_row_q4_0, qt.Q5_0: dequant_row_q5_0, qt.Q4_1: dequant_row_q4_1, qt.Q5_1: dequant_row_q5_1,
+    qt.Q2_K: dequant_row_q2_k, qt.Q3_K: dequant_row_q3_k, qt.MXFP4: dequant_row_mxfp4, qt.F32: dequant_row_f32,
+    qt.F16: dequant_row_f16, qt.BF16: dequant_row_bf16,
+})  # dequant_row's branches, by type id
+
+
+def dequant_static(key, src, dst):
+    """dequant_row for njit code, the type a StaticType: a caller compiles its own type's row
+    function only, not dequant_row's every branch (quant/static_type.py)."""
+    raise NotImplementedError("dequant_static is called from njit code")
+
+
+@overload(dequant_static)
+def _dequant_static(key, src, dst):
+    if not isinstance(key, StaticTypeType):
+        return None
+    row = ROW_FUNCTIONS.get(key.id)
+    if row is None:  # as dequant_row: NaN for an unknown type
+        return lambda key, src, dst: dst.fill(np.float32(np.nan))
+    return lambda key, src, dst: row(src, dst)
 
 
 @njit(cache=True, parallel=True)

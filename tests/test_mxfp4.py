@@ -47,7 +47,7 @@ def test_cpu_logits_match_llama_cpp(mxfp4_model):
     arch, path = mxfp4_model
     ours, runner = cpu_logits(path)
     # every layer's experts packed alike, as MXFP4 (its codes), and run by the one-loop path (moe.experts_ffn)
-    assert all(isinstance(g, PackedExperts) and g.info[0] == qt.MXFP4 for ly in runner.layers for g in ly.grouped)
+    assert all(isinstance(g, PackedExperts) and g.info[0].id == qt.MXFP4 for ly in runner.layers for g in ly.grouped)
     assert_matches_llama_cpp(ours, path, f"{arch} MXFP4_MOE, cpu")
 
 

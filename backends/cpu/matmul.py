@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from infer.quant.dequant import dequant_row
+from infer.quant.dequant import dequant_static
+from infer.quant.static_type import static_type
 
 from .activations import ACT_NONE, ACT_ROUNDING, round_activations
 from .qdot import NC, TT_MAX, matmul_packed
@@ -41,7 +42,8 @@ def _dot4(b, j, x, t, out, n):
 
 
 @njit(cache=True, fastmath=True, parallel=True)
-def qmatmul_rows(type_id, w, x, out, scratch):
+def qmatmul_rows(key, w, x, out, scratch):
+    # key: W's StaticType
     # w: (N, row_bytes) uint8 raw weight rows; x: (T, K) f32; out: (T, N) f32 = x @ W.T
     # scratch: (n_chunks, ROW_TILE, K) f32, one tile per parallel chunk
     # Each output is one dot product whose order depends on its row's place in a tile, never on T,
@@ -58,7 +60,7 @@ def qmatmul_rows(type_id, w, x, out, scratch):
             r0 = ti * tile
             nr = min(tile, N - r0)
             for j in range(nr):
-                dequant_row(type_id, w[r0 + j], buf[j])
+                dequant_static(key, w[r0 + j], buf[j])
             quads = nr - nr % 4
             for t in range(T):
                 for j in range(0, quads, 4):
@@ -101,7 +103,7 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
         x = np.ascontiguousarray(x, np.float32)
         xq = ws.xi if w.int_kernel else ws.xq  # the integer kernel takes the activation quants as int8
         L = w.layout
-        matmul_packed(w.type_id, w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc,
+        matmul_packed(static_type(w.type_id), w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc,
                       L.lo_bits, L.hi_bits, L.group, ws.expanded)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
@@ -115,4 +117,4 @@ def _reference_matmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace) ->
         xr = ws.xr[:T * K].reshape(T, K)
         round_activations(mode, x, xr)
         x = xr
-    qmatmul_rows(w.type_id, w.raw, x, out, ws.tiles)
+    qmatmul_rows(static_type(w.type_id), w.raw, x, out, ws.tiles)

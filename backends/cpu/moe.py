@@ -133,7 +133,7 @@ def experts_ffn(h, order, starts, k, act_kind, g, g_info, d, d_info, gu_bias, do
     # h: (T, D) f32 the FFN input; order, starts: the grouping (group); k: experts per token
     # act_kind: the gate activation (ops.glu); gu_bias: (E, 2F) f32 gate|up biases, down_bias: (E, D), or (0, 0)
     # g, d: (lo, hi, s, m, sc) planes of the gate_up and down PackedExperts, expert axis first;
-    # g_info, d_info: (type_id, activation rounding, rows N, lo_bits, hi_bits, group) of each
+    # g_info, d_info: (StaticType, activation rounding, rows N, lo_bits, hi_bits, group) of each
     # xq, dxb, bsum, acc, expanded: matmul_packed's scratch (MatmulWorkspace)
     # x: (>= T, D), gu: (>= T, 2F), act: (>= T, F), y: (>= T, D) f32 scratch for one expert's rows
     # slots: (T * k, D) f32 out, slot t * k + j: the output of token t's j-th expert

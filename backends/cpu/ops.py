@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from infer.quant.dequant import dequant_row
+from infer.quant.dequant import dequant_static
 from infer.quant.kquants import bits_f32, f32_bits
 
 from .vexp import fma32
@@ -217,10 +217,10 @@ def _residual_row(x, o, post_norm, eps, scale, next_norm, xn):
 
 
 @njit(cache=True)
-def embed(type_id, raw, tokens, scale, out):
-    # tokens: (T,) int32; raw: (V, row_bytes) uint8 embedding rows; out: (T, D) f32 = rows * scale
+def embed(key, raw, tokens, scale, out):
+    # key: the rows' StaticType; tokens: (T,) int32; raw: (V, row_bytes) uint8 embedding rows; out: (T, D) f32 = rows * scale
     for t in range(tokens.shape[0]):
-        dequant_row(type_id, raw[tokens[t]], out[t])
+        dequant_static(key, raw[tokens[t]], out[t])
         if scale != 1.0:
             for i in range(out.shape[1]):
                 out[t, i] *= scale

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from infer.backends.batch import Batch
+from infer.quant.static_type import static_type
 
 from .attention import attention
 from .kv_pool import KVPool
@@ -69,7 +70,8 @@ class CpuPrimitives:
     def embed(self, name: str) -> np.ndarray:
         T, ws = self.T, self.ws
         self.runner.embd_rows.gather(self.batch.tokens, ws.embd)  # read, not mapped (rows.py)
-        embed(self.runner.token_embd.type_id, ws.embd, ws.rows[:T], np.float32(self.cfg.embed_scale), self.x)
+        embed(static_type(self.runner.token_embd.type_id), ws.embd, ws.rows[:T], np.float32(self.cfg.embed_scale),
+              self.x)
         if self.trace is not None:
             self._seen(name, -1, self.x)
         return self.x

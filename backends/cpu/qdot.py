@@ -48,6 +48,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from infer.quant import types as qt
+from infer.quant.static_type import StaticTypeType
 
 from .activations import ACT_Q8_K, pair_sums, quantize_rows
 from .target import INT_KERNEL, VECTOR_WIDTH, VNNI, VNNI_BYTES, half_to_float, splat
@@ -147,7 +148,7 @@ class _Arr:
         self.shape = cgutils.unpack_tuple(builder, a.shape, ty.ndim)
 
 
-_ARGS = ("type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "bpair", "a")
+_ARGS = ("key", "type_id", "lo", "hi", "s", "m", "sc", "tile", "qtile", "r0", "xq", "t0", "dxb", "bsum", "bpair", "a")
 _ARRAYS = {"lo": (types.uint8, 3), "hi": (types.uint8, 3), "s": (types.uint16, 3), "m": (types.uint16, 3),
            "sc": (types.uint8, 3),
            "dxb": (types.float32, 2), "bsum": (types.float32, 2), "bpair": (types.int32, 2), "a": (types.float32, 2)}
@@ -248,11 +249,12 @@ class _Block:
 
 
 def _make_dot(TT: int):
-    """The intrinsic dot(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
+    """The intrinsic dot(key, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
     a[tt, r0:r0+ROWS] = rows r0.. of tile `tile` times the activations of token t0+tt, tt < TT;
     the tile's quants are tile `qtile` of lo and hi (0 for a tile expanded on its own, see
     expand_tile), its scales tile `tile` of s, m and sc.  type_id + EXPANDED: the type's quants
-    expanded to bytes (BYTE_LAYOUTS).
+    expanded to bytes (BYTE_LAYOUTS).  key: the weight's StaticType; the code holds key.id's
+    layouts only (it and its expanded form), type_id picking one of them.
 
     lo, hi: (NT, nb, bytes per block) uint8 planes (hi (0, 0, 0) when a type has none); s, m:
     (NT, blocks or super-blocks, NC) uint16 f16 bits (m (0, 0, 0) without mins); sc: (NT, X, NC)
@@ -262,8 +264,10 @@ def _make_dot(TT: int):
     sub-block two at a time (pair_sums; read by the VNNI kernel for the K-quants with mins); a: (>=
     TT, NC) f32.
     """
-    def dot(typingctx, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
-        args = dict(zip(_ARGS, (type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)))
+    def dot(typingctx, key, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a):
+        if not isinstance(key, StaticTypeType):
+            return None
+        args = dict(zip(_ARGS, (key, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)))
         for name, (dt, nd) in _ARRAYS.items():
             arr = args[name]
             if not (isinstance(arr, types.Array) and arr.dtype == dt and arr.ndim == nd and arr.layout == "C"):
@@ -272,13 +276,13 @@ def _make_dot(TT: int):
                 and (xq.dtype == types.float32 or (xq.dtype == types.int8 and INT_KERNEL))):
             return None
         kind = ("vnni" if VNNI else "madd") if xq.dtype == types.int8 else "float"
-        sig = types.void(type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)
+        sig = types.void(key, type_id, lo, hi, s, m, sc, tile, qtile, r0, xq, t0, dxb, bsum, bpair, a)
 
         def codegen(context, builder, signature, argv):
             st = signature.args
             arrs = {n: _Arr(context, builder, st[i], argv[i]) for i, n in enumerate(_ARGS) if n in _ARRAYS or n == "xq"}
-            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (0, 6, 7, 8, 10))
-            _Kernel(builder, arrs, tile_, qtile_, t0_, TT, kind).run(tid, r0_)
+            tid, tile_, qtile_, r0_, t0_ = (context.cast(builder, argv[i], st[i], types.int64) for i in (1, 7, 8, 9, 11))
+            _Kernel(builder, arrs, tile_, qtile_, t0_, TT, kind).run(key.id, tid, r0_)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -287,7 +291,7 @@ def _make_dot(TT: int):
 
 
 class _Kernel:
-    """Code generation of one call: ROWS rows from r0, TT tokens from t0, for every layout."""
+    """Code generation of one call: ROWS rows from r0, TT tokens from t0, for one type's layouts."""
 
     def __init__(self, builder, arrs, tile, qtile, t0, TT, kind):
         self.b, self.arrs, self.t0, self.TT, self.kind = builder, arrs, t0, TT, kind
@@ -330,7 +334,8 @@ class _Kernel:
         bld = self.b
         return bld.call(self.dpw_fn, [acc, bld.bitcast(a, self.vw), bld.bitcast(b, self.vw)])
 
-    def run(self, tid, r0):
+    def run(self, type_id, tid, r0):
+        # type_id: the weight's GGML type, whose layouts alone are generated; tid: which of them runs
         bld = self.b
         vf = ir.VectorType(F32, self.rw)
         self.acc = [[cgutils.alloca_once(bld, vf) for _ in range(self.nv)] for _ in range(self.TT)]
@@ -345,9 +350,11 @@ class _Kernel:
                     bld.store(ir.Constant(vf, [0.0] * self.rw), p)
             sw = bld.switch(tid, bld.function.append_basic_block("unknown_type"))
             done = bld.function.append_basic_block("layout_done")
-            for type_id, L in (*LAYOUTS.items(), *BYTE_LAYOUTS.items()):
-                case = bld.function.append_basic_block(f"layout_{type_id}")
-                sw.add_case(ir.Constant(I64, type_id), case)
+            for t, L in (*LAYOUTS.items(), *BYTE_LAYOUTS.items()):
+                if t not in (type_id, type_id + EXPANDED):
+                    continue
+                case = bld.function.append_basic_block(f"layout_{t}")
+                sw.add_case(ir.Constant(I64, t), case)
                 bld.position_at_end(case)
                 (self.block_loop if L.scales == SC_F16 else self.superblock_loop)(L, rows)
                 bld.branch(done)
@@ -641,11 +648,12 @@ def store_row(src, dst, c0, n):
 
 
 @njit(cache=True, parallel=True)
-def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
+def matmul_packed(key, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_buf, out, col0, acc, lo_bits,
                   hi_bits, group, expanded):
     # out[:, col0:col0+N] = x @ W.T with x quantized by `mode` (ACT_Q8_0, ACT_Q8_1 or ACT_Q8_K, the
     # weight type's activation rounding)
-    # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type type_id
+    # key: the weight's StaticType (one compiled variant per type, holding that type's code only)
+    # x: (T, K) f32; lo, hi, s, m, sc: a PackedWeight of N <= NT*NC rows of GGML type key.id
     #   (shapes in _make_dot's doc), its layout's lo_bits, hi_bits and group
     # xq_buf: (>= T*K,) int8 for the integer kernel, f32 for the portable one; dxb_buf: (>= T*K/16,),
     #   bsum_buf: (>= T*K/16 + T*K/32,) f32 scratch for the quantized activations (bsum_buf's
@@ -663,17 +671,17 @@ def matmul_packed(type_id, mode, x, lo, hi, s, m, sc, N, xq_buf, dxb_buf, bsum_b
     quantize_rows(mode, x, xq, dxb, bsum)
     if mode == ACT_Q8_K:
         pair_sums(bsum, group // 16, bpair)
-    expand = 0 < EXPAND_FROM[type_id] <= T
-    tid = type_id + EXPANDED if expand else type_id
+    expand = 0 < EXPAND_FROM[key.id] <= T
+    tid = key.id + EXPANDED if expand else key.id
     n_chunks = min(acc.shape[0], NT)
     for c in prange(n_chunks):
         # tiles split evenly: the threads take equal runs of chunks, so equal chunks balance them
-        packed_tiles(type_id, tid, expand, c * NT // n_chunks, (c + 1) * NT // n_chunks, lo, hi, s, m, sc, N, xq,
+        packed_tiles(key, tid, expand, c * NT // n_chunks, (c + 1) * NT // n_chunks, lo, hi, s, m, sc, N, xq,
                      dxb, bsum, bpair, out, col0, acc[c], lo_bits, hi_bits, group, expanded[c])
 
 
 @njit(cache=True)
-def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dxb, bsum, bpair, out, col0, a,
+def packed_tiles(key, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dxb, bsum, bpair, out, col0, a,
                  lo_bits, hi_bits, group, ex):
     # matmul_packed's work on tiles tile0..tile1 (one parallel chunk): a, ex: the chunk's acc and
     # expanded scratch.  Its own function, not the parallel loop's body: numba compiles that body
@@ -683,7 +691,7 @@ def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dx
     for tile in range(tile0, tile1):
         qtile = tile
         if expand:
-            expand_tile(lo_bits, hi_bits, group, type_id == qt.MXFP4, lo[tile], hi[tile] if hi_bits else lo[tile],
+            expand_tile(lo_bits, hi_bits, group, key.id == qt.MXFP4, lo[tile], hi[tile] if hi_bits else lo[tile],
                         qlo[0, 0])
             qtile = 0
         r0 = tile * NC
@@ -691,12 +699,12 @@ def packed_tiles(type_id, tid, expand, tile0, tile1, lo, hi, s, m, sc, N, xq, dx
         t = 0
         while t + 4 <= T:  # four tokens per pass: each weight vector unpacked once, used four times
             for v in range(0, NC, ROWS):
-                dot_rows_4(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
+                dot_rows_4(key, tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
             for i in range(4):
                 store_row(a[i], out[t + i], col0 + r0, nr)
             t += 4
         while t < T:
             for v in range(0, NC, ROWS):
-                dot_rows_1(tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
+                dot_rows_1(key, tid, qlo, hi, s, m, sc, tile, qtile, v, xq, t, dxb, bsum, bpair, a)
             store_row(a[0], out[t], col0 + r0, nr)
             t += 1

@@ -43,9 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from infer.quant import types as qt
 from infer.quant.kquants import q3_scale, u32_at
+from infer.quant.static_type import StaticTypeType, static_type
 from infer.quant.tensor import populate_mapped, release_mapped
 
 from .activations import ACT_ROUNDING
@@ -159,31 +161,16 @@ def unpack_row(type_id, src, u):
                             uw[t + w] = v
 
 
-@njit(cache=True)
-def unpack_typed(type_id, src, u):
-    # unpack_row with the type a constant in each inlined copy (its inner loops then specialize)
-    if type_id == qt.Q4_K:
-        unpack_row(qt.Q4_K, src, u)
-    elif type_id == qt.Q6_K:
-        unpack_row(qt.Q6_K, src, u)
-    elif type_id == qt.Q5_K:
-        unpack_row(qt.Q5_K, src, u)
-    elif type_id == qt.Q8_0:
-        unpack_row(qt.Q8_0, src, u)
-    elif type_id == qt.Q4_0:
-        unpack_row(qt.Q4_0, src, u)
-    elif type_id == qt.Q5_0:
-        unpack_row(qt.Q5_0, src, u)
-    elif type_id == qt.Q4_1:
-        unpack_row(qt.Q4_1, src, u)
-    elif type_id == qt.Q5_1:
-        unpack_row(qt.Q5_1, src, u)
-    elif type_id == qt.Q3_K:
-        unpack_row(qt.Q3_K, src, u)
-    elif type_id == qt.MXFP4:
-        unpack_row(qt.MXFP4, src, u)
-    else:
-        unpack_row(qt.Q2_K, src, u)
+def unpack_static(key, src, u):
+    """unpack_row for njit code, the type a StaticType: the inlined copy holds its type's loop only."""
+    raise NotImplementedError("unpack_static is called from njit code")
+
+
+@overload(unpack_static)
+def _unpack_static(key, src, u):
+    if isinstance(key, StaticTypeType):
+        t = key.id
+        return lambda key, src, u: unpack_row(t, src, u)
 
 
 @njit(cache=True, inline="always")
@@ -252,6 +239,18 @@ def row_scales(type_id, src, s, m, sc):
     return 0
 
 
+def row_scales_static(key, src, s, m, sc):
+    """row_scales for njit code, the type a StaticType (as unpack_static)."""
+    raise NotImplementedError("row_scales_static is called from njit code")
+
+
+@overload(row_scales_static)
+def _row_scales_static(key, src, s, m, sc):
+    if isinstance(key, StaticTypeType):
+        t = key.id
+        return lambda key, src, s, m, sc: row_scales(t, src, s, m, sc)
+
+
 @njit(cache=True, inline="always")
 def write_plane(tu, b, group, bits, low, out):
     # tu: (NC, K // 4) uint32, the u = q + offset of a tile's rows, 4 columns a word (little-endian);
@@ -273,54 +272,74 @@ def write_plane(tu, b, group, bits, low, out):
             ow[pg * NC + r] = v
 
 
+def write_planes_static(key, tu, tile, b, lo, hi):
+    """Block b of tile `tile` of the lo (and hi) plane from tu (write_plane), with the bit widths
+    and group of key's layout constants in the inlined copies."""
+    raise NotImplementedError("write_planes_static is called from njit code")
+
+
+@overload(write_planes_static)
+def _write_planes_static(key, tu, tile, b, lo, hi):
+    if not isinstance(key, StaticTypeType):
+        return None
+    L = LAYOUTS[key.id]
+    group, lo_bits, hi_bits = L.group, L.lo_bits, L.hi_bits
+
+    def impl(key, tu, tile, b, lo, hi):
+        write_plane(tu, b, group, lo_bits, 0, lo[tile, b])
+        if hi_bits:
+            write_plane(tu, b, group, hi_bits, lo_bits, hi[tile, b])
+    return impl
+
+
 @njit(cache=True, parallel=True)
-def pack_rows(type_id, group, lo_bits, hi_bits, has_m, has_sc, raw, lo, hi, s, m, sc, rq, rs, rm, rsc):
-    # raw: (N, row_bytes) uint8; lo, hi, s, m, sc: the planes of ceil(N / NC) tiles (module doc;
-    # hi, m, sc are placeholders unless hi_bits, has_m, has_sc); scratch, one tile's rows per
-    # parallel chunk: rq: (n_chunks, NC, K) uint8 quants u; rs, rm: (n_chunks, NC, X) uint16;
-    # rsc: (n_chunks, NC, Y) uint8
+def pack_rows(key, has_m, has_sc, raw, lo, hi, s, m, sc, rq, rs, rm, rsc):
+    # key: the rows' StaticType; raw: (N, row_bytes) uint8; lo, hi, s, m, sc: the planes of
+    # ceil(N / NC) tiles (module doc; hi, m, sc are placeholders unless the layout has a high
+    # plane, has_m, has_sc); scratch, one tile's rows per parallel chunk: rq: (n_chunks, NC, K)
+    # uint8 quants u; rs, rm: (n_chunks, NC, X) uint16; rsc: (n_chunks, NC, Y) uint8
     # Returns how many blocks the layout cannot hold (row_scales): if any, the planes are not usable.
-    N = raw.shape[0]
-    NT, nb = lo.shape[0], lo.shape[1]
+    NT = lo.shape[0]
     n_chunks = rq.shape[0]
     bad = np.zeros(n_chunks, np.int64)  # per chunk (a sum across prange's chunks trips numba's parfors)
     for c in prange(n_chunks):
-        tq, ts, tm, tsc = rq[c], rs[c], rm[c], rsc[c]
-        unfit = 0
-        for tile in range(c * NT // n_chunks, (c + 1) * NT // n_chunks):
-            for r in range(NC):
-                row = tile * NC + r
-                if row < N:
-                    unpack_typed(type_id, raw[row], tq[r])
-                    unfit += row_scales(type_id, raw[row], ts[r], tm[r], tsc[r])
-                else:  # padding rows: zero weights, zero scales
-                    tq[r, :] = 0
-                    ts[r, :] = 0
-                    tm[r, :] = 0
-                    tsc[r, :] = 0
-            tu = tq.view(np.uint32)
-            for b in range(nb):  # constant bit widths in each call, so each inlined copy is specialized
-                if lo_bits == 4:
-                    write_plane(tu, b, group, 4, 0, lo[tile, b])
-                elif lo_bits == 2:
-                    write_plane(tu, b, group, 2, 0, lo[tile, b])
-                else:
-                    write_plane(tu, b, group, 8, 0, lo[tile, b])
-                if hi_bits == 1:
-                    write_plane(tu, b, group, 1, lo_bits, hi[tile, b])
-                elif hi_bits == 2:
-                    write_plane(tu, b, group, 2, lo_bits, hi[tile, b])
-            for x in range(s.shape[1]):
-                for r in range(NC):
-                    s[tile, x, r] = ts[r, x]
-                    if has_m:
-                        m[tile, x, r] = tm[r, x]
-            if has_sc:
-                for y in range(sc.shape[1]):
-                    for r in range(NC):
-                        sc[tile, y, r] = tsc[r, y]
-        bad[c] = unfit
+        bad[c] = pack_tiles(key, has_m, has_sc, raw, c * NT // n_chunks, (c + 1) * NT // n_chunks, lo, hi, s, m, sc,
+                            rq[c], rs[c], rm[c], rsc[c])
     return bad.sum()
+
+
+@njit(cache=True)
+def pack_tiles(key, has_m, has_sc, raw, tile0, tile1, lo, hi, s, m, sc, tq, ts, tm, tsc):
+    # pack_rows's work on tiles tile0..tile1 (one parallel chunk), with that chunk's scratch tq, ts,
+    # tm, tsc.  Its own function, not the parallel loop's body: numba compiles a loop body twice
+    # (typing the loop, then its gufunc), and this one holds a type's whole unpacking
+    N = raw.shape[0]
+    nb = lo.shape[1]
+    unfit = 0
+    for tile in range(tile0, tile1):
+        for r in range(NC):
+            row = tile * NC + r
+            if row < N:
+                unpack_static(key, raw[row], tq[r])
+                unfit += row_scales_static(key, raw[row], ts[r], tm[r], tsc[r])
+            else:  # padding rows: zero weights, zero scales
+                tq[r, :] = 0
+                ts[r, :] = 0
+                tm[r, :] = 0
+                tsc[r, :] = 0
+        tu = tq.view(np.uint32)
+        for b in range(nb):
+            write_planes_static(key, tu, tile, b, lo, hi)
+        for x in range(s.shape[1]):
+            for r in range(NC):
+                s[tile, x, r] = ts[r, x]
+                if has_m:
+                    m[tile, x, r] = tm[r, x]
+        if has_sc:
+            for y in range(sc.shape[1]):
+                for r in range(NC):
+                    sc[tile, y, r] = tsc[r, y]
+    return unfit
 
 
 def stackable(ws) -> bool:
@@ -389,7 +408,7 @@ def pack_stacked(ws, int_kernel: bool | None = None, release: bool = False, allo
             part = lambda arr, present: arr[a + c0:a + c1] if present else arr
             rows = w.raw[c0 * NC:c1 * NC]
             populate_mapped(rows)
-            unfit += pack_rows(type_id, L.group, L.lo_bits, L.hi_bits, L.has_min, not legacy, rows,
+            unfit += pack_rows(static_type(type_id), L.has_min, not legacy, rows,
                                lo[a + c0:a + c1], part(hi, L.hi_bits > 0), s[a + c0:a + c1], part(m, L.has_min),
                                part(sc, not legacy), rq, rs, rm, rsc)
             if release:
@@ -423,9 +442,9 @@ class PackedExperts:
 
     @property
     def info(self) -> tuple:
-        """(type_id, activation rounding, rows, lo_bits, hi_bits, group), as experts_ffn takes them."""
+        """(StaticType, activation rounding, rows, lo_bits, hi_bits, group), as experts_ffn takes them."""
         w, L = self.weights[0], self.weights[0].layout
-        return w.type_id, w.act, w.n, L.lo_bits, L.hi_bits, L.group
+        return static_type(w.type_id), w.act, w.n, L.lo_bits, L.hi_bits, L.group
 
     @staticmethod
     def shapes(groups) -> list[tuple[tuple[int, ...], type]] | None:

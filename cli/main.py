@@ -23,7 +23,7 @@ def main() -> None:
     # in them would otherwise print a traceback.
     try:
         _configure_numba_cache()
-        from . import backends, bench, chat, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
+        from . import backends, bench, chat, kernels, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
         from .app import app
 
         app()

@@ -270,8 +270,11 @@ class CpuTransformer:
         return SequenceKV(self.cfg, n_ctx, 16, *self.cache_types)
 
     def warmup(self) -> None:
-        """One token through every kernel, so compiling (or loading compiled code) happens now."""
-        self.forward(np.zeros(1, np.int32), 0, self.new_kv_cache(8))
+        """A two-token prompt and one decoded token through every kernel, so that compiling (or
+        loading compiled code) happens now: a prompt's rows take some kernels a lone token does not."""
+        cache = self.new_kv_cache(8)
+        self.forward(np.zeros(2, np.int32), 0, cache)
+        self.forward(np.zeros(1, np.int32), 2, cache)
 
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None:

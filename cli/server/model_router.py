@@ -337,7 +337,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
 
     from infer.models.resolve import default_model
 
-    from .load import load_llm
+    from ..load import load_llm
     from .openai_server import FrontDoor, ServerConfig, create_app
 
     metrics = Metrics()

@@ -4,7 +4,7 @@ uvicorn; nothing here knows the terminal.
 
 A generation request's path: http_protocol.py (the connection, its deadline) -> the front door
 (openai_server.FrontDoor: the API key, request counts) -> with several models, model_router.py
-(the model the body names leased from model_pool.py) -> the route's adapter
+(the body parsed once, the model it names leased from model_pool.py) -> the route's adapter
 (openai_server.OpenAIAPI or ollama_api.OllamaAPI), which checks its API's fields and builds a
 service.Generation -> service.EngineService.start: plan the chat, encode the prompt, constrain
 and compile its grammar, fit max_tokens to the context, admit it past the queue, stream the

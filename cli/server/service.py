@@ -26,6 +26,10 @@ from . import openai_chat
 from .openai_request import APIError, ClientGone, Job, disconnected, kind, parse_json
 from .server_metrics import Metrics
 
+# where model_router.py leaves a request's parsed body in its ASGI scope, for the model's routes
+PARSED_BODY = "infer.body"
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     model_id: str
@@ -107,7 +111,7 @@ class Service(Protocol):
     metrics: Metrics
 
     async def body(self, request: Request) -> dict:
-        """The request's JSON object."""
+        """The request's JSON object (parsed once: by the router, when there is one)."""
 
     def check_model(self, body: dict) -> str:
         """The served model's id when the body's "model" names it (or names none); 404 otherwise."""
@@ -139,6 +143,9 @@ class EngineService:
         self.metrics = metrics or Metrics()
 
     async def body(self, request: Request) -> dict:
+        if PARSED_BODY in request.scope:
+            parsed = request.scope[PARSED_BODY]
+            return parsed if parsed is not None else parse_json(b"")  # None: an empty body, not JSON
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.config.max_body:
             raise self._too_large()

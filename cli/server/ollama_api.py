@@ -28,14 +28,16 @@ from infer.engine.reasoning import EFFORTS, style
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
 from .openai_chat import plan_fields
-from .openai_request import APIError, ClientGone, Job, chat_messages, kind, stop_strings
+from .openai_request import SAMPLING_FIELDS, APIError, ClientGone, Job, NumberField, chat_messages, kind, stop_strings
 from .service import ChatPrompt, Generation, Service, Stream, TemplatePrompt, TextPrompt
 
 OPTION_LIMIT = 2**63  # |an option's value| beyond this is out of range (ollama reads them as int64)
 API_VERSION = "0.12.0"  # the ollama API level these routes follow (clients compare it with their minimums)
-OPTIONS = MappingProxyType({"temperature": float, "top_k": int, "top_p": float, "min_p": float,
-                            "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
-                            "frequency_penalty": float, "seed": int})
+# the numeric options read (openapi.py documents them from this table)
+OPTION_FIELDS = (*SAMPLING_FIELDS,
+                 NumberField("repeat_last_n", "integer", minimum=-1, description="0: off; -1: the whole context."),
+                 NumberField("seed", "integer", minimum=0))
+OPTIONS = MappingProxyType({f.name: int if f.type == "integer" else float for f in OPTION_FIELDS})
 
 
 def _now() -> str:

@@ -24,6 +24,32 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -
 
 
 
+@dataclass(frozen=True)
+class NumberField:
+    """A numeric request field: its JSON type, read by the validators here and in ollama_api.py, and
+    its range, which SamplingParams (engine/sampler.py) enforces and /openapi.json (openapi.py)
+    documents from this table."""
+
+    name: str
+    type: str = "number"  # or "integer"
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None  # the exclusive minimum
+    description: str | None = None
+
+
+# the sampling fields of OpenAI's requests (and ollama's options), as SamplingParams names them
+SAMPLING_FIELDS = (
+    NumberField("temperature", minimum=0, description="0: greedy."),
+    NumberField("top_p", above=0, maximum=1, description="1: off."),
+    NumberField("top_k", "integer", minimum=0, description="0: off."),
+    NumberField("min_p", minimum=0, maximum=1, description="0: off."),
+    NumberField("presence_penalty"),
+    NumberField("frequency_penalty"),
+    NumberField("repeat_penalty", above=0, description="llama.cpp's; 1: off."),
+)
+
+
 def parse_json(raw: bytes) -> Any:
     """A request body as JSON, strictly: Python's parser also takes NaN and Infinity, which JSON
     does not have (and which would reach the sampler or keep_alive as numbers)."""
@@ -206,13 +232,10 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
     kw: dict[str, Any] = {"stop": stop, "seed": seed, "logprobs": logprobs_k,
                           "ignore_eos": bool_field(body, "ignore_eos")}
     kw["grammar"], grammar_param = grammar_field(body)
-    for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
-        v = number_field(body, field)
+    for f in SAMPLING_FIELDS:
+        v = (int_field if f.type == "integer" else number_field)(body, f.name)
         if v is not None:
-            kw[field] = v
-    top_k = int_field(body, "top_k")
-    if top_k is not None:
-        kw["top_k"] = top_k
+            kw[f.name] = v
     try:
         params = SamplingParams(**kw)
     except InvalidSamplingParams as e:

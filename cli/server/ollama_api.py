@@ -215,6 +215,7 @@ class OllamaAPI:
         return await self._answer(model, started, chat, stream, t0)
 
     async def _answer(self, model: str, started: Stream, chat: bool, stream: bool, t0: int) -> Response:
+        """The started generation in ollama's shapes; t0: when the request began (its timings)."""
         reply, events = started.reply, started.events
 
         def piece(thinking: str, content: str, calls=()) -> dict:

@@ -42,9 +42,12 @@ def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_fo
     token_id(text): the vocabulary's token spelled text (tool-call markers that are one token)."""
     try:
         tools = parse_tools(body["tools"]) if body.get("tools") is not None else []
+    except ToolError as e:
+        raise APIError(400, str(e), e.field or "tools", "invalid_value") from None
+    try:
         mode, name = parse_tool_choice(body.get("tool_choice"), tools)
     except ToolError as e:
-        raise APIError(400, str(e), "tools" if "tool_choice" not in str(e) else "tool_choice", "invalid_value") from None
+        raise APIError(400, str(e), e.field or "tool_choice", "invalid_value") from None
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise APIError(400, f"'parallel_tool_calls' must be true or false, got {kind(parallel)}",

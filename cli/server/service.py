@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Union
 
 from starlette.requests import Request
 
+from infer.engine.engine import PromptError
 from infer.engine.grammar import GrammarError
 from infer.engine.reasoning import style
 from infer.engine.request import Event
@@ -245,15 +246,14 @@ class EngineService:
             raise APIError(400, str(e), job.grammar_param, "invalid_grammar") from None
 
     def _fit(self, job: Job, prompt: list[int], clip: bool) -> SamplingParams:
-        """The job's params with max_tokens checked against (or defaulted to) the room left; the
-        prompt's length is checked here, once, with the API's error (the engine's own check then
-        holds without firing)."""
+        """The job's params with max_tokens checked against (or defaulted to) the room left.  The
+        prompt's length is the engine's rule (Engine.check_prompt), asked here so that its error is
+        the API's and comes before the request is queued."""
         n_ctx, n = self.engine.n_ctx, len(prompt)
-        if n == 0:
-            raise APIError(400, "the prompt is empty", None, "invalid_value")
-        if n >= n_ctx:
-            raise APIError(400, f"the prompt has {n} tokens but the context holds {n_ctx} (with room for at least "
-                           "one generated token); shorten the prompt", None, "context_length_exceeded")
+        try:
+            self.engine.check_prompt(prompt)
+        except PromptError as e:
+            raise APIError(400, str(e), e.field, "context_length_exceeded" if n else "invalid_value") from None
         if job.max_tokens is None:
             return replace(job.params, max_tokens=n_ctx - n)
         if n + job.max_tokens > n_ctx:

@@ -54,7 +54,7 @@ class ChatPrompt:
 
     messages: list[dict]  # checked already (openai_request.chat_messages)
     # tools, tool_choice, parallel_tool_calls, reasoning_effort as OpenAI spells them (openai_chat.plan_fields)
-    tools: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
     reasoning_format: str | None = None  # None: the server's --reasoning-format
     think: bool | str | None = None  # ollama's think: False turns thinking off, a level is gpt-oss's effort
 
@@ -225,7 +225,7 @@ class EngineService:
         src = self.llm.template.source
         harmony = style(src) == "harmony"  # gpt-oss: always thinks; a level is its reasoning effort
         fmt = p.reasoning_format or self.config.reasoning_format
-        plan, tool_grammar = openai_chat.plan(p.tools, p.messages, src, "none" if p.think is False and not harmony
+        plan, tool_grammar = openai_chat.plan(p.fields, p.messages, src, "none" if p.think is False and not harmony
                                               else fmt, job, self.llm.tokenizer.token_id)
         if isinstance(p.think, str) and harmony:
             plan = replace(plan, variables={**plan.variables, "reasoning_effort": p.think})

@@ -1,4 +1,4 @@
-"""`infer serve [MODEL]`: an OpenAI-compatible HTTP server (see openai_server.py) on uvicorn."""
+"""`infer serve [MODEL]`: the OpenAI- and ollama-compatible HTTP server (the server package) on uvicorn."""
 from __future__ import annotations
 
 import signal
@@ -80,7 +80,7 @@ def serve(
         raise typer.BadParameter(f"--models takes 'all', got {models!r}")
     if max_models < 1:
         raise typer.BadParameter(f"--max-models must be at least 1, got {max_models}")
-    from .model_pool import keep_alive_seconds
+    from .server.model_pool import keep_alive_seconds
 
     try:
         idle = keep_alive_seconds(keep_alive)
@@ -90,14 +90,14 @@ def serve(
     with reported():
         from infer.engine.engine import EngineConfig
 
-        from .openai_server import ServerConfig
+        from .server.openai_server import ServerConfig
 
         config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
                               cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                               spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min),
                               kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
         if model is None or models == "all":
-            from .model_router import serve_models
+            from .server.model_router import serve_models
 
             app = serve_models(config, api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                cors=tuple(cors), reasoning_format=reasoning_format, max_models=max_models,
@@ -117,7 +117,7 @@ def _serve_one(model: str, config, server_config, host: str, sock: socket.socket
     from dataclasses import replace
 
     from .load import load_llm
-    from .openai_server import create_app
+    from .server.openai_server import create_app
 
     llm = load_llm(model, config, quiet=not sys.stderr.isatty())
     path = llm.model.path
@@ -137,7 +137,7 @@ def _serve_one(model: str, config, server_config, host: str, sock: socket.socket
 def _run(app, host: str, port: int, sock: socket.socket, shutdown_timeout: int, timeout: float) -> None:
     import uvicorn
 
-    from .http_protocol import TimedH11Protocol, raise_open_files_limit
+    from .server.http_protocol import TimedH11Protocol, raise_open_files_limit
 
     raise_open_files_limit()  # idle and slow connections cost a descriptor each until --timeout
     uv = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,

@@ -1,4 +1,4 @@
-"""Fuzzing `infer serve` over HTTP from its own OpenAPI document (cli/openapi.py), with
+"""Fuzzing `infer serve` over HTTP from its own OpenAPI document (cli/server/openapi.py), with
 schemathesis, for tests/test_openapi.py (a bounded budget) and scripts/fuzz_api.py (a long run).
 
 Every operation gets requests that fit its schema (positive) and requests that break it
@@ -26,7 +26,7 @@ from schemathesis.errors import FailureGroup
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from infer.cli.model_router import MODEL_ROUTES
+from infer.cli.server.model_router import MODEL_ROUTES
 from test_serve import Server, raw
 from tiny_models import write_tiny_model
 

@@ -1,4 +1,4 @@
-"""ollama's native API on `infer serve` (cli/ollama_api.py), driven by the official ollama Python
+"""ollama's native API on `infer serve` (cli/server/ollama_api.py), driven by the official ollama Python
 client as a real client: chat, generate, streaming, format, list, show, ps, version, pull against
 the local fake Hub, delete, and ollama-shaped errors."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`infer serve` without MODEL: every pulled model (and the default one) served by the name a
 request gives, loaded on demand, kept while in use, unloaded after keep_alive or to make room
-(cli/model_router.py, cli/model_pool.py); `infer ps`."""
+(cli/server/model_router.py, cli/server/model_pool.py); `infer ps`."""
 from __future__ import annotations
 
 import shutil

@@ -1,5 +1,5 @@
 """Slow and idle clients (slow-loris) against `infer serve`: they never block others, and --timeout
-closes them (cli/http_protocol.py)."""
+closes them (cli/server/http_protocol.py)."""
 from __future__ import annotations
 
 import json

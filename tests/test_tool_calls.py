@@ -238,8 +238,8 @@ def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
     """A harmony template: chat requests detokenize with the markers spelled out (the splitter needs
     them), reasoning_effort reaches the template, and a conversation keeps the final answer (and
     the thinking apart) for the next turn, not the raw channels."""
-    from infer.cli import openai_chat
-    from infer.cli.openai_request import parse_job
+    from infer.cli.server import openai_chat
+    from infer.cli.server.openai_request import parse_job
     from infer.engine.conversation import Conversation, TurnStats
     from infer.engine.request import Event, Usage
     from tiny_models import write_tiny_model
@@ -275,7 +275,7 @@ DS_LIKE = ("{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{{ m.con
 def test_templates_that_take_arguments_as_text():
     """DeepSeek-R1's template concatenates the arguments as a string: objects fail to render
     there, so the call is rendered again with the arguments as JSON text."""
-    from infer.cli.openai_chat import ChatPlan, encode
+    from infer.cli.server.openai_chat import ChatPlan, encode
 
     class Stub:  # "tokens" are the rendered text, whole
         template = ChatTemplate(DS_LIKE)

@@ -21,8 +21,8 @@ import uvicorn  # noqa: E402
 from playwright.sync_api import expect  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 
-from infer.cli import webui  # noqa: E402
-from infer.cli.openai_server import ServerConfig, create_app  # noqa: E402
+from infer.cli.server import webui  # noqa: E402
+from infer.cli.server.openai_server import ServerConfig, create_app  # noqa: E402
 
 MODEL = "gemma-3-270m-q4_k_m"
 KEY = "sk-webui-test"

@@ -20,24 +20,26 @@ from infer.engine.engine import PromptError
 from infer.engine.request import Event
 from infer.engine.pooling import PoolingError, normalize
 
+from .ollama_api import OllamaAPI
 from .openai_request import APIError, ClientGone, disconnected, kind
+from .service import Service
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 
 
 class EmbeddingsAPI:
-    def __init__(self, server, ollama):
-        self.server, self.ollama = server, ollama
+    def __init__(self, service: Service, ollama: OllamaAPI):
+        self.service, self.ollama = service, ollama  # ollama: its model names (resolve)
 
     @property
     def llm(self):
-        return self.server.llm
+        return self.service.llm
 
     async def vectors(self, request: Request, prompts: list[list[int]]) -> list[Event]:
         """The finish event of each prompt's embedding, in order; all run at once."""
         if not prompts:
             return []
-        self.server.admit()
+        self.service.admit()
         engine = self.llm.engine
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in prompts]
@@ -87,14 +89,14 @@ class EmbeddingsAPI:
                        "input", "context_length_exceeded")
 
     async def _encode(self, texts: list[str]) -> list[list[int]]:
-        return [await self.server.encode(self.llm.encode_raw, t) for t in texts]
+        return [await self.service.encode(self.llm.encode_raw, t) for t in texts]
 
     # -- OpenAI ------------------------------------------------------------------------------------
 
     async def openai(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
-            model = self.server.check_model(body)
+            body = await self.service.body(request)
+            model = self.service.check_model(body)
             fmt = body.get("encoding_format") or "float"
             if fmt not in ("float", "base64"):
                 raise APIError(400, f"'encoding_format' must be 'float' or 'base64', got {str(fmt)[:50]!r}",
@@ -152,7 +154,7 @@ class EmbeddingsAPI:
         """/api/embed: {"model", "input": a string or strings, "truncate": true} -> unit vectors."""
         t0 = time.perf_counter_ns()
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             model = await self.ollama.resolve(body)
             x = body.get("input", [])
             texts = [x] if isinstance(x, str) else x
@@ -179,7 +181,7 @@ class EmbeddingsAPI:
     async def ollama_embeddings(self, request: Request) -> Response:
         """/api/embeddings (ollama's older route): {"model", "prompt"} -> the vector, not normalized."""
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             await self.ollama.resolve(body)
             prompt = body.get("prompt", "")
             if not isinstance(prompt, str):

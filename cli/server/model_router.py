@@ -3,9 +3,10 @@ its body names, loaded on demand (model_pool.py).
 
 The router reads a request's body once, finds the model it names in the catalog (the embedded
 default and every pulled model, by the store's names: a request's text is never read as a path),
-takes a lease on it from the pool (waiting while it loads), and hands the request, body
-replayed, to that model's own app (openai_server.create_app): every route of one model works
-here unchanged.  What is about all models is answered here: /v1/models and /api/tags (what can be
+takes a lease on it from the pool (waiting while it loads), and hands the request, its body
+parsed (in the ASGI scope, service.PARSED_BODY), to that model's own app
+(openai_server.create_app), whose service reads it from there rather than parsing it again: every
+route of one model works here unchanged.  What is about all models is answered here: /v1/models and /api/tags (what can be
 served), /api/ps (what is loaded, its memory and expiry), /health, /metrics, /api/pull,
 /api/delete, /api/version and `GET /`.
 """
@@ -23,13 +24,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from . import openapi
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
 from .server_metrics import Metrics
+from .service import PARSED_BODY
 from .webui import page_routes
 
 # the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
@@ -140,17 +142,10 @@ class ModelRouter:
         except Exception as e:  # a bug of ours: the client gets its API's shape, the server goes on
             err = APIError(500, f"internal error: {type(e).__name__}", None, "internal_error", "server_error")
             return await self._error(ollama, err, scope, receive, send)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
+        # None: an empty body, which the model's route refuses as a one-model server does
+        scope = {**scope, PARSED_BODY: body if raw.strip() else None}
         try:
-            await m.app(scope, replay, send)
+            await m.app(scope, receive, send)
         finally:
             self.pool.release(m, keep_alive)
 
@@ -337,8 +332,9 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
 
     from infer.models.resolve import default_model
 
-    from .load import load_llm
-    from .openai_server import FrontDoor, ServerConfig, create_app
+    from ..load import load_llm
+    from .openai_server import FrontDoor, create_app
+    from .service import ServerConfig
 
     metrics = Metrics()
 

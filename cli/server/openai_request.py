@@ -2,8 +2,10 @@
 
 The request body's fields are validated here, with OpenAI's error shape for what is wrong
 (APIError); what needs the loaded model or the server's state (the model name, the body's size,
-the prompt's length against the context, a full queue) the routes in openai_server.py check,
-raising the same APIError.
+the prompt's length against the context, a full queue) the service (service.py) checks, raising
+the same APIError.  Where the engine has the rule (SamplingParams: the sampling fields and the
+stop strings), this module only translates the field's shape and the engine's InferError becomes
+the APIError, its `field` the error's param.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from infer.engine.chat_template import MessageError, validate_messages
 from infer.engine.grammar import Grammar, GrammarError
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
@@ -21,6 +22,32 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 16  # stop strings one request may give (OpenAI allows 4; llama.cpp's server any number)
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -9999
 
+
+
+@dataclass(frozen=True)
+class NumberField:
+    """A numeric request field: its JSON type, read by the validators here and in ollama_api.py, and
+    its range, which SamplingParams (engine/sampler.py) enforces and /openapi.json (openapi.py)
+    documents from this table."""
+
+    name: str
+    type: str = "number"  # or "integer"
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None  # the exclusive minimum
+    description: str | None = None
+
+
+# the sampling fields of OpenAI's requests (and ollama's options), as SamplingParams names them
+SAMPLING_FIELDS = (
+    NumberField("temperature", minimum=0, description="0: greedy."),
+    NumberField("top_p", above=0, maximum=1, description="1: off."),
+    NumberField("top_k", "integer", minimum=0, description="0: off."),
+    NumberField("min_p", minimum=0, maximum=1, description="0: off."),
+    NumberField("presence_penalty"),
+    NumberField("frequency_penalty"),
+    NumberField("repeat_penalty", above=0, description="llama.cpp's; 1: off."),
+)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -100,16 +127,16 @@ def text_field(value: str, param: str) -> str:
     return value
 
 
-def stop_field(body: dict) -> tuple[str, ...]:
-    v = body.get("stop")
+def stop_strings(v: Any, param: str) -> tuple:
+    """A stop field's shape, as OpenAI and ollama take it: one string or an array; what each item
+    must be is SamplingParams' rule (engine/sampler.py), checked there."""
     if v is None:
         return ()
-    items = [v] if isinstance(v, str) else v
-    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise APIError(400, "'stop' must be a non-empty string or a list of non-empty strings", "stop", "invalid_type")
-    if len(items) > MAX_STOP:
-        raise APIError(400, f"'stop' takes at most {MAX_STOP} strings, got {len(items)}", "stop", "invalid_value")
-    return tuple(text_field(s, "stop") for s in items)
+    if isinstance(v, str):
+        return (v,)
+    if not isinstance(v, list):
+        raise APIError(400, f"'{param}' must be a string or an array of strings, got {kind(v)}", param, "invalid_type")
+    return tuple(v)
 
 
 def grammar_field(body: dict) -> tuple[Grammar | None, str | None]:
@@ -199,21 +226,20 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
     if seed is not None and not 0 <= seed < 2**64:
         raise APIError(400, f"'seed' must be between 0 and 2**64 - 1, got {seed}", "seed", "invalid_value")
     # ignore_eos is llama.cpp's extension, for benchmarks that need a fixed number of tokens
-    kw: dict[str, Any] = {"stop": stop_field(body), "seed": seed, "logprobs": logprobs_k,
+    stop = stop_strings(body.get("stop"), "stop")
+    if len(stop) > MAX_STOP:
+        raise APIError(400, f"'stop' takes at most {MAX_STOP} strings, got {len(stop)}", "stop", "invalid_value")
+    kw: dict[str, Any] = {"stop": stop, "seed": seed, "logprobs": logprobs_k,
                           "ignore_eos": bool_field(body, "ignore_eos")}
     kw["grammar"], grammar_param = grammar_field(body)
-    for field in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty"):
-        v = number_field(body, field)
+    for f in SAMPLING_FIELDS:
+        v = (int_field if f.type == "integer" else number_field)(body, f.name)
         if v is not None:
-            kw[field] = v
-    top_k = int_field(body, "top_k")
-    if top_k is not None:
-        kw["top_k"] = top_k
+            kw[f.name] = v
     try:
         params = SamplingParams(**kw)
     except InvalidSamplingParams as e:
-        param = str(e).split()[0]
-        raise APIError(400, str(e), param if param in kw else None, "invalid_value") from None
+        raise APIError(400, str(e), e.field, "invalid_value") from None
     return Job(params, max_tokens, stream, include_usage, logprobs_k is not None, grammar_param)
 
 
@@ -253,10 +279,7 @@ def chat_messages(body: dict) -> list[dict]:
                 raise APIError(400, f"'{p}.tool_call_id' must be a string", f"{p}.tool_call_id", "invalid_type")
             msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
-    try:
-        return validate_messages(out)
-    except MessageError as e:
-        raise APIError(400, str(e), "messages", "invalid_value") from None
+    return out  # the engine's rules (chat_template.validate_messages) hold already: checked once, here
 
 
 

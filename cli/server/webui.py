@@ -1,5 +1,5 @@
 """The chat page that `infer serve` shows a browser at GET /: plain HTML, CSS and JS shipped in the
-package (cli/webui/), no build step and nothing fetched from elsewhere, so it works offline. The
+package (cli/server/webui/), no build step and nothing fetched from elsewhere, so it works offline. The
 page talks to the server's own /v1 routes like any other client."""
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ ASSETS = (("app.js", "text/javascript; charset=utf-8"), ("style.css", "text/css;
 
 @lru_cache(maxsize=None)
 def asset(name: str) -> bytes:
-    """One file of cli/webui, read once: the files do not change while the server runs."""
-    return resources.files("infer.cli").joinpath("webui").joinpath(name).read_bytes()
+    """One file of cli/server/webui, read once: the files do not change while the server runs."""
+    return resources.files("infer.cli.server").joinpath("webui").joinpath(name).read_bytes()
 
 
 def _headers() -> dict[str, str]:

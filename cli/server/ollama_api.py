@@ -1,7 +1,10 @@
 """ollama's native API on the same server and port as the OpenAI one: /api/chat, /api/generate
 (NDJSON streams by default), /api/tags, /api/show, /api/ps, /api/version, /api/pull, /api/delete
-(and /api/embed, /api/embeddings: embeddings_api.py), and `GET /` / `HEAD /` answering as ollama does, so Open WebUI, Continue and the official ollama
-clients can use `infer serve`.  Errors take ollama's shape, {"error": "..."} with a 4xx status.
+(and /api/embed, /api/embeddings: embeddings_api.py), and `GET /` / `HEAD /` answering as ollama
+does, so Open WebUI, Continue and the official ollama clients can use `infer serve`.  Errors take
+ollama's shape, {"error": "..."} with a 4xx status.  /api/chat and /api/generate are an adapter
+over the service (service.py), as OpenAI's routes are: ollama's fields become a Generation, and
+its Stream goes out as NDJSON lines or one object.
 
 Started with a MODEL, the server runs that one: a request names it by the server's names for it
 (its id, file name, path) or by the store's pulled name of that file, and gets a 404 for any
@@ -13,7 +16,6 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
 from typing import Any, AsyncIterator
@@ -25,14 +27,17 @@ from infer.engine.grammar import Grammar, GrammarError
 from infer.engine.reasoning import EFFORTS, style
 from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 
-from . import openai_chat
-from .openai_request import APIError, ClientGone, Job, chat_messages, kind
+from .openai_chat import plan_fields
+from .openai_request import SAMPLING_FIELDS, APIError, ClientGone, Job, NumberField, chat_messages, kind, stop_strings
+from .service import ChatPrompt, Generation, Service, Stream, TemplatePrompt, TextPrompt
 
 OPTION_LIMIT = 2**63  # |an option's value| beyond this is out of range (ollama reads them as int64)
 API_VERSION = "0.12.0"  # the ollama API level these routes follow (clients compare it with their minimums)
-OPTIONS = MappingProxyType({"temperature": float, "top_k": int, "top_p": float, "min_p": float,
-                            "repeat_penalty": float, "repeat_last_n": int, "presence_penalty": float,
-                            "frequency_penalty": float, "seed": int})
+# the numeric options read (openapi.py documents them from this table)
+OPTION_FIELDS = (*SAMPLING_FIELDS,
+                 NumberField("repeat_last_n", "integer", minimum=-1, description="0: off; -1: the whole context."),
+                 NumberField("seed", "integer", minimum=0))
+OPTIONS = MappingProxyType({f.name: int if f.type == "integer" else float for f in OPTION_FIELDS})
 
 
 def _now() -> str:
@@ -53,19 +58,19 @@ def _error(e: APIError) -> JSONResponse:
 
 
 class OllamaAPI:
-    """The ollama routes over an OpenAIServer's engine, request checks and event streams."""
+    """The ollama routes over the service: their fields to a Generation, its Stream to their shapes."""
 
-    def __init__(self, server):
-        self.server = server
-        self.llm = server.llm
-        self.entry, self.info = model_entry(server.config.model_id, self.llm.model.path)  # once: clients poll /api/tags
+    def __init__(self, service: Service):
+        self.service = service
+        self.llm = service.llm
+        self.entry, self.info = model_entry(service.config.model_id, self.llm.model.path)  # once: clients poll /api/tags
 
     # -- requests ---------------------------------------------------------------------------------
 
     async def resolve(self, body: dict) -> str:
         """The served model's name when the body's "model" names it; 404 for any other."""
         name = _name(body)
-        cfg = self.server.config
+        cfg = self.service.config
         if cfg.any_name or name in (cfg.model_id, *cfg.model_aliases) or name.split(":")[0] == cfg.model_id:
             return name
         if await asyncio.to_thread(self._pulled_as, name):
@@ -101,13 +106,7 @@ class OllamaAPI:
             if abs(v) > OPTION_LIMIT:
                 raise APIError(400, f"option '{name}' is out of range")
             kw[name] = typ(v)
-        stop = opts.get("stop")
-        if stop is not None:
-            if isinstance(stop, str):
-                stop = [stop]
-            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-                raise APIError(400, "option 'stop' must be a list of non-empty strings")
-            kw["stop"] = tuple(stop)
+        kw["stop"] = stop_strings(opts.get("stop"), "stop")  # what each must be: SamplingParams says
         fmt = body.get("format")
         if fmt == "json":
             kw["grammar"] = Grammar("json")
@@ -130,9 +129,9 @@ class OllamaAPI:
         try:
             params = SamplingParams(**kw)
         except InvalidSamplingParams as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, str(e), e.field) from None
         # ollama: num_predict -1 (or absent) generates until the end of the context, and a larger one
-        # stops there too (_run caps it); num_ctx is the server's (--ctx), not per request
+        # stops there too (the Generation's clip); num_ctx is the server's (--ctx), not per request
         return Job(params, n if n is not None and n > 0 else None, stream, False, False, "format"), stream
 
     # -- routes -----------------------------------------------------------------------------------
@@ -145,7 +144,7 @@ class OllamaAPI:
 
     async def chat(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             model = await self.resolve(body)
             raw_msgs = body.get("messages")
             if raw_msgs is not None and not isinstance(raw_msgs, list):
@@ -158,26 +157,17 @@ class OllamaAPI:
             think = body.get("think")
             if think is not None and not isinstance(think, (bool, str)):
                 raise APIError(400, f"'think' must be true, false or a level, got {kind(think)}")
-            src = self.llm.template.source
-            harmony = style(src) == "harmony"  # gpt-oss: always thinks; a level is its reasoning effort
             if isinstance(think, str) and think not in EFFORTS:
                 raise APIError(400, f"'think' must be true, false, low, medium or high, got {think!r}"[:200])
-            plan, tool_grammar = openai_chat.plan(body, msgs, src, "none" if think is False and not harmony else
-                                                  "deepseek", job, self.llm.tokenizer.token_id)
-            if isinstance(think, str) and harmony:
-                plan = replace(plan, variables={**plan.variables, "reasoning_effort": think})
-            if think is False and "enable_thinking" in src:
-                plan = replace(plan, variables={**plan.variables, "enable_thinking": False})
-            prompt, opened = await self.server.encode(lambda c: openai_chat.encode(self.llm, c), plan)
-            job, opened = openai_chat.constrain(job, plan, tool_grammar, opened)
-            compiled = await self.server.compile_grammar(job)
+            # ollama splits thinking off whatever --reasoning-format says
+            prompt = ChatPrompt(msgs, plan_fields(body), reasoning_format="deepseek", think=think)
         except APIError as e:
             return _error(e)
-        return await self._run(request, model, prompt, job, compiled, stream, openai_chat.ChatReply(plan, opened))
+        return await self._run(request, model, Generation(prompt, job, clip=True), stream)
 
     async def generate(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             model = await self.resolve(body)
             prompt_in = body.get("prompt", "")
             if not isinstance(prompt_in, str):
@@ -193,19 +183,16 @@ class OllamaAPI:
             if not isinstance(raw_mode, bool):
                 raise APIError(400, f"'raw' must be true or false, got {kind(raw_mode)}")
             if raw_mode:  # as ollama: the prompt's special tokens (a template written by the client) parsed
-                prompt = await self.server.encode(
-                    lambda t: self.llm.tokenizer.encode(t, add_special=True, parse_special=True), prompt_in)
+                prompt = TextPrompt(prompt_in, special=True)
             else:
                 system = body.get("system")
                 if system is not None and not isinstance(system, str):
                     raise APIError(400, f"'system' must be a string, got {kind(system)}")
-                msgs = ([{"role": "system", "content": system}] if system else []) + \
-                    [{"role": "user", "content": prompt_in}]
-                prompt = await self.server.encode(self.llm.encode_chat, msgs)
-            compiled = await self.server.compile_grammar(job)
+                prompt = TemplatePrompt(([{"role": "system", "content": system}] if system else []) +
+                                        [{"role": "user", "content": prompt_in}])
         except APIError as e:
             return _error(e)
-        return await self._run(request, model, prompt, job, compiled, stream, None)
+        return await self._run(request, model, Generation(prompt, job, clip=True), stream)
 
     @staticmethod
     def _message(m: Any) -> dict:
@@ -213,24 +200,23 @@ class OllamaAPI:
             raise APIError(400, "images are not supported: this server reads text only")
         return m
 
-    async def _run(self, request: Request, model: str, prompt: list[int], job: Job, compiled, stream: bool,
-                   reply) -> Response:
+    async def _run(self, request: Request, model: str, gen: Generation, stream: bool) -> Response:
         """Generate and answer in ollama's shapes: NDJSON pieces then a done line with the timings,
-        or one object.  reply: a chat's ChatReply (thinking, content and tool calls apart), None for
-        /api/generate."""
+        or one object.  A chat's reply comes apart as thinking, content and tool calls (the
+        Stream's reply); /api/generate's is the text as it comes."""
         t0 = time.perf_counter_ns()
-        chat = reply is not None
-        room = self.llm.engine.n_ctx - len(prompt)
-        if job.max_tokens is not None and room > 0 and job.max_tokens > room:
-            job = replace(job, max_tokens=room)  # ollama stops at the end of the context, no error
+        chat = isinstance(gen.prompt, ChatPrompt)
         try:
-            params = self.server.fit(job, prompt)
-            events = self.server.events(request, prompt, params, compiled)
-            first = await anext(events)
+            started = await self.service.start(request, gen)
         except APIError as e:
             return _error(e)
         except ClientGone:
             return Response(status_code=499)
+        return await self._answer(model, started, chat, stream, t0)
+
+    async def _answer(self, model: str, started: Stream, chat: bool, stream: bool, t0: int) -> Response:
+        """The started generation in ollama's shapes; t0: when the request began (its timings)."""
+        reply, events = started.reply, started.events
 
         def piece(thinking: str, content: str, calls=()) -> dict:
             base = {"model": model, "created_at": _now(), "done": False}
@@ -253,7 +239,7 @@ class OllamaAPI:
                    "prompt_eval_count": u.prompt_tokens - u.cached_tokens, "prompt_eval_duration": prompt_ns,
                    "eval_count": u.completion_tokens, "eval_duration": max(total - prompt_ns, 0)}
             if not chat:
-                out["context"] = prompt + list(ev.token_ids)
+                out["context"] = started.prompt + list(ev.token_ids)
             return out
 
         def split(text: str) -> tuple[str, str]:
@@ -261,7 +247,7 @@ class OllamaAPI:
 
         if not stream:
             try:
-                text, _, ev = await self.server.collect(first, events)
+                text, _, ev = await self.service.collect(started)
             except APIError as e:
                 return _error(e)
             except ClientGone:
@@ -274,7 +260,7 @@ class OllamaAPI:
             return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
         async def lines() -> AsyncIterator[bytes]:
-            ev = first
+            ev = started.first
             try:
                 while True:
                     thinking, content = split(ev.text) if ev.text else ("", "")
@@ -313,7 +299,7 @@ class OllamaAPI:
 
     async def show(self, request: Request) -> Response:
         try:
-            await self.resolve(await self.server.json_body(request))
+            await self.resolve(await self.service.body(request))
         except APIError as e:
             return _error(e)
         return JSONResponse(show_body(self.entry, self.info, self.llm.template.source, self.llm.engine.n_ctx,
@@ -321,14 +307,14 @@ class OllamaAPI:
 
     async def pull(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
         except APIError as e:
             return _error(e)
         return await pull_response(body)
 
     async def delete(self, request: Request) -> Response:
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             name = _name(body)
         except APIError as e:
             return _error(e)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, style
@@ -27,14 +28,26 @@ class ChatPlan:
     markers: bool = False
 
 
-def plan(body: dict, messages: list[dict], template_source: str, reasoning_format: str, job: Job, token_id):
+# the request fields plan() reads (OpenAI's spelling; ollama's is the same)
+PLAN_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "reasoning_effort")
+
+
+def plan_fields(body: dict) -> dict:
+    """The fields of a request body that plan() reads."""
+    return {k: body[k] for k in PLAN_FIELDS if k in body}
+
+
+def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_format: str, job: Job, token_id):
     """The ChatPlan of a request, and the grammar its tools need (or None); 400 on bad tools.
     token_id(text): the vocabulary's token spelled text (tool-call markers that are one token)."""
     try:
         tools = parse_tools(body["tools"]) if body.get("tools") is not None else []
+    except ToolError as e:
+        raise APIError(400, str(e), e.field or "tools", "invalid_value") from None
+    try:
         mode, name = parse_tool_choice(body.get("tool_choice"), tools)
     except ToolError as e:
-        raise APIError(400, str(e), "tools" if "tool_choice" not in str(e) else "tool_choice", "invalid_value") from None
+        raise APIError(400, str(e), e.field or "tool_choice", "invalid_value") from None
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise APIError(400, f"'parallel_tool_calls' must be true or false, got {kind(parallel)}",

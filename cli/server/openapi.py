@@ -25,8 +25,9 @@ from infer.engine.sampler import MAX_LOGPROBS, SamplingParams
 from infer.engine.tool_calls import TOOL_NAME
 
 from .embeddings_api import MAX_INPUTS
+from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
-from .openai_request import MAX_STOP
+from .openai_request import MAX_STOP, SAMPLING_FIELDS, NumberField
 
 NULL = MappingProxyType({"type": "null"})
 STRING = MappingProxyType({"type": "string"})
@@ -63,6 +64,11 @@ def number(minimum: float | None = None, maximum: float | None = None, above: fl
         if v is not None:
             s[key] = v
     return s
+
+
+def field_schema(f: NumberField) -> dict:
+    """A numeric field's schema, from the table the validators read."""
+    return number(f.minimum, f.maximum, f.above, f.type, f.description)
 
 
 def obj(properties: dict, required: tuple[str, ...] = (), description: str | None = None, **extra) -> dict:
@@ -117,11 +123,7 @@ def _shared() -> dict:
 
 def _generation() -> dict:
     """What /v1/chat/completions and /v1/completions share (openai_request.parse_job)."""
-    sampling = {  # checked by SamplingParams
-        "temperature": number(0, description="0: greedy."), "top_p": number(maximum=1, above=0, description="1: off."),
-        "top_k": number(0, kind="integer", description="0: off."), "min_p": number(0, 1, description="0: off."),
-        "presence_penalty": number(), "frequency_penalty": number(),
-        "repeat_penalty": number(above=0, description="llama.cpp's; 1: off.")}
+    sampling = {f.name: field_schema(f) for f in SAMPLING_FIELDS}  # checked by SamplingParams
     fmt = {"anyOf": [
         obj({"type": {"const": "text"}}, ("type",)),
         obj({"type": {"const": "json_object"}, "schema": nullable(ref("JsonSchema"))}, ("type",),
@@ -195,11 +197,12 @@ def _openai_requests() -> dict:
 def _ollama_requests() -> dict:
     limit = {"minimum": -OLLAMA_LIMIT, "maximum": OLLAMA_LIMIT}
 
-    def opt(name: str, kind: str = "number", **bounds) -> dict:
-        merged = {**limit, **bounds}
-        if "exclusiveMinimum" in bounds:
+    def opt(f: NumberField) -> dict:
+        schema = field_schema(f)
+        merged = {**limit, **schema}
+        if "exclusiveMinimum" in schema:
             del merged["minimum"]
-        return nullable({"type": kind, **merged}, default=sampling_default(name))
+        return nullable(merged, default=sampling_default(f.name))
 
     named = {"allOf": [ref("OllamaModel")]}
     keep_alive = {"type": ["number", "string", "null"],
@@ -214,12 +217,7 @@ def _ollama_requests() -> dict:
                            anyOf=[{"required": ["model"]},
                                   {"required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}}}]),
         "OllamaOptions": obj({
-            "temperature": opt("temperature", minimum=0), "top_k": opt("top_k", "integer", minimum=0),
-            "top_p": opt("top_p", exclusiveMinimum=0, maximum=1), "min_p": opt("min_p", minimum=0, maximum=1),
-            "repeat_penalty": opt("repeat_penalty", exclusiveMinimum=0),
-            "repeat_last_n": opt("repeat_last_n", "integer", minimum=-1, description="0: off; -1: the whole context."),
-            "presence_penalty": opt("presence_penalty"), "frequency_penalty": opt("frequency_penalty"),
-            "seed": opt("seed", "integer", minimum=0),
+            **{f.name: opt(f) for f in OPTION_FIELDS},
             "stop": nullable({"anyOf": [{"type": "string", "minLength": 1},
                                         {"type": "array", "items": {"type": "string", "minLength": 1}}]}),
             "num_predict": nullable({"type": "integer", "description": "<= 0: up to the end of the context."}),

@@ -6,19 +6,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .openai_request import APIError, bool_field, kind, text_field
+from .service import Service
 
 
 class TokenizeAPI:
-    def __init__(self, server):
-        self.server = server
-        self.tokenizer = server.tokenizer
+    def __init__(self, service: Service):
+        self.service = service
+        self.tokenizer = service.llm.tokenizer
 
     async def tokenize(self, request: Request) -> Response:
         """{"content", "add_special" (false), "parse_special" (true), "with_pieces" (false)} ->
         {"tokens": [id, ...]} or, with pieces, [{"id", "piece"}] (the piece as text, or its bytes
         where it is not whole UTF-8), as llama.cpp's server answers."""
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             content = body.get("content")
             if not isinstance(content, str):
                 raise APIError(400, f"'content' must be a string, got {kind(content)}", "content", "invalid_type")
@@ -26,7 +27,7 @@ class TokenizeAPI:
             if not isinstance(parse_special, bool):
                 raise APIError(400, "'parse_special' must be true or false", "parse_special", "invalid_type")
             add_special = bool_field(body, "add_special")
-            ids = await self.server.encode(  # in a worker thread: a long text takes a while
+            ids = await self.service.encode(  # in a worker thread: a long text takes a while
                 lambda t: self.tokenizer.encode(t, add_special=add_special, parse_special=parse_special),
                 text_field(content, "content"))
             if not bool_field(body, "with_pieces"):
@@ -46,7 +47,7 @@ class TokenizeAPI:
     async def detokenize(self, request: Request) -> Response:
         """{"tokens": [id, ...]} -> {"content": text} (special tokens spelled out, as llama.cpp's)."""
         try:
-            body = await self.server.json_body(request)
+            body = await self.service.body(request)
             ids = body.get("tokens")
             vocab = self.tokenizer.vocab_size
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

@@ -1,0 +1,39 @@
+"""The HTTP server of `infer serve`: OpenAI's and ollama's APIs (and llama.cpp's /tokenize) over
+one engine per model.  cli/serve.py, the Typer command, builds the app from here and runs it on
+uvicorn; nothing here knows the terminal.
+
+A generation request's path: http_protocol.py (the connection, its deadline) -> the front door
+(openai_server.FrontDoor: the API key, request counts) -> with several models, model_router.py
+(the body parsed once, the model it names leased from model_pool.py) -> the route's adapter
+(openai_server.OpenAIAPI or ollama_api.OllamaAPI), which checks its API's fields and builds a
+service.Generation -> service.EngineService.start: plan the chat, encode the prompt, constrain
+and compile its grammar, fit max_tokens to the context, admit it past the queue, stream the
+engine's events -> the adapter renders the Stream in its API's shapes (SSE, NDJSON or one object).
+
+The modules:
+
+- service.py: the Service seam (a Protocol, as backends/base.py's Runner is the engine's), the
+  request types the adapters build (Generation and its prompts), EngineService; ServerConfig.
+- openai_server.py: OpenAI's routes (/v1/chat/completions, /v1/completions, /v1/models, /health,
+  /metrics), the front door, and create_app, the app of one model with every route.
+- openai_request.py: OpenAI's fields checked and turned into a Job (SamplingParams and what the
+  route needs); APIError, the error every route raises, its param from InferError.field.
+- openai_chat.py: a chat's tools and reasoning: the plan of its prompt and the split of its reply.
+- openai_logprobs.py: logprobs in OpenAI's shapes.
+- ollama_api.py: ollama's routes (/api/chat, /api/generate over the service; /api/tags, /api/show,
+  /api/pull, ...).
+- embeddings_api.py, tokenize_api.py: /v1/embeddings and /api/embed(dings); /tokenize, /detokenize.
+- model_router.py, model_pool.py: several models from one server, each loaded when a request
+  names it and unloaded when idle.
+- openapi.py: the OpenAPI document at /openapi.json.
+- server_metrics.py: the Prometheus text at /metrics.
+- http_protocol.py: uvicorn's HTTP/1.1 protocol with a deadline on each request (--timeout).
+- webui.py and webui/: the chat page a browser gets at GET /.
+
+Another API (Anthropic's Messages, OpenAI's Responses, llama-server's native /completion) plugs in
+as ollama's does: a module with a class over a Service whose routes check that API's fields, build
+a Generation (a ChatPrompt for messages, a TextPrompt or TokenPrompt for a raw prompt; a Job from
+SamplingParams), call service.start and collect or stream the Stream in the API's shapes, mapping
+APIError to the API's error shape; create_app adds its routes, model_router.MODEL_ROUTES the
+paths whose body names a model, and openapi.py their schemas.  Nothing in the service changes.
+"""

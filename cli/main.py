@@ -18,13 +18,19 @@ def _configure_numba_cache() -> None:
         os.environ["NUMBA_CACHE_DIR"] = str(infer_home() / "numba-cache")
 
 
+def register_commands() -> None:
+    """Import every command module: each registers its commands on the Typer app as it loads."""
+    from . import backends, bench, chat, kernels, ps, pull, quantize, run, serve, store  # noqa: F401
+
+
 def main() -> None:
     # Everything inside the try, imports included: they take most of a second, and a Ctrl-C that lands
     # in them would otherwise print a traceback.
     try:
         _configure_numba_cache()
-        from . import backends, bench, chat, kernels, ps, pull, quantize, run, serve, store  # noqa: F401  (registers the commands)
         from .app import app
+
+        register_commands()
 
         app()
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """The README's tables of architectures, backends and HTTP routes, written from the code that defines
 them (the registry in models/arch/__init__.py and each architecture's module, backends/registry.py
-and each backend package's docstring, the server's OpenAPI document in cli/openapi.py), so they
+and each backend package's docstring, the server's OpenAPI document in cli/server/openapi.py), so they
 cannot drift from it; tests/test_readme.py checks the README holds exactly these blocks.
 
     python scripts/readme_tables.py          # rewrite the README's blocks in place
@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 SOURCES = {
     "architectures": "the registry in models/arch",
     "backends": "backends/registry.py",
-    "routes": "the OpenAPI document, cli/openapi.py",
+    "routes": "the OpenAPI document, cli/server/openapi.py",
 }
 
 
@@ -91,7 +91,7 @@ def backends() -> list[str]:
 
 
 def routes() -> list[str]:
-    from infer.cli.openapi import document
+    from infer.cli.server.openapi import document
 
     paths = document()["paths"]
 

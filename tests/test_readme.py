@@ -68,7 +68,9 @@ def _commands() -> dict:
     """The `infer` commands by name, as click sees them (what `infer COMMAND --help` prints)."""
     import typer
 
-    from infer.cli import backends, bench, chat, ps, pull, quantize, run, serve, store  # noqa: F401  (registers)
+    from infer.cli.main import register_commands
+
+    register_commands()
     from infer.cli.app import app
 
     return typer.main.get_command(app).commands

@@ -41,8 +41,8 @@ def compare_llamacpp():
 
 @pytest.fixture(scope="session")
 def llama_vocab_dir() -> Path:
-    """llama.cpp's ggml-vocab-*.gguf files and their test vectors (tests/llama_vocab.py)."""
+    """llama.cpp's ggml-vocab-*.gguf files and their test vectors (tests/helpers/llama_vocab.py)."""
     pytest.importorskip("llama_cpp")
-    from llama_vocab import vocab_dir
+    from helpers.llama_vocab import vocab_dir
 
     return vocab_dir()

@@ -28,9 +28,9 @@ from infer.engine.conversation import Conversation, TurnStats
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from test_engine import alone, cancel_midway, tiny_prompts
-from test_gemma_e2e import PROMPTS
-from tiny_models import write_tiny_model
+from helpers.engine_runs import alone, cancel_midway, tiny_prompts
+from helpers.prompts import PROMPTS
+from helpers.tiny_models import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 TINY_TOL = 0.05  # logit noise of batching on the tiny models (measured up to 0.022); a changed token moves them 0.05-0.4

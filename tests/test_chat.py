@@ -183,7 +183,7 @@ THINKING = """{%- for m in messages %}<|im_start|>{{ m.role }}
 def test_thinking_is_dimmed_and_switchable(env, tmp_path):
     # a template that opens <think> (as DeepSeek-R1's and Qwen3's do); a grammar makes the tiny
     # random model think a few words, close the thought and answer
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "thinker.gguf", "qwen2", seed=5, chat_template=THINKING, n_ctx=1024)
     grammar = tmp_path / "think.gbnf"

@@ -1,4 +1,4 @@
-"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / granite / olmo2 / gemma3 folders (tests/hf_models.py), converted,
+"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / granite / olmo2 / gemma3 folders (tests/helpers/hf_models.py), converted,
 then checked against llama.cpp (loading, tokenization, logits), against a numpy forward pass of the
 HF model itself (so the tensor transforms are right, not merely self-consistent), and against infer."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from infer.models.convert_hf import (
 from infer.models.loader import load_model
 from tokenizers import Tokenizer
 
-from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, PHI3_MSCALE, PHI3_SHORT,
+from helpers.hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, PHI3_MSCALE, PHI3_SHORT,
                        SAMPLES, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, train_bpe,
                        write_safetensors)
 
@@ -28,7 +28,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 BPE_ARCHS = ["llama", "qwen2", "qwen3", "granite", "olmo2", "qwen3moe", "mixtral", "phi3"]
 GGUF_ARCH = {"mixtral": "llama"}  # HF model types llama.cpp converts to another architecture
-LLAMA3_VOCAB = ("llama", "mixtral")  # the folders with the Llama 3-style tokenizer (tests/hf_models.py)
+LLAMA3_VOCAB = ("llama", "mixtral")  # the folders with the Llama 3-style tokenizer (tests/helpers/hf_models.py)
 
 
 @pytest.fixture(scope="module", params=BPE_ARCHS)

@@ -14,7 +14,7 @@ from infer.engine.sampler import SamplingParams
 from infer.models.arch import names
 from infer.models.config import ModelConfig
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -147,7 +147,7 @@ def test_pooling_from_the_file_and_the_flag(tmp_path):
 
 @pytest.fixture(scope="module")
 def server(gemma_path, tmp_path_factory):
-    from test_serve import Server
+    from helpers.server import Server
 
     s = Server(gemma_path, tmp_path_factory.mktemp("embed"), "--ctx", "256", "--threads", "2", "--parallel", "4")
     yield s
@@ -156,7 +156,7 @@ def server(gemma_path, tmp_path_factory):
 
 def test_openai_embeddings_route(server, gemma_path):
     openai = pytest.importorskip("openai")
-    from test_serve import raw
+    from helpers.server import raw
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
     r = client.embeddings.create(model="gemma-3-270m-q4_k_m", input=TEXTS[:2])

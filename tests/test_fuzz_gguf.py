@@ -1,8 +1,8 @@
-"""Hostile GGUF files (tests/gguf_fuzz.py): valid tiny models of every architecture with mutated
+"""Hostile GGUF files (tests/helpers/gguf_fuzz.py): valid tiny models of every architecture with mutated
 counts, lengths, types, dimensions, offsets, alignments and token ids, bit flips, truncations and
 appended bytes, each loaded and run by a worker process. Every one must end as a clean run or a
 one-line error: no traceback reaching the user, no crash, no hang. The same for MLX / HF model
-folders and importance-matrix files (tests/mlx_fuzz.py), with the inputs the fuzzing found first
+folders and importance-matrix files (tests/helpers/mlx_fuzz.py), with the inputs the fuzzing found first
 kept as named cases. A bounded budget here; scripts/fuzz_gguf.py runs tens of thousands."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import random
 import shutil
 from pathlib import Path
 
-import mlx_fuzz
+from helpers import mlx_fuzz
 import pytest
-from gguf_fuzz import mutate, run_cases, seeds
+from helpers.gguf_fuzz import mutate, run_cases, seeds
 
 CASES = 300
 
@@ -54,7 +54,7 @@ def folder_seeds(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
-    """The same for model folders (tests/mlx_fuzz.py): MLX exports of tiny models and HF float
+    """The same for model folders (tests/helpers/mlx_fuzz.py): MLX exports of tiny models and HF float
     checkpoints with mutated safetensors headers and data, config.json, tokenizer files and index,
     loaded and run on the MLX backend (which checks nothing it is given)."""
     originals = list(folder_seeds.values())

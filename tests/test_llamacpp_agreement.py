@@ -19,7 +19,7 @@ import pytest
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.arch import names
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference

@@ -23,9 +23,9 @@ from infer.models.mlx_export import MlxExportOptions, export_mlx
 from infer.quant.affine import (BITS, GROUP_SIZES, AffineError, AffineTensor, dequantize_affine, pack,
                                 quantize_affine, unpack)
 
-from hf_models import SAMPLES, bf16, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, write_safetensors
-from test_cli import assert_one_line_error, infer
-from test_gemma_e2e import PROMPTS
+from helpers.hf_models import SAMPLES, bf16, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, write_safetensors
+from helpers.cli import assert_one_line_error, infer
+from helpers.prompts import PROMPTS
 
 mx = pytest.importorskip("mlx.core")
 
@@ -426,7 +426,7 @@ def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
-    from test_backend_mlx import exact_hidden, exact_logits
+    from helpers.exact_forward import exact_hidden, exact_logits
 
     llm = LLM.load(gemma_mlx[8], EngineConfig(n_ctx=256, n_threads=2))
     assert llm.backend == "mlx" and isinstance(llm.tokenizer, HFTokenizer)

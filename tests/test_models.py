@@ -7,11 +7,10 @@ import pytest
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.arch import names
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
+from helpers.logits import assert_matches_llama_cpp, llama_cpp_logits, N_CTX, PROMPT
 
 ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
-N_CTX = 64  # of every run here, llama.cpp's and ours (LongRoPE models pick their factors by it)
-PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -19,40 +18,6 @@ def tiny(request, tmp_path_factory):
     arch = request.param
     path = write_tiny_model(tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf", arch, seed=ARCHS.index(arch))
     return arch, path
-
-
-def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16"), n_ctx: int = N_CTX) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from infer.backends.llamacpp.runner import GGML_TYPES
-
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, n_threads=2, verbose=False,
-                          flash_attn=flash_attn, type_k=GGML_TYPES[cache_types[0]], type_v=GGML_TYPES[cache_types[1]])
-    llm.eval(tokens.tolist())
-    logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    llm.close()
-    return logits
-
-
-def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0) -> np.ndarray:
-    """Our logits within max(2% of max |logit|, llama.cpp's own spread between its attention paths)
-    (plus slack) of llama-cpp-python's default path, and the argmax llama.cpp's (either path's where
-    they disagree); whether llama.cpp's two paths agree on each position's argmax."""
-    ref = llama_cpp_logits(path, PROMPT)  # llama-cpp-python's default path (no flash attention)
-    ref_fa = llama_cpp_logits(path, PROMPT, flash_attn=True)
-    assert ours.shape == ref.shape
-    # llama.cpp's two attention paths round differently; on the tiny gemma3 they disagree by ~5% and
-    # flip argmaxes. Where llama.cpp disagrees with itself, its own spread is the bound; elsewhere 2%.
-    self_spread = np.abs(ref - ref_fa).max()
-    tol = max(0.02 * np.abs(ref).max(), self_spread) + slack
-    diff = np.abs(ours - ref).max()
-    print(f"{what}: max|ours-llama.cpp| {diff:.4g} ({diff / np.abs(ref).max():.3%} of max|logit|), "
-          f"llama.cpp fa on/off {self_spread:.4g}, bound {tol:.4g}")
-    assert diff <= tol, f"{what}: max |diff| {diff:.4g} > bound {tol:.4g}"
-    agree = ref.argmax(-1) == ref_fa.argmax(-1)
-    mine = ours.argmax(-1)
-    ok = (mine == ref.argmax(-1)) | (~agree & (mine == ref_fa.argmax(-1)))
-    assert ok.all(), f"{what}: argmax differs from llama.cpp at positions {np.nonzero(~ok)[0].tolist()}"
-    return agree
 
 
 def test_logits_match_llama_cpp(tiny):

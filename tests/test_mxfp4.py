@@ -17,9 +17,9 @@ from infer.models.gguf_file import read_gguf
 from infer.models.loader import load_model
 from infer.quant import types as qt
 from infer.quant.tensor import file_offset
-from test_models import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
-from test_quantize_file import llama_quantize
-from tiny_models import write_tiny_model
+from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
+from helpers.llama_quantize import llama_quantize
+from helpers.tiny_models import write_tiny_model
 
 MOE_ARCHS = ["qwen3moe", "llama-moe", "gpt-oss"]
 
@@ -80,7 +80,8 @@ def test_mlx_logits_match_llama_cpp(mxfp4_model):
     own distance, and the argmax is llama.cpp's at every position."""
     pytest.importorskip("mlx.core")
     from infer.backends.mlx.transformer import MlxTransformer
-    from test_backend_mlx import exact_hidden, exact_logits, mlx_logits
+    from helpers.exact_forward import exact_hidden, exact_logits
+    from helpers.logits import mlx_logits
 
     arch, path = mxfp4_model
     model = load_model(path).for_context(N_CTX)

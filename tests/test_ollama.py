@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fake_hub import FakeHub, FakeRepo
-from test_serve import Server, raw
+from helpers.fake_hub import FakeHub, FakeRepo
+from helpers.server import Server, raw
 
 ollama = pytest.importorskip("ollama")
 

@@ -1,4 +1,4 @@
-"""`infer pull` against a local fake Hub (tests/fake_hub.py): real downloads through huggingface_hub, never the real Hub."""
+"""`infer pull` against a local fake Hub (tests/helpers/fake_hub.py): real downloads through huggingface_hub, never the real Hub."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub, FakeRepo
+from helpers.fake_hub import FakeHub, FakeRepo
 from infer.models.hub import PullError, RemoteFile, quant_tag, select_files
 from infer.models.store import ModelStore
 

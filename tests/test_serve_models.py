@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from infer.models.default import CHAT_MODEL, stamp_verified
-from fake_hub import FakeHub, FakeRepo
-from test_serve import Server, raw
-from tiny_models import write_tiny_model
+from helpers.fake_hub import FakeHub, FakeRepo
+from helpers.server import Server, raw
+from helpers.tiny_models import write_tiny_model
 
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")

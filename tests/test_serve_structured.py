@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from test_serve import HELLO, MODEL, Server
+from helpers.server import HELLO, MODEL, Server
 
 openai = pytest.importorskip("openai")
 
@@ -86,7 +86,7 @@ THINKING_QWEN = """{%- if tools %}<|im_start|>system
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     d = tmp_path_factory.mktemp("tiny-serve")
     path = write_tiny_model(d / "tiny-qwen2.gguf", "qwen2", seed=5, chat_template=THINKING_QWEN, n_ctx=1024)

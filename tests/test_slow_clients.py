@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_serve import HELLO, Server, raw, wait_idle
+from helpers.server import HELLO, Server, raw, wait_idle
 
 TIMEOUT = 1.0  # --timeout of the server under test: seconds a client has to send a whole request
 

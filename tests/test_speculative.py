@@ -11,7 +11,7 @@ from infer.engine.grammar import Grammar
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
 from infer.engine.speculative import STEP_TOKENS, SpecConfig, SpeculationError, ngram_draft
-from tiny_models import write_tiny_model
+from helpers.tiny_models import write_tiny_model
 
 CODE = '''def fib(n):
     """The n-th Fibonacci number."""

@@ -242,7 +242,7 @@ def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
     from infer.cli.openai_request import parse_job
     from infer.engine.conversation import Conversation, TurnStats
     from infer.engine.request import Event, Usage
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     job = parse_job({"messages": [{"role": "user", "content": "hi"}]}, None)
     plan, _ = openai_chat.plan({"reasoning_effort": "high"}, [{"role": "user", "content": "hi"}], HARMONY,

@@ -17,7 +17,7 @@ import pytest
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.engine.ugm import Unigram
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, reference, write_vocab_gguf
+from helpers.vocab_gguf import ref_detokenize, ref_piece, reference, write_vocab_gguf
 
 pytestmark = pytest.mark.reference
 

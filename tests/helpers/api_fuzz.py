@@ -27,8 +27,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
                                                status_code_conformance)
 
 from infer.cli.model_router import MODEL_ROUTES
-from test_serve import Server, raw
-from tiny_models import write_tiny_model
+from helpers.server import Server, raw
+from helpers.tiny_models import write_tiny_model
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 TIMEOUT = 120  # seconds a request may take before it counts as a hang (a reply of the whole context takes 1-2 s)

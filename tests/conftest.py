@@ -46,3 +46,40 @@ def llama_vocab_dir() -> Path:
     from helpers.llama_vocab import vocab_dir
 
     return vocab_dir()
+
+
+# ------------------------------------------------------------------ `infer serve` in a subprocess
+# One server per module that asks for `server`, configured by the three fixtures below, which a
+# module overrides by defining fixtures of the same names (pytest's nearest definition wins).
+
+
+@pytest.fixture(scope="module")
+def server_model(gemma_path) -> Path | None:
+    """The MODEL argument of the module's `infer serve`: the embedded Gemma; None serves every
+    pulled model by name (several-models mode)."""
+    return gemma_path
+
+
+@pytest.fixture(scope="module")
+def server_args() -> tuple[str, ...]:
+    """The module's `infer serve` options after MODEL (two threads: the machine runs other tests)."""
+    return ("--threads", "2")
+
+
+@pytest.fixture(scope="module")
+def server_env() -> dict[str, str]:
+    """Environment variables the module's server gets on top of the tests' own (HF_HUB_OFFLINE=1)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def server(server_model, server_args, server_env, tmp_path_factory):
+    """The module's `infer serve` (helpers.server.Server), up until the module's last test; then it
+    must stop cleanly on SIGTERM, having logged no traceback."""
+    from helpers.server import Server
+
+    s = Server(server_model, tmp_path_factory.mktemp("serve"), *server_args, env_extra=server_env)
+    yield s
+    assert s.stop() == 0, s.output()
+    assert "Traceback" not in s.output(), s.output()
+

@@ -146,12 +146,8 @@ def test_pooling_from_the_file_and_the_flag(tmp_path):
 # ---------------------------------------------------------------- over HTTP
 
 @pytest.fixture(scope="module")
-def server(gemma_path, tmp_path_factory):
-    from helpers.server import Server
-
-    s = Server(gemma_path, tmp_path_factory.mktemp("embed"), "--ctx", "256", "--threads", "2", "--parallel", "4")
-    yield s
-    assert s.stop() == 0, s.output()
+def server_args():
+    return ("--ctx", "256", "--threads", "2", "--parallel", "4")
 
 
 def test_openai_embeddings_route(server, gemma_path):

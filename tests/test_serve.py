@@ -21,11 +21,8 @@ CTX = 1024
 
 
 @pytest.fixture(scope="module")
-def server(gemma_path, tmp_path_factory):
-    s = Server(gemma_path, tmp_path_factory.mktemp("serve"), "--api-key", KEY, "--parallel", "8", "--ctx", str(CTX),
-               "--threads", "2", "--max-body", "64K")
-    yield s
-    assert s.stop() == 0, s.output()
+def server_args():
+    return ("--api-key", KEY, "--parallel", "8", "--ctx", str(CTX), "--threads", "2", "--max-body", "64K")
 
 
 @pytest.fixture(scope="module")

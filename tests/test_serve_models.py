@@ -58,10 +58,18 @@ def env(home, hub, chat_model_path):
 
 
 @pytest.fixture(scope="module")
-def server(home, env):
-    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--parallel", "2", "--max-models", "1", env_extra=env)
-    yield s
-    assert s.stop() == 0, s.output()
+def server_model():
+    return None  # several models: no MODEL argument
+
+
+@pytest.fixture(scope="module")
+def server_args():
+    return ("--threads", "2", "--ctx", "256", "--parallel", "2", "--max-models", "1")
+
+
+@pytest.fixture(scope="module")
+def server_env(env):
+    return env
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,13 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def client(gemma_path, tmp_path_factory):
-    s = Server(gemma_path, tmp_path_factory.mktemp("structured"), "--ctx", "1024", "--threads", "2", "--parallel", "4")
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="x", max_retries=0, timeout=120)
-    assert s.stop() == 0, s.output()
+def server_args():
+    return ("--ctx", "1024", "--threads", "2", "--parallel", "4")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def test_structured_output(client):

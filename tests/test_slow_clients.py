@@ -9,18 +9,14 @@ import time
 
 import pytest
 
-from helpers.server import HELLO, Server, raw, wait_idle
+from helpers.server import HELLO, raw, wait_idle
 
 TIMEOUT = 1.0  # --timeout of the server under test: seconds a client has to send a whole request
 
 
 @pytest.fixture(scope="module")
-def server(gemma_path, tmp_path_factory):
-    s = Server(gemma_path, tmp_path_factory.mktemp("slow"), "--timeout", str(TIMEOUT), "--parallel", "2",
-               "--ctx", "512", "--threads", "2")
-    yield s
-    assert s.stop() == 0, s.output()
-    assert "Traceback" not in s.output()
+def server_args():
+    return ("--timeout", str(TIMEOUT), "--parallel", "2", "--ctx", "512", "--threads", "2")
 
 
 def connect(port: int, first: bytes = b"") -> socket.socket:

@@ -83,3 +83,21 @@ def server(server_model, server_args, server_env, tmp_path_factory):
     assert s.stop() == 0, s.output()
     assert "Traceback" not in s.output(), s.output()
 
+
+# ------------------------------------------------------------------ markers and the edit-loop lane
+REFERENCE_FIXTURES = {"llama_cpp", "llama_vocab_dir", "compare_llamacpp"}  # each needs llama-cpp-python
+E2E_FIXTURES = {"server"}  # a real `infer serve` process
+SLOW_BY_NATURE = ("reference", "e2e", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks what the fixtures show (llama.cpp -> reference, a server -> e2e), then `slow` on every
+    reference, e2e and browser test, so that `-m "not slow"` is the edit-loop lane."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & REFERENCE_FIXTURES:
+            item.add_marker(pytest.mark.reference)
+        if names & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        if any(item.get_closest_marker(m) for m in SLOW_BY_NATURE):
+            item.add_marker(pytest.mark.slow)

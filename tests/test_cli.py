@@ -4,9 +4,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 
 from helpers.tiny_models import write_tiny_model
 from helpers.cli import assert_one_line_error, infer
+
+pytestmark = pytest.mark.e2e  # every test runs `infer` as a subprocess
 
 
 def test_run_default_model_json():

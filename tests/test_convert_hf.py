@@ -83,6 +83,7 @@ def test_metadata_and_tensors(converted):
         assert len(tokens) == hf.get_vocab_size() + 6 and tokens[-1] == f"[PAD{len(tokens) - 1}]"
 
 
+@pytest.mark.reference
 def test_llama_cpp_tokenizes_like_hf(converted):
     arch, folder, _, out = converted
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -99,6 +100,7 @@ def test_llama_cpp_tokenizes_like_hf(converted):
     llm.close()
 
 
+@pytest.mark.reference
 def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     arch, folder, weights, out = converted
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -195,6 +197,7 @@ def test_unsupported_dtype(small_folder):
         source_from_hf(small_folder)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
 def test_gemma_sentencepiece_and_logits(tmp_path, arch):
     import sentencepiece as spm
@@ -260,6 +263,8 @@ def test_llama3_rope_scaling_becomes_rope_freqs(small_folder, tmp_path):
     assert load_model(out).weights.rope_freqs is not None
 
 
+@pytest.mark.e2e
+@pytest.mark.reference
 def test_infer_quantize_converts_an_hf_folder(small_folder, tmp_path):
     """The CLI path: an HF folder in, a Q8_0 GGUF out that llama.cpp loads and infer runs."""
     import json

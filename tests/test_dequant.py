@@ -90,6 +90,7 @@ def _llama_cpp_to_float(type_id: int):
     return run
 
 
+@pytest.mark.reference
 def test_mxfp4_matches_llama_cpp():
     """MXFP4 against llama.cpp's dequantize_row_mxfp4: every exponent byte (subnormal 2**-128 and
     2**-127, 255 as 2**127, overflowing to inf) under every code."""

@@ -63,6 +63,7 @@ def check_against_llama_cpp(ours: list[np.ndarray], ref: list[np.ndarray], ref_f
         assert d <= max(1e-3, spread), f"{what} input {i}: cosine distance {d:.2e} (llama.cpp's spread {spread:.2e})"
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
 def test_embedded_model_matches_llama_cpp(gemma_path, pooling):
     llm = LLM.load(gemma_path, EngineConfig(n_ctx=1024, n_threads=2, pooling=pooling, max_batch_tokens=64))
@@ -73,6 +74,7 @@ def test_embedded_model_matches_llama_cpp(gemma_path, pooling):
                             llama_cpp_embed(gemma_path, pooling, TEXTS, flash_attn=True), f"gemma {pooling}")
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", [*names(), "llama-moe"])
 def test_tiny_models_match_llama_cpp(arch, tmp_path):
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch)
@@ -150,6 +152,7 @@ def server_args():
     return ("--ctx", "256", "--threads", "2", "--parallel", "4")
 
 
+@pytest.mark.reference
 def test_openai_embeddings_route(server, gemma_path):
     openai = pytest.importorskip("openai")
     from helpers.server import raw

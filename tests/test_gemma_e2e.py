@@ -7,6 +7,7 @@ from helpers.prompts import PROMPTS
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
+pytestmark = pytest.mark.reference  # compares with llama.cpp throughout
 N_GEN = 32
 
 

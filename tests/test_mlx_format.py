@@ -244,6 +244,7 @@ def test_tiny_folder_logits_match_numpy_reference(tiny):
 # ----------------------------------------------------------------------------- errors
 
 
+@pytest.mark.e2e
 def test_folder_errors(tmp_path):
     _, folder, _, _ = _build_tiny("qwen3", tmp_path / "src")
     cases = {}
@@ -294,6 +295,7 @@ def gemma_mlx(gemma_path, tmp_path_factory):
     return {8: root / "g8", 4: root / "g4"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("bits", [8, 4])
 def test_gemma_export_round_trip(gemma_mlx, gemma_gguf, bits):
     folder = gemma_mlx[bits]
@@ -356,6 +358,7 @@ def read_safetensors_names(path: Path) -> dict[str, str]:
     return {k: e.dtype for k, e in read_safetensors_header(path).items()}
 
 
+@pytest.mark.e2e
 def test_gemma_tokenizer_json_is_the_gguf_tokenizer(gemma_mlx, gemma_gguf):
     """The written tokenizer.json tokenizes the prompts exactly as the GGUF's tokenizer, with and
     without BOS and special-token parsing, through infer's HFTokenizer and the bare `tokenizers`
@@ -389,6 +392,7 @@ def test_gemma_tokenizer_json_is_the_gguf_tokenizer(gemma_mlx, gemma_gguf):
     assert set(gen["eos_token_id"]) == set(ref.eog_ids)
 
 
+@pytest.mark.e2e
 def test_quantize_mlx_cli_errors_and_atomicity(gemma_path, gemma_mlx, tmp_path):
     out = tmp_path / "out"
     assert_one_line_error(infer("quantize", str(gemma_path), str(gemma_mlx[4]), "--format", "mlx"), "already exists")
@@ -412,6 +416,7 @@ def test_quantize_mlx_cli_errors_and_atomicity(gemma_path, gemma_mlx, tmp_path):
         assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]  # no partial folder left
 
 
+@pytest.mark.e2e
 def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     """The 8-bit folder end to end: LLM picks the MLX backend and the folder's tokenizer; for each
     prompt the first-token logits are within the 8-bit error of an exact float64 pass over the

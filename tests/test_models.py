@@ -20,6 +20,7 @@ def tiny(request, tmp_path_factory):
     return arch, path
 
 
+@pytest.mark.reference
 def test_logits_match_llama_cpp(tiny):
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
@@ -29,6 +30,7 @@ def test_logits_match_llama_cpp(tiny):
     assert agree.sum() >= len(PROMPT) - 2, f"{arch}: llama.cpp disagrees with itself too often to be a reference"
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("types", [("q8_0", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")], ids="-".join)
 def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     # --cache-type-k/-v q8_0 against llama.cpp with the same cache types, on the path llama.cpp runs
@@ -91,6 +93,7 @@ def test_prefill_in_chunks_matches_one_pass(tiny):
     assert_same_logits(last, ref, arch)
 
 
+@pytest.mark.reference
 def test_longrope_factors_follow_the_context(tmp_path):
     # phi3's LongRoPE: llama.cpp rotates by the short factors while its context (a multiple of 256)
     # is within the trained one (256 tokens in the tiny model), by the long ones beyond;
@@ -109,6 +112,7 @@ def test_longrope_factors_follow_the_context(tmp_path):
     assert np.abs(out[300] - out[N_CTX]).max() > 0.1 * np.abs(out[N_CTX]).max()  # the factors took effect
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     # YaRN (Qwen's long-context GGUFs): each frequency pair's angle mixed between the scaled and the
@@ -133,6 +137,7 @@ def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     assert np.abs(out[path] - out[plain]).max() > 2 * tol  # the scaling took effect
 
 
+@pytest.mark.reference
 def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
     """gpt-oss's sinks, biases, swiglu_oai, sliding window and YaRN each change the logits by far
     more than infer's distance from llama.cpp: none of them is matched by accident."""

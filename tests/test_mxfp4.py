@@ -21,6 +21,7 @@ from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_lo
 from helpers.llama_quantize import llama_quantize
 from helpers.tiny_models import write_tiny_model
 
+pytestmark = pytest.mark.reference  # every test compares with llama.cpp (its logits or its quantizer)
 MOE_ARCHS = ["qwen3moe", "llama-moe", "gpt-oss"]
 
 

@@ -111,6 +111,7 @@ def several_models(tmp_path_factory):
     assert server.stop() == 0, server.output()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("served", ["one_model", "several_models"])
 def test_fuzzed_requests_get_a_2xx_or_a_documented_4xx(served, request):
     server, name = request.getfixturevalue(served)
@@ -141,6 +142,7 @@ HOSTILE = {  # path, body: requests the fuzz seldom writes, each once a 500
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("served", ["one_model", "several_models"])
 @pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_requests_the_fuzz_seldom_writes_are_a_400(case, served, request):

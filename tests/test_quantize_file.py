@@ -19,6 +19,7 @@ from helpers.llama_quantize import FTYPES, llama_quantize
 
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
+pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's experts (3-D tensors)
@@ -262,6 +263,7 @@ def test_interrupted_run_leaves_nothing(models, tmp_path: Path, monkeypatch):
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.e2e
 def test_cli_quantize_and_run(models, tmp_path: Path):
     out = tmp_path / "q.gguf"
     r = infer("quantize", str(models["qwen2"]), str(out), "--threads", "2")
@@ -278,6 +280,7 @@ def test_cli_quantize_and_run(models, tmp_path: Path):
     assert r.returncode == 0 and read_gguf(out).metadata["general.file_type"] == 7, r.stderr
 
 
+@pytest.mark.e2e
 def test_cli_bad_input(tmp_path: Path, models):
     out = tmp_path / "o.gguf"
     assert_one_line_error(infer("quantize", str(tmp_path / "nope.gguf"), str(out)), "nope.gguf", "no such file")

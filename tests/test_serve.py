@@ -336,6 +336,7 @@ def test_still_serving_after_abuse(server, client):
 # ---------------------------------------------------------------- overload and shutdown
 
 
+@pytest.mark.e2e
 def test_overload_and_graceful_shutdown(gemma_path, tmp_path):
     s = Server(gemma_path, tmp_path, "--parallel", "1", "--max-queue", "1", "--ctx", "512", "--threads", "2",
                "--shutdown-timeout", "20", env_extra={"INFER_API_KEY": "env-key"})

@@ -191,6 +191,7 @@ def test_embeddings_and_tokenize_through_the_router(server, client):
     assert status == 200 and tok["tokens"]
 
 
+@pytest.mark.e2e
 def test_memory_budget(home, env):
     s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", "--api-key", "k", "--no-webui",
                      env_extra=env)

@@ -98,6 +98,7 @@ def tiny_server(tmp_path_factory):
     assert s.stop() == 0, s.output()
 
 
+@pytest.mark.e2e
 def test_tool_calls_hermes_and_reasoning(tiny_server):
     """A Qwen-style template (hermes <tool_call> syntax) that opens <think> in the prompt: a tiny
     random model, so grammars force what it writes."""

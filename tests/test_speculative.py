@@ -149,6 +149,7 @@ def test_tiny_models_greedy_identical(arch, tmp_path):
     assert sum(e.usage.drafted_tokens for e in outs[1]) > 0
 
 
+@pytest.mark.reference
 def test_the_llama_cpp_backend_refuses_speculation(gemma_path):
     pytest.importorskip("llama_cpp")
     with pytest.raises(SpeculationError, match="cpu or mlx backend"):
@@ -189,6 +190,7 @@ def test_draft_model_of_another_vocabulary_is_refused(tmp_path):
         SpecConfig("draft")
 
 
+@pytest.mark.e2e
 def test_cli_run_and_bench_with_speculation():
     import json
     import subprocess

@@ -43,6 +43,7 @@ def test_first_shard_reads_as_the_whole_model(split):
     assert {k: str(v) for k, v in a.metadata.items()} == {k: str(v) for k, v in b.metadata.items()}
 
 
+@pytest.mark.reference
 def test_split_logits_equal_whole_and_llama_cpp(split):
     whole, first = split
     ours = _logits(first)
@@ -66,6 +67,7 @@ def test_wrong_or_missing_shard_is_a_clear_error(split, tmp_path):
         read_gguf(renamed)
 
 
+@pytest.mark.e2e
 def test_cli_runs_and_shows_a_split_model(split, tmp_path):
     whole, first = split
     cmd = [sys.executable, "-m", "infer.cli"]

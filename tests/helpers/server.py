@@ -46,6 +46,8 @@ class Server:
             except OSError:
                 pass
             if time.time() > deadline:
+                self.proc.kill()  # not left running (and holding its port) after the error
+                self.proc.wait()
                 raise RuntimeError(f"infer serve did not come up:\n{self.output()}")
             time.sleep(0.2)
 

@@ -25,8 +25,10 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from helpers import gguf_fuzz  # noqa: E402
-from helpers import mlx_fuzz  # noqa: E402
+from helpers import (
+    gguf_fuzz,  # noqa: E402
+    mlx_fuzz,  # noqa: E402
+)
 
 # make(i, folder) -> (the case's path, what was mutated): each format's seeds are made once, lazily.
 CaseMaker = Callable[[int, Path], tuple[Path, str]]

@@ -20,6 +20,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from helpers.engine_runs import alone, cancel_midway, tiny_prompts
+from helpers.prompts import PROMPTS
+from helpers.tiny_models import write_tiny_model
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.llamacpp.runner import LlamaCppRunner
@@ -28,9 +31,6 @@ from infer.engine.conversation import Conversation, TurnStats
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from helpers.engine_runs import alone, cancel_midway, tiny_prompts
-from helpers.prompts import PROMPTS
-from helpers.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.reference  # the llama.cpp backend runs on llama-cpp-python
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -14,6 +14,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from helpers.engine_runs import alone, cancel_midway, run_all, tiny_prompts
+from helpers.exact_forward import exact_hidden, exact_logits
+from helpers.logits import PROMPT, cpu_logits, mlx_logits
+from helpers.prompts import PROMPTS
+from helpers.quant_blocks import random_blocks
+from helpers.tiny_models import write_tiny_model
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.mlx import weights as mw
@@ -26,12 +32,6 @@ from infer.models.loader import load_model
 from infer.quant import types as qt
 from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
-from helpers.quant_blocks import random_blocks
-from helpers.engine_runs import alone, cancel_midway, run_all, tiny_prompts
-from helpers.prompts import PROMPTS
-from helpers.tiny_models import write_tiny_model
-from helpers.exact_forward import exact_hidden, exact_logits
-from helpers.logits import cpu_logits, mlx_logits, PROMPT
 
 ARCHS = list(names())  # every registered architecture
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)

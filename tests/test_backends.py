@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from helpers.cli import assert_one_line_error, infer
 from infer.backends.base import BackendError
 from infer.backends.registry import BACKENDS, choose_backend, create_runner, probe
-from helpers.cli import assert_one_line_error, infer
 
 # Runs the CLI with some modules made unimportable, as on a machine without that extra.
 BLOCKED = """

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-
-from helpers.tiny_models import write_tiny_model
 from helpers.cli import assert_one_line_error, infer
+from helpers.tiny_models import write_tiny_model
 
 pytestmark = pytest.mark.e2e  # every test runs `infer` as a subprocess
 

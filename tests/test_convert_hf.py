@@ -8,6 +8,29 @@ import json
 import gguf
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+
+from helpers.hf_models import (
+    CHAT_TEMPLATE,
+    GEMMA2_CAPS,
+    GEMMA_LAYERS,
+    GEMMA_WINDOW,
+    HD,
+    HKV,
+    PHI3_MSCALE,
+    PHI3_SHORT,
+    SAMPLES,
+    D,
+    F,
+    H,
+    from_bf16,
+    gemma3_forward,
+    hf_forward,
+    make_gemma3,
+    make_hf_model,
+    train_bpe,
+    write_safetensors,
+)
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.engine.tokenizer import Tokenizer as InferTokenizer
 from infer.models.convert_hf import (
@@ -17,11 +40,6 @@ from infer.models.convert_hf import (
     write_gguf_unquantized,
 )
 from infer.models.loader import load_model
-from tokenizers import Tokenizer
-
-from helpers.hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, PHI3_MSCALE, PHI3_SHORT,
-                       SAMPLES, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, train_bpe,
-                       write_safetensors)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from numba import njit
 
+from helpers.quant_blocks import F16_FIELDS, random_blocks
 from infer.quant import types as qt
 from infer.quant.dequant import dequant_row, dequant_rows, dequantize
-from helpers.quant_blocks import F16_FIELDS, random_blocks
 
 QUANT_TYPES = sorted(F16_FIELDS)
 ALL_TYPES = [qt.F32, qt.F16, qt.BF16, *QUANT_TYPES]

@@ -7,6 +7,7 @@ import base64
 import numpy as np
 import pytest
 
+from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig, EngineConfigError
 from infer.engine.llm import LLM
 from infer.engine.pooling import Pooler, choose_pooling, normalize
@@ -14,7 +15,6 @@ from infer.engine.sampler import SamplingParams
 from infer.models.arch import names
 from infer.models.config import ModelConfig
 from infer.models.loader import load_model
-from helpers.tiny_models import write_tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

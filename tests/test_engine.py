@@ -7,12 +7,11 @@ import threading
 import numpy as np
 import pytest
 
+from helpers.engine_runs import GREEDY, alone, cancel_midway, run_all, tiny_prompts
+from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig, PromptError
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from helpers.tiny_models import write_tiny_model
-from helpers.engine_runs import alone, cancel_midway, GREEDY, run_all, tiny_prompts
-
 
 
 @pytest.fixture(scope="module")

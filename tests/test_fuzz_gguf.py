@@ -11,8 +11,9 @@ import random
 import shutil
 from pathlib import Path
 
-from helpers import mlx_fuzz
 import pytest
+
+from helpers import mlx_fuzz
 from helpers.gguf_fuzz import mutate, run_cases, seeds
 
 CASES = 300

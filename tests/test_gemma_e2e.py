@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from helpers.prompts import PROMPTS
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -13,8 +14,8 @@ N_GEN = 32
 
 @pytest.fixture(scope="module")
 def ours(gemma_path):
-    from infer.engine.llm import LLM
     from infer.engine.engine import EngineConfig
+    from infer.engine.llm import LLM
 
     return LLM.load(gemma_path, EngineConfig(n_ctx=256, n_threads=2))
 

@@ -11,6 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.cli import assert_one_line_error, infer
+from helpers.hf_models import (
+    SAMPLES,
+    bf16,
+    from_bf16,
+    gemma3_forward,
+    hf_forward,
+    make_gemma3,
+    make_hf_model,
+    write_safetensors,
+)
+from helpers.prompts import PROMPTS
 from infer.engine.hf_tokenizer import HFTokenizer
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.tokenizer_json import write_tokenizer_files
@@ -18,14 +30,18 @@ from infer.models.convert_hf import permute_rope_rows, write_gguf_unquantized
 from infer.models.gguf_file import read_gguf
 from infer.models.hf_files import read_safetensors_header, st_view
 from infer.models.loader import load_model
-from infer.models.weights import ModelLoadError
 from infer.models.mlx_export import MlxExportOptions, export_mlx
-from infer.quant.affine import (BITS, GROUP_SIZES, AffineError, AffineTensor, dequantize_affine, pack,
-                                quantize_affine, unpack)
-
-from helpers.hf_models import SAMPLES, bf16, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, write_safetensors
-from helpers.cli import assert_one_line_error, infer
-from helpers.prompts import PROMPTS
+from infer.models.weights import ModelLoadError
+from infer.quant.affine import (
+    BITS,
+    GROUP_SIZES,
+    AffineError,
+    AffineTensor,
+    dequantize_affine,
+    pack,
+    quantize_affine,
+    unpack,
+)
 
 mx = pytest.importorskip("mlx.core")
 
@@ -428,10 +444,10 @@ def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     within a few tokens. Against the exact reference the folder picks the argmax first token for
     22/24 prompts (the cpu backend 20/24)."""
     pytest.importorskip("infer.backends.mlx.transformer")
+    from helpers.exact_forward import exact_hidden, exact_logits
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
-    from helpers.exact_forward import exact_hidden, exact_logits
 
     llm = LLM.load(gemma_mlx[8], EngineConfig(n_ctx=256, n_threads=2))
     assert llm.backend == "mlx" and isinstance(llm.tokenizer, HFTokenizer)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.arch import names
 from infer.models.loader import load_model
-from helpers.tiny_models import write_tiny_model
-from helpers.logits import assert_matches_llama_cpp, llama_cpp_logits, N_CTX, PROMPT
 
 ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
 

@@ -18,6 +18,8 @@ schemathesis = pytest.importorskip("schemathesis")
 from starlette.testclient import TestClient  # noqa: E402
 
 from helpers import api_fuzz  # noqa: E402
+from helpers.server import raw  # noqa: E402
+from helpers.tiny_models import write_tiny_model  # noqa: E402
 from infer.cli.model_pool import ModelPool  # noqa: E402
 from infer.cli.model_router import MODEL_ROUTES, Catalog, ModelRouter  # noqa: E402
 from infer.cli.ollama_api import OPTIONS  # noqa: E402
@@ -25,8 +27,6 @@ from infer.cli.openai_request import CHAT_ROLES  # noqa: E402
 from infer.cli.openai_server import FrontDoor, ServerConfig, create_app  # noqa: E402
 from infer.cli.openapi import document  # noqa: E402
 from infer.cli.server_metrics import Metrics  # noqa: E402
-from helpers.server import raw  # noqa: E402
-from helpers.tiny_models import write_tiny_model  # noqa: E402
 
 EXAMPLES = 50  # requests per operation and kind (fitting the document, breaking it): about 35 s per server
 

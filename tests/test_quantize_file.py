@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 
+from helpers.cli import assert_one_line_error, infer
+from helpers.llama_quantize import FTYPES, llama_quantize
+from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
-from helpers.cli import assert_one_line_error, infer
-from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
-from helpers.llama_quantize import FTYPES, llama_quantize
-
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)

@@ -12,7 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers.server import HELLO, metrics, MODEL, raw, Server, wait_idle
+
+from helpers.server import HELLO, MODEL, Server, metrics, raw, wait_idle
 
 openai = pytest.importorskip("openai")
 

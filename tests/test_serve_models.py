@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from infer.models.default import CHAT_MODEL, stamp_verified
 from helpers.fake_hub import FakeHub, FakeRepo
 from helpers.server import Server, raw
 from helpers.tiny_models import write_tiny_model
+from infer.models.default import CHAT_MODEL, stamp_verified
 
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")

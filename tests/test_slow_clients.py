@@ -100,7 +100,7 @@ def test_a_request_sent_in_time_is_not_cut(server):
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     started = time.monotonic()
-    data = read_until(s, lambda d: b"data: [DONE]" in d and d.endswith(b"\r\n0\r\n\r\n"), started)
+    read_until(s, lambda d: b"data: [DONE]" in d and d.endswith(b"\r\n0\r\n\r\n"), started)
     assert time.monotonic() - started > TIMEOUT  # else this test shows nothing: raise max_tokens
     # The whole chunked reply, its last (empty) chunk included, was read: what comes next on this
     # connection is the next reply's head.

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig
 from infer.engine.grammar import Grammar
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
 from infer.engine.speculative import STEP_TOKENS, SpecConfig, SpeculationError, ngram_draft
-from helpers.tiny_models import write_tiny_model
 
 CODE = '''def fib(n):
     """The n-th Fibonacci number."""

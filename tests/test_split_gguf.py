@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from helpers.logits import PROMPT, llama_cpp_logits
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.gguf_file import GGUFError, read_gguf
 from infer.models.loader import load_model
-from helpers.logits import PROMPT, llama_cpp_logits
-from helpers.tiny_models import write_tiny_model
 
 
 @pytest.fixture(scope="module")

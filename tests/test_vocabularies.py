@@ -8,11 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
+from helpers.llama_vocab import vectors
+from helpers.vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf
 from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from helpers.llama_vocab import vectors
-from helpers.vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference

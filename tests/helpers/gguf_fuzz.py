@@ -121,8 +121,8 @@ def mutate(seed_bytes: bytes, rng: random.Random) -> bytes:
 def seeds(folder: Path) -> list[Path]:
     """A valid tiny model of every architecture (and llama with experts), written once."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` for this file run as a worker
-    from infer.models.arch import names
     from helpers.tiny_models import write_tiny_model
+    from infer.models.arch import names
 
     out = []
     for arch in [*names(), "llama-moe"]:

@@ -67,7 +67,6 @@ def seeds(folder: Path) -> list[Path]:
     """The valid folders (written once into `folder`): MLX exports of tiny GGUF models, then HF float folders."""
     from helpers.hf_models import make_hf_model
     from helpers.tiny_models import write_tiny_model
-
     from infer.engine.tokenizer_json import write_tokenizer_files
     from infer.models.mlx_export import MlxExportOptions, export_mlx
 
@@ -439,8 +438,8 @@ IMATRIX_TYPES = ("Q4_K_M", "Q4_0", "Q6_K", "Q5_K_S")
 def imatrix_seeds(folder: Path) -> tuple[Path, list[Path]]:
     """A tiny float GGUF (converted from an HF folder) and valid legacy / GGUF imatrix files for it."""
     import numpy as np
-    from helpers.hf_models import make_hf_model
 
+    from helpers.hf_models import make_hf_model
     from infer.models.convert_hf import write_gguf_unquantized
     from infer.models.gguf_file import read_gguf
 

@@ -1,3 +1,26 @@
+"""Fixtures every test module shares, the markers, and the lanes they make.
+
+Lanes (run from the repository root):
+- `python -m pytest -m "not slow"`: the edit loop, under a minute on two cores once numba's
+  cache is warm (the first run compiles the kernels: minutes).
+- `python -m pytest`: everything, what CI runs (.ci/run); about 25 minutes cold on two cores.
+- `-m reference`, `-m e2e`, `-m browser`: one kind of slow test alone.
+
+Markers (declared in pyproject.toml; --strict-markers rejects others):
+- reference: needs llama.cpp (llama-cpp-python), the reference infer is compared with; set by
+  the llama_cpp, llama_vocab_dir and compare_llamacpp fixtures below, or marked in the module.
+- e2e: starts `infer serve` (the `server` fixture below, or helpers.server.Server), runs the
+  CLI as a subprocess (helpers.cli.infer), or runs a real model (the gemma_path and
+  chat_model_path fixtures below: the embedded Gemma, the default chat model) end to end.
+- browser: drives Chromium through the chat page (tests/test_webui.py).
+- slow: kept out of the edit loop; pytest_collection_modifyitems below puts it on every
+  reference, e2e and browser test; mark others slow by hand when they keep the lane over a minute.
+
+Helpers shared by the tests are the package tests/helpers (its __init__ says what is where),
+imported as `helpers.X`: pytest's default (prepend) import mode puts tests/, the folder of this
+conftest and of the test modules, on sys.path (there is no tests/__init__.py). No test module
+imports another.
+"""
 from pathlib import Path
 
 import pytest
@@ -86,12 +109,12 @@ def server(server_model, server_args, server_env, tmp_path_factory):
 
 # ------------------------------------------------------------------ markers and the edit-loop lane
 REFERENCE_FIXTURES = {"llama_cpp", "llama_vocab_dir", "compare_llamacpp"}  # each needs llama-cpp-python
-E2E_FIXTURES = {"server"}  # a real `infer serve` process
+E2E_FIXTURES = {"server", "gemma_path", "chat_model_path"}  # a real `infer serve` process, the real models
 SLOW_BY_NATURE = ("reference", "e2e", "browser")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Marks what the fixtures show (llama.cpp -> reference, a server -> e2e), then `slow` on every
+    """Marks what the fixtures show (llama.cpp -> reference, a server or a real model -> e2e), then `slow` on every
     reference, e2e and browser test, so that `-m "not slow"` is the edit-loop lane."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))

@@ -261,6 +261,7 @@ def test_pool_sizes_and_copy_block(tiny_model):
 # ------------------------------------------------------------------------------ the engine on MLX
 
 
+@pytest.mark.slow  # the engine over MLX: seconds per run on two cores
 def test_engine_batched_equals_alone(tiny_gemma3):
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, backend="mlx")
     llm = LLM.load(tiny_gemma3, config)
@@ -304,6 +305,7 @@ def test_engine_prefix_reuse(tiny_gemma3):
     assert ev.token_ids == ref.token_ids
 
 
+@pytest.mark.slow  # the engine over MLX: seconds per run on two cores
 def test_engine_preemption_recomputes_exactly(tiny_gemma3):
     roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend="mlx")
     per_seq = LLM.load(tiny_gemma3, roomy).engine.blocks.block_bytes

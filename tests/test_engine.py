@@ -20,6 +20,7 @@ def tiny_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("engine") / "tiny-gemma3.gguf", "gemma3", seed=11)
 
 
+@pytest.mark.slow  # 1-2 s alone, 15-35 s when other work shares the two cores (threaded steps)
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
 def test_batched_equals_alone_tiny(tiny_path, cache_type):
     # a small token budget, so prompts are chunked differently when they run together
@@ -32,6 +33,7 @@ def test_batched_equals_alone_tiny(tiny_path, cache_type):
     assert all(len(t) > 0 for t in together)
 
 
+@pytest.mark.slow  # 1-2 s alone, 15-35 s when other work shares the two cores (threaded steps)
 @pytest.mark.parametrize("arch", ["qwen3moe", "llama-moe"])
 def test_batched_equals_alone_moe(tmp_path, arch):
     # a mixture of experts groups the batch's tokens by expert (backends/cpu/moe.py): sequences run

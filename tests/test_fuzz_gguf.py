@@ -19,6 +19,7 @@ from helpers.gguf_fuzz import mutate, run_cases, seeds
 CASES = 300
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_models_fail_cleanly(tmp_path):
     originals = [p.read_bytes() for p in seeds(tmp_path)]
     cases = []
@@ -33,6 +34,7 @@ def test_mutated_models_fail_cleanly(tmp_path):
     assert kinds == {"OK", "ERR"}  # the mutations both break files and leave some loadable
 
 
+@pytest.mark.slow  # a worker process per case
 def test_the_harness_tells_crashes_hangs_and_tracebacks(tmp_path):
     """The harness itself, so that a clean fuzz run means something: a worker killed by a signal,
     one that stops answering, an unexpected exception, a clean error, in one run."""
@@ -54,6 +56,7 @@ def folder_seeds(tmp_path_factory) -> dict[str, Path]:
     return {p.name.removeprefix("seed-"): p for p in mlx_fuzz.seeds(tmp_path_factory.mktemp("folder-seeds"))}
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
     """The same for model folders (tests/helpers/mlx_fuzz.py): MLX exports of tiny models and HF float
     checkpoints with mutated safetensors headers and data, config.json, tokenizer files and index,
@@ -71,6 +74,7 @@ def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
     assert {answer.split(" ", 1)[0] for _, answer in results} == {"OK", "ERR"}
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_imatrix_files_fail_cleanly(tmp_path):
     """Legacy .dat and GGUF importance matrices, mutated, through `infer quantize --imatrix`
     (quantize_model in a worker process): a quantized file or a one-line error, nothing else."""

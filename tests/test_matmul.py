@@ -247,6 +247,7 @@ print("ok", ISA)
 """
 
 
+@pytest.mark.slow  # the kernels compiled for another CPU, in a subprocess
 @pytest.mark.skipif(_avx2_build_features() is None, reason="needs a CPU with AVX2")
 def test_avx2_kernel_in_an_avx2_build():
     """The AVX2 kernel (vpmaddubsw/vpmaddwd), compiled as for a CPU without AVX-512 (numba's CPU

@@ -1,8 +1,9 @@
 """Fixtures every test module shares, the markers, and the lanes they make.
 
 Lanes (run from the repository root):
-- `python -m pytest -m "not slow"`: the edit loop, under a minute on two cores once numba's
-  cache is warm (the first run compiles the kernels: minutes).
+- `python -m pytest -m "not slow"`: the edit loop, under a minute on two otherwise idle cores
+  once numba's cache is warm (the first run compiles the kernels: minutes; the threaded kernels
+  slow down several times over when other work shares the cores).
 - `python -m pytest`: everything, what CI runs (.ci/run); about 25 minutes cold on two cores.
 - `-m reference`, `-m e2e`, `-m browser`: one kind of slow test alone.
 

@@ -7,7 +7,7 @@ Nothing here knows the scheduler, the tokenizer, a terminal or HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -50,7 +50,9 @@ class RunnerOptions:
 class KVPoolLike(Protocol):
     """A backend's paged KV memory: per KV group n_blocks blocks of block_size token rows."""
 
-    nbytes: int
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool takes (read only: block pools sum their arrays)."""
 
     def copy_block(self, group: int, src: int, dst: int) -> None:
         """Copy-on-write: block dst of the group gets block src's K/V."""
@@ -77,7 +79,10 @@ class BlockKVPool:
         pass  # blocks are all such a pool knows; the engine's block manager already took them back
 
 
-class Runner(Protocol):
+P = TypeVar("P", bound=KVPoolLike)  # a runner's own pool type: it computes only on the pools it made
+
+
+class Runner(Protocol[P]):
     """A model's weights uploaded to a backend, ready for batched forward passes."""
 
     backend: str  # "cpu", "mlx", "llama.cpp"
@@ -88,10 +93,10 @@ class Runner(Protocol):
     def bytes_per_block(self, block_size: int) -> tuple[int, ...]:
         """Bytes one block of each KV group takes (for sizing the pool from --kv-memory)."""
 
-    def new_kv_pool(self, n_blocks: list[int], block_size: int) -> KVPoolLike:
+    def new_kv_pool(self, n_blocks: list[int], block_size: int) -> P:
         """Allocate the KV pool: n_blocks[g] blocks for KV group g."""
 
-    def forward_batch(self, batch: Batch, pool: KVPoolLike) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: P) -> np.ndarray:
         """Run batch (tokens of several sequences, at most max_tokens), writing each token's K/V
         to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call;
         with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden."""

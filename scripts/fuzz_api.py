@@ -1,6 +1,6 @@
 """The long API fuzz: `infer serve` (one model, then several-models mode) fuzzed from its own
 OpenAPI document with schemathesis, as tests/test_openapi.py does with a small budget
-(tests/api_fuzz.py): for every operation, requests that fit the document and requests that break
+(tests/helpers/api_fuzz.py): for every operation, requests that fit the document and requests that break
 it, each of which must get a 2xx or a documented 4xx in the route's error shape (no 5xx, no dropped
 connection, no hang).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import api_fuzz  # noqa: E402
+from helpers import api_fuzz  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""The long hostile-input run: mutated tiny models of every architecture (tests/gguf_fuzz.py), or
-mutated MLX / HF model folders or importance-matrix files (tests/mlx_fuzz.py), loaded and run
+"""The long hostile-input run: mutated tiny models of every architecture (tests/helpers/gguf_fuzz.py), or
+mutated MLX / HF model folders or importance-matrix files (tests/helpers/mlx_fuzz.py), loaded and run
 (imatrix files: given to `infer quantize --imatrix`; hf-convert: HF folders given to `infer
 quantize`) by a worker process, counting clean errors, tracebacks that would reach the user,
 crashes (the worker killed by a signal) and hangs.
@@ -25,8 +25,10 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import gguf_fuzz  # noqa: E402
-import mlx_fuzz  # noqa: E402
+from helpers import (
+    gguf_fuzz,  # noqa: E402
+    mlx_fuzz,  # noqa: E402
+)
 
 # make(i, folder) -> (the case's path, what was mutated): each format's seeds are made once, lazily.
 CaseMaker = Callable[[int, Path], tuple[Path, str]]

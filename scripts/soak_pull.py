@@ -1,7 +1,7 @@
 """Soak `infer pull` against a hostile Hub: many rounds, each with a fault drawn at random, and after every
 round a check that nothing was lost and nothing half-written.
 
-The Hub is tests/fake_hub.py, started in this process (HF_ENDPOINT points at it), serving one split GGUF
+The Hub is tests/helpers/fake_hub.py, started in this process (HF_ENDPOINT points at it), serving one split GGUF
 of random bytes: a first shard over huggingface_hub's 10 MB chunk (so a retry resumes with a Range from
 the last whole chunk) and a small second one. Each round pulls it into a fresh HF_HOME and infer home
 with one fault on a random shard:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from fake_hub import FakeHub, FakeRepo
+    from helpers.fake_hub import FakeHub, FakeRepo
 
     rng = random.Random(a.seed)
     size = int(a.size_mb * 1e6) + rng.randint(0, 4095)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from numba import njit
 
 from infer.backends.cpu.attention import attention, qk

@@ -20,6 +20,9 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from helpers.engine_runs import alone, cancel_midway, tiny_prompts
+from helpers.prompts import PROMPTS
+from helpers.tiny_models import write_tiny_model
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.llamacpp.runner import LlamaCppRunner
@@ -28,10 +31,8 @@ from infer.engine.conversation import Conversation, TurnStats
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from test_engine import alone, cancel_midway, tiny_prompts
-from test_gemma_e2e import PROMPTS
-from tiny_models import write_tiny_model
 
+pytestmark = pytest.mark.reference  # the llama.cpp backend runs on llama-cpp-python
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 TINY_TOL = 0.05  # logit noise of batching on the tiny models (measured up to 0.022); a changed token moves them 0.05-0.4
 # one thread: ggml's workers spin-wait at every barrier, so on a machine whose cores other
@@ -357,6 +358,7 @@ def test_gemma_continuations_against_the_cpu_backend(gemma_path):
     assert same_off >= 4  # a broken backend would agree on none
 
 
+@pytest.mark.e2e
 def test_cli_run_with_llamacpp_backend():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "infer.cli", "run", "--backend", "llama.cpp", "--temperature", "0",

@@ -14,9 +14,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from helpers.engine_runs import alone, cancel_midway, run_all, tiny_prompts
+from helpers.exact_forward import exact_hidden, exact_logits
+from helpers.logits import PROMPT, cpu_logits, mlx_logits
+from helpers.prompts import PROMPTS
+from helpers.quant_blocks import random_blocks
+from helpers.tiny_models import write_tiny_model
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
-from infer.backends.cpu.transformer import CpuTransformer
 from infer.backends.mlx import weights as mw
 from infer.backends.mlx.transformer import MlxTransformer
 from infer.engine.engine import EngineConfig
@@ -27,13 +32,8 @@ from infer.models.loader import load_model
 from infer.quant import types as qt
 from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
-from test_dequant import random_blocks
-from test_engine import alone, cancel_midway, run_all, tiny_prompts
-from test_gemma_e2e import PROMPTS
-from tiny_models import write_tiny_model
 
 ARCHS = list(names())  # every registered architecture
-PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,
@@ -51,135 +51,6 @@ CPU_BOUND = {"llama": 0.013, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olm
 
 
 # ------------------------------------------------------------------------------ exact reference
-
-
-def _rms(x, w, eps):
-    if w is None:  # the architecture has no such norm (olmo2's pre-norms)
-        return x
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _rope(x, n_rot, base, scale, ff, neox, mscale=1.0, yarn=None):
-    # yarn: (n_ctx_orig, beta_fast, beta_slow): YaRN's ramp between scaled and unscaled angles, and its magnitude
-    half = n_rot // 2
-    theta = np.arange(len(x))[:, None] * (base ** (-2.0 * np.arange(half) / n_rot) / ff)[None, :]
-    ang = scale * theta
-    if yarn is not None:
-        n_orig, fast, slow = yarn
-        dim = [n_rot * np.log(n_orig / (b * 2 * np.pi)) / (2 * np.log(base)) for b in (fast, slow)]
-        lo, hi = max(0.0, np.floor(dim[0])), min(n_rot - 1.0, np.ceil(dim[1]))
-        mix = 1 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0, 1)
-        ang = ang * (1 - mix) + theta * mix
-        mscale *= 1 + 0.1 * np.log(1 / scale)
-    c, s = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
-    lo, hi = (slice(0, half), slice(half, n_rot)) if neox else (slice(0, n_rot, 2), slice(1, n_rot, 2))
-    a, b = x[..., lo].copy(), x[..., hi].copy()
-    x[..., lo], x[..., hi] = a * c - b * s, a * s + b * c
-    return x
-
-
-def _dense(t: QTensor, rows=None) -> np.ndarray:
-    if rows is not None:
-        t = QTensor(t.type_id, (len(rows), t.n), t.raw[rows])
-    return t.dequantize().astype(np.float64)
-
-
-def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
-    """float64 forward passes of whole sequences on the dequantized weights, no rounding anywhere:
-    each (T, D), after the output norm.  The sequences' rows go through each product together."""
-    H, Hkv, hd, eps = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.norm_eps
-    ff = np.ones(cfg.n_rot // 2) if w.rope_freqs is None else w.rope_freqs.astype(np.float64)
-    ends = np.cumsum([len(s) for s in seqs])[:-1]
-    x = _dense(w.token_embd, np.concatenate(seqs)) * cfg.embed_scale
-    for il, lw in enumerate(w.layers):
-        swa = cfg.layer_swa[il]
-        base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
-        h = _rms(x, lw.attn_norm, eps)
-        q, k, v = h @ _dense(lw.wq).T, h @ _dense(lw.wk).T, h @ _dense(lw.wv).T
-        if lw.bq is not None:
-            q, k, v = q + lw.bq, k + lw.bk, v + lw.bv
-        whole = lw.q_norm is not None and len(lw.q_norm) == H * hd  # olmo2: over the whole projection
-        if whole:
-            q, k = _rms(q, lw.q_norm, eps), _rms(k, lw.k_norm, eps)
-        q, k, v = q.reshape(len(x), H, hd), k.reshape(len(x), Hkv, hd), v.reshape(len(x), Hkv, -1)
-        if lw.q_norm is not None and not whole:
-            q, k = _rms(q, lw.q_norm, eps), _rms(k, lw.k_norm, eps)
-        outs = []
-        for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
-            T = len(qs)
-            yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
-            qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
-            ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
-            ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
-            sc = np.einsum("thd,shd->hts", qs, ks) * cfg.attn_scale
-            if cfg.attn_logit_softcap > 0:
-                sc = cfg.attn_logit_softcap * np.tanh(sc / cfg.attn_logit_softcap)
-            qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
-            visible = (ki <= qi) & ((qi - ki < cfg.sliding_window) if swa else True)
-            sc = np.where(visible[None], sc, -np.inf)
-            top = sc.max(-1, keepdims=True)
-            sink = 0.0
-            if lw.sinks is not None:  # gpt-oss: each head's sink logit joins the softmax, without a value
-                top = np.maximum(top, lw.sinks[:, None, None])
-                sink = np.exp(lw.sinks[:, None, None] - top)
-            p = np.exp(sc - top)
-            outs.append(np.einsum("hts,shd->thd", p / (p.sum(-1, keepdims=True) + sink), vs).reshape(T, -1))
-        o = np.concatenate(outs) @ _dense(lw.wo).T
-        if lw.bo is not None:
-            o = o + lw.bo
-        x = x + _rms(o, lw.post_attn_norm, eps) * cfg.residual_scale
-        h = _rms(x, lw.ffn_norm, eps)
-        o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
-        x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
-    return np.split(_rms(x, w.output_norm, eps), ends)
-
-
-def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
-    g, u = h @ _dense(w_gate).T + biases[0], h @ _dense(w_up).T + biases[1]
-    if cfg.architecture.activation == "gelu":
-        act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
-    elif cfg.architecture.activation == "swiglu_oai":  # gpt-oss
-        x = np.minimum(g, 7.0)
-        act, u = x / (1 + np.exp(-1.702 * x)), np.clip(u, -7.0, 7.0) + 1
-    else:
-        act = g / (1 + np.exp(-g))
-    return (act * u) @ _dense(w_down).T + biases[2]
-
-
-def _exact_moe(cfg, lw, h):
-    """The mixture of experts in float64: softmax router, the top experts, weights renormalized
-    (gpt-oss: the router's bias, the top logits' own softmax, the experts' biases)."""
-    logits = h @ _dense(lw.router).T
-    if lw.router_bias is not None:
-        logits = logits + lw.router_bias
-    after = cfg.architecture.moe_gating == "softmax_weight"
-    p = logits if after else np.exp(logits - logits.max(-1, keepdims=True))
-    if not after:
-        p /= p.sum(-1, keepdims=True)
-    out = np.zeros_like(h)
-    for t in range(len(h)):
-        top = np.argsort(-p[t])[:cfg.n_expert_used]
-        wts = p[t, top]
-        if after:
-            wts = np.exp(wts - wts.max()) / np.exp(wts - wts.max()).sum()
-        if cfg.architecture.moe_norm_weights:
-            wts = wts / wts.sum()
-        for e, wt in zip(top, wts):
-            biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
-            out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]
-    return out
-
-
-def exact_logits(cfg, w, h: np.ndarray) -> np.ndarray:
-    """h (N, D) -> (N, V) float64, the output matrix dequantized a slice at a time."""
-    out = np.empty((len(h), cfg.n_vocab))
-    step = 16384
-    for r in range(0, cfg.n_vocab, step):
-        out[:, r:r + step] = h @ _dense(w.output, np.arange(r, min(r + step, cfg.n_vocab))).T
-    out *= cfg.logit_scale
-    if cfg.final_logit_softcap > 0:
-        out = cfg.final_logit_softcap * np.tanh(out / cfg.final_logit_softcap)
-    return out
 
 
 # ------------------------------------------------------------------------------ weights
@@ -267,20 +138,6 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(params=ARCHS)
 def tiny(request, tiny_model):
     return request.param, tiny_model(request.param)
-
-
-def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
-    cfg = config or model.config
-    r = MlxTransformer(cfg, model.weights, RunnerOptions(max_tokens=64))
-    n = len(cfg.kv_groups)
-    pool = r.new_kv_pool([4] * n, 16)
-    tables = [np.arange(4, dtype=np.int32)[None]] * n
-    return r.forward_batch(Batch.single(tokens, 0, tables, 16, all_logits=True), pool)
-
-
-def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
-    cpu = CpuTransformer(config or model.config, model.weights, n_threads=2)
-    return cpu.forward(tokens, 0, cpu.new_kv_cache(64), all_logits=True).copy()
 
 
 def test_logits_match_exact_reference(tiny):
@@ -404,6 +261,7 @@ def test_pool_sizes_and_copy_block(tiny_model):
 # ------------------------------------------------------------------------------ the engine on MLX
 
 
+@pytest.mark.slow  # the engine over MLX: seconds per run on two cores
 def test_engine_batched_equals_alone(tiny_gemma3):
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, backend="mlx")
     llm = LLM.load(tiny_gemma3, config)
@@ -447,6 +305,7 @@ def test_engine_prefix_reuse(tiny_gemma3):
     assert ev.token_ids == ref.token_ids
 
 
+@pytest.mark.slow  # the engine over MLX: seconds per run on two cores
 def test_engine_preemption_recomputes_exactly(tiny_gemma3):
     roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend="mlx")
     per_seq = LLM.load(tiny_gemma3, roomy).engine.blocks.block_bytes

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from helpers.cli import assert_one_line_error, infer
 from infer.backends.base import BackendError
 from infer.backends.registry import BACKENDS, choose_backend, create_runner, probe
-from test_cli import assert_one_line_error, infer
 
 # Runs the CLI with some modules made unimportable, as on a machine without that extra.
 BLOCKED = """
@@ -27,6 +27,7 @@ def infer_without(modules: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.e2e
 def test_backends_lists_every_backend_with_auto_choice():
     r = infer("backends", "--json")
     assert r.returncode == 0, r.stderr
@@ -44,6 +45,7 @@ def test_backends_lists_every_backend_with_auto_choice():
     assert table.returncode == 0 and "(auto)" in table.stdout and "cpu" in table.stdout
 
 
+@pytest.mark.e2e
 def test_missing_extras_are_named():
     r = infer_without("mlx,llama_cpp", "backends", "--json")
     assert r.returncode == 0, r.stderr
@@ -53,12 +55,14 @@ def test_missing_extras_are_named():
     assert rows["cpu"]["auto"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend,extra", [("mlx", "infer[mlx]"), ("llama.cpp", "infer[llamacpp]")])
 def test_unavailable_backend_is_a_one_line_error(backend, extra):
     r = infer_without("mlx,llama_cpp", "run", "--backend", backend, "-n", "4", "hi")
     assert_one_line_error(r, f"backend {backend} is not available", extra)
 
 
+@pytest.mark.e2e
 def test_unknown_backend():
     r = infer("run", "--backend", "tpu", "hi")
     assert_one_line_error(r, "unknown backend 'tpu'", "cpu, mlx, llama.cpp")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infer.engine.block_manager import BlockManager
-from infer.engine.scheduler import Scheduler, Sequence, SeqStatus
+from infer.engine.scheduler import Scheduler, SeqStatus, Sequence
 
 BS = 4
 

@@ -41,6 +41,7 @@ def say(child, line: str) -> str:
     return child.before
 
 
+@pytest.mark.e2e
 def test_session(env, gemma_path, tmp_path):
     child = spawn(env, gemma_path, "--max-tokens", "24")
     assert "temperature = 0.0" in say(child, "/set temperature 0")
@@ -88,6 +89,7 @@ def test_session(env, gemma_path, tmp_path):
     assert (tmp_path / "chat_history").exists()  # readline history kept across sessions
 
 
+@pytest.mark.e2e
 def test_ctrl_d_and_ctrl_c_at_empty_prompt_exit(env, gemma_path):
     child = spawn(env, gemma_path)
     child.sendeof()
@@ -101,6 +103,7 @@ def test_ctrl_d_and_ctrl_c_at_empty_prompt_exit(env, gemma_path):
     assert child.exitstatus == 0
 
 
+@pytest.mark.e2e
 def test_context_overflow_drops_oldest_turns(env, gemma_path):
     child = spawn(env, gemma_path, "--ctx", "96", "--max-tokens", "16", "--temperature", "0", "--system", "Be brief.")
     seen = ""
@@ -156,6 +159,7 @@ def test_a_turn_that_never_began_leaves_the_conversation_as_it_was():
     assert conv.messages == history
 
 
+@pytest.mark.e2e
 def test_piped_input_answers_once(env, gemma_path):
     cmd = [sys.executable, "-m", "infer.cli", "chat", str(gemma_path), "--temperature", "0", "--max-tokens", "8"]
     r = subprocess.run(cmd + ["--json"], input="What is 2+2?\n", capture_output=True, text=True, env=env, timeout=300)
@@ -180,10 +184,11 @@ THINKING = """{%- for m in messages %}<|im_start|>{{ m.role }}
 {% endif %}{% endif %}"""
 
 
+@pytest.mark.e2e
 def test_thinking_is_dimmed_and_switchable(env, tmp_path):
     # a template that opens <think> (as DeepSeek-R1's and Qwen3's do); a grammar makes the tiny
     # random model think a few words, close the thought and answer
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     path = write_tiny_model(tmp_path / "thinker.gguf", "qwen2", seed=5, chat_template=THINKING, n_ctx=1024)
     grammar = tmp_path / "think.gbnf"

@@ -2,28 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 
-from tiny_models import write_tiny_model
+from helpers.cli import assert_one_line_error, infer
+from helpers.tiny_models import write_tiny_model
 
-
-def infer(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "infer.cli", *args], capture_output=True, text=True,
-                          input=input, timeout=timeout, env=env)
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert r.returncode == 1, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "Traceback" not in r.stderr
-    for f in fragments:
-        assert f in lines[0], (f, lines[0])
+pytestmark = pytest.mark.e2e  # every test runs `infer` as a subprocess
 
 
 def test_run_default_model_json():

@@ -1,4 +1,4 @@
-"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / granite / olmo2 / gemma3 folders (tests/hf_models.py), converted,
+"""HF checkpoint -> GGUF: tiny random llama / qwen2 / qwen3 / granite / olmo2 / gemma3 folders (tests/helpers/hf_models.py), converted,
 then checked against llama.cpp (loading, tokenization, logits), against a numpy forward pass of the
 HF model itself (so the tensor transforms are right, not merely self-consistent), and against infer."""
 from __future__ import annotations
@@ -8,6 +8,29 @@ import json
 import gguf
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+
+from helpers.hf_models import (
+    CHAT_TEMPLATE,
+    GEMMA2_CAPS,
+    GEMMA_LAYERS,
+    GEMMA_WINDOW,
+    HD,
+    HKV,
+    PHI3_MSCALE,
+    PHI3_SHORT,
+    SAMPLES,
+    D,
+    F,
+    H,
+    from_bf16,
+    gemma3_forward,
+    hf_forward,
+    make_gemma3,
+    make_hf_model,
+    train_bpe,
+    write_safetensors,
+)
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.engine.tokenizer import Tokenizer as InferTokenizer
 from infer.models.convert_hf import (
@@ -17,18 +40,13 @@ from infer.models.convert_hf import (
     write_gguf_unquantized,
 )
 from infer.models.loader import load_model
-from tokenizers import Tokenizer
-
-from hf_models import (CHAT_TEMPLATE, D, F, GEMMA2_CAPS, GEMMA_LAYERS, GEMMA_WINDOW, H, HD, HKV, PHI3_MSCALE, PHI3_SHORT,
-                       SAMPLES, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, train_bpe,
-                       write_safetensors)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 
 BPE_ARCHS = ["llama", "qwen2", "qwen3", "granite", "olmo2", "qwen3moe", "mixtral", "phi3"]
 GGUF_ARCH = {"mixtral": "llama"}  # HF model types llama.cpp converts to another architecture
-LLAMA3_VOCAB = ("llama", "mixtral")  # the folders with the Llama 3-style tokenizer (tests/hf_models.py)
+LLAMA3_VOCAB = ("llama", "mixtral")  # the folders with the Llama 3-style tokenizer (tests/helpers/hf_models.py)
 
 
 @pytest.fixture(scope="module", params=BPE_ARCHS)
@@ -83,6 +101,7 @@ def test_metadata_and_tensors(converted):
         assert len(tokens) == hf.get_vocab_size() + 6 and tokens[-1] == f"[PAD{len(tokens) - 1}]"
 
 
+@pytest.mark.reference
 def test_llama_cpp_tokenizes_like_hf(converted):
     arch, folder, _, out = converted
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -99,6 +118,7 @@ def test_llama_cpp_tokenizes_like_hf(converted):
     llm.close()
 
 
+@pytest.mark.reference
 def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     arch, folder, weights, out = converted
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -195,6 +215,7 @@ def test_unsupported_dtype(small_folder):
         source_from_hf(small_folder)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
 def test_gemma_sentencepiece_and_logits(tmp_path, arch):
     import sentencepiece as spm
@@ -260,6 +281,8 @@ def test_llama3_rope_scaling_becomes_rope_freqs(small_folder, tmp_path):
     assert load_model(out).weights.rope_freqs is not None
 
 
+@pytest.mark.e2e
+@pytest.mark.reference
 def test_infer_quantize_converts_an_hf_folder(small_folder, tmp_path):
     """The CLI path: an HF folder in, a Q8_0 GGUF out that llama.cpp loads and infer runs."""
     import json

@@ -97,6 +97,7 @@ def test_falls_back_to_the_embedded_gemma_with_a_note(monkeypatch):
     assert "offline" in found.note and "Gemma" in found.note
 
 
+@pytest.mark.e2e
 def test_the_default_answers_the_readme_question():
     """The README's first command, greedy: an instruction-tuned model answers (the embedded Gemma
     base model only continued the question with more questions)."""

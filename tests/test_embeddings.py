@@ -7,6 +7,7 @@ import base64
 import numpy as np
 import pytest
 
+from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig, EngineConfigError
 from infer.engine.llm import LLM
 from infer.engine.pooling import Pooler, choose_pooling, normalize
@@ -14,7 +15,6 @@ from infer.engine.sampler import SamplingParams
 from infer.models.arch import names
 from infer.models.config import ModelConfig
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -63,6 +63,7 @@ def check_against_llama_cpp(ours: list[np.ndarray], ref: list[np.ndarray], ref_f
         assert d <= max(1e-3, spread), f"{what} input {i}: cosine distance {d:.2e} (llama.cpp's spread {spread:.2e})"
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
 def test_embedded_model_matches_llama_cpp(gemma_path, pooling):
     llm = LLM.load(gemma_path, EngineConfig(n_ctx=1024, n_threads=2, pooling=pooling, max_batch_tokens=64))
@@ -73,6 +74,7 @@ def test_embedded_model_matches_llama_cpp(gemma_path, pooling):
                             llama_cpp_embed(gemma_path, pooling, TEXTS, flash_attn=True), f"gemma {pooling}")
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", [*names(), "llama-moe"])
 def test_tiny_models_match_llama_cpp(arch, tmp_path):
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch)
@@ -146,17 +148,14 @@ def test_pooling_from_the_file_and_the_flag(tmp_path):
 # ---------------------------------------------------------------- over HTTP
 
 @pytest.fixture(scope="module")
-def server(gemma_path, tmp_path_factory):
-    from test_serve import Server
-
-    s = Server(gemma_path, tmp_path_factory.mktemp("embed"), "--ctx", "256", "--threads", "2", "--parallel", "4")
-    yield s
-    assert s.stop() == 0, s.output()
+def server_args():
+    return ("--ctx", "256", "--threads", "2", "--parallel", "4")
 
 
+@pytest.mark.reference
 def test_openai_embeddings_route(server, gemma_path):
     openai = pytest.importorskip("openai")
-    from test_serve import raw
+    from helpers.server import raw
 
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
     r = client.embeddings.create(model="gemma-3-270m-q4_k_m", input=TEXTS[:2])

@@ -1,8 +1,8 @@
-"""Hostile GGUF files (tests/gguf_fuzz.py): valid tiny models of every architecture with mutated
+"""Hostile GGUF files (tests/helpers/gguf_fuzz.py): valid tiny models of every architecture with mutated
 counts, lengths, types, dimensions, offsets, alignments and token ids, bit flips, truncations and
 appended bytes, each loaded and run by a worker process. Every one must end as a clean run or a
 one-line error: no traceback reaching the user, no crash, no hang. The same for MLX / HF model
-folders and importance-matrix files (tests/mlx_fuzz.py), with the inputs the fuzzing found first
+folders and importance-matrix files (tests/helpers/mlx_fuzz.py), with the inputs the fuzzing found first
 kept as named cases. A bounded budget here; scripts/fuzz_gguf.py runs tens of thousands."""
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import random
 import shutil
 from pathlib import Path
 
-import mlx_fuzz
 import pytest
-from gguf_fuzz import mutate, run_cases, seeds
+
+from helpers import mlx_fuzz
+from helpers.gguf_fuzz import mutate, run_cases, seeds
 
 CASES = 300
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_models_fail_cleanly(tmp_path):
     originals = [p.read_bytes() for p in seeds(tmp_path)]
     cases = []
@@ -32,6 +34,7 @@ def test_mutated_models_fail_cleanly(tmp_path):
     assert kinds == {"OK", "ERR"}  # the mutations both break files and leave some loadable
 
 
+@pytest.mark.slow  # a worker process per case
 def test_the_harness_tells_crashes_hangs_and_tracebacks(tmp_path):
     """The harness itself, so that a clean fuzz run means something: a worker killed by a signal,
     one that stops answering, an unexpected exception, a clean error, in one run."""
@@ -53,8 +56,9 @@ def folder_seeds(tmp_path_factory) -> dict[str, Path]:
     return {p.name.removeprefix("seed-"): p for p in mlx_fuzz.seeds(tmp_path_factory.mktemp("folder-seeds"))}
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
-    """The same for model folders (tests/mlx_fuzz.py): MLX exports of tiny models and HF float
+    """The same for model folders (tests/helpers/mlx_fuzz.py): MLX exports of tiny models and HF float
     checkpoints with mutated safetensors headers and data, config.json, tokenizer files and index,
     loaded and run on the MLX backend (which checks nothing it is given)."""
     originals = list(folder_seeds.values())
@@ -70,6 +74,7 @@ def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
     assert {answer.split(" ", 1)[0] for _, answer in results} == {"OK", "ERR"}
 
 
+@pytest.mark.slow  # a worker process per case
 def test_mutated_imatrix_files_fail_cleanly(tmp_path):
     """Legacy .dat and GGUF importance matrices, mutated, through `infer quantize --imatrix`
     (quantize_model in a worker process): a quantized file or a one-line error, nothing else."""

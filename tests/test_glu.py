@@ -91,6 +91,7 @@ def test_softmax_exp_within_ulps_and_summed_per_16(n):
     assert total == sum(float((r[0] + r[2]) + (r[1] + r[3])) for r in q)
 
 
+@pytest.mark.slow  # compiles the attention kernels in a subprocess (~20 s)
 def test_softmax_sum_is_ggmls_when_attention_compiles_it(tmp_path):
     """softmax_exp compiled first for the attention kernel (a fresh numba cache), then loaded from
     that cache by another process, still sums as ggml does: numba compiles what a parallel loop

@@ -129,6 +129,7 @@ GBNF_CASES = {
 }
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("case", list(GBNF_CASES))
 def test_allowed_tokens_agree_with_llama_cpp(llm, gemma_path, case):
     """At every state along a path through the grammar, the token spellings llama.cpp's grammar

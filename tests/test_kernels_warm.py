@@ -29,6 +29,7 @@ print(len(log.kernels), " ".join(log.kernels))
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_warm_leaves_nothing_to_compile(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
@@ -51,8 +52,8 @@ def test_warm_leaves_nothing_to_compile(tmp_path):
 def test_kernels_lists_the_types_and_refuses_unknown_ones():
     from typer.testing import CliRunner
 
-    from infer.cli.app import app
     from infer.cli import kernels  # noqa: F401  (registers the command)
+    from infer.cli.app import app
 
     out = CliRunner().invoke(app, ["kernels"])
     assert out.exit_code == 0 and "Q4_K" in out.output and "MXFP4" in out.output

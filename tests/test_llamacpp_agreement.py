@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.arch import names
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference

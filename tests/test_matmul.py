@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 
-from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
+from helpers.tiny_models import random_tensor
 from infer.backends.cpu.activations import ACT_NONE, ACT_Q8_1, ACT_ROUNDING, round_activations
+from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
 from infer.backends.cpu.qdot import LAYOUTS, NC
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
 from infer.quant.tensor import QTensor
-from tiny_models import random_tensor
 
 TYPES = [GT.F32, GT.F16, GT.BF16, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0,
          GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.MXFP4]
@@ -247,6 +247,7 @@ print("ok", ISA)
 """
 
 
+@pytest.mark.slow  # the kernels compiled for another CPU, in a subprocess
 @pytest.mark.skipif(_avx2_build_features() is None, reason="needs a CPU with AVX2")
 def test_avx2_kernel_in_an_avx2_build():
     """The AVX2 kernel (vpmaddubsw/vpmaddwd), compiled as for a CPU without AVX-512 (numba's CPU

@@ -109,6 +109,7 @@ def test_mlock_pins_the_weights(gemma_path):
     _logits(runner, IDS)
 
 
+@pytest.mark.e2e
 def test_cli_no_mmap_mlock(gemma_path):
     p = subprocess.run([sys.executable, "-m", "infer.cli", "run", str(gemma_path), "--no-mmap", "--mlock",
                         "--temperature", "0", "-n", "4", "Hello"], capture_output=True, text=True, timeout=300)

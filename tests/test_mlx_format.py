@@ -11,6 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.cli import assert_one_line_error, infer
+from helpers.hf_models import (
+    SAMPLES,
+    bf16,
+    from_bf16,
+    gemma3_forward,
+    hf_forward,
+    make_gemma3,
+    make_hf_model,
+    write_safetensors,
+)
+from helpers.prompts import PROMPTS
 from infer.engine.hf_tokenizer import HFTokenizer
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.tokenizer_json import write_tokenizer_files
@@ -18,14 +30,18 @@ from infer.models.convert_hf import permute_rope_rows, write_gguf_unquantized
 from infer.models.gguf_file import read_gguf
 from infer.models.hf_files import read_safetensors_header, st_view
 from infer.models.loader import load_model
-from infer.models.weights import ModelLoadError
 from infer.models.mlx_export import MlxExportOptions, export_mlx
-from infer.quant.affine import (BITS, GROUP_SIZES, AffineError, AffineTensor, dequantize_affine, pack,
-                                quantize_affine, unpack)
-
-from hf_models import SAMPLES, bf16, from_bf16, gemma3_forward, hf_forward, make_gemma3, make_hf_model, write_safetensors
-from test_cli import assert_one_line_error, infer
-from test_gemma_e2e import PROMPTS
+from infer.models.weights import ModelLoadError
+from infer.quant.affine import (
+    BITS,
+    GROUP_SIZES,
+    AffineError,
+    AffineTensor,
+    dequantize_affine,
+    pack,
+    quantize_affine,
+    unpack,
+)
 
 mx = pytest.importorskip("mlx.core")
 
@@ -244,6 +260,7 @@ def test_tiny_folder_logits_match_numpy_reference(tiny):
 # ----------------------------------------------------------------------------- errors
 
 
+@pytest.mark.e2e
 def test_folder_errors(tmp_path):
     _, folder, _, _ = _build_tiny("qwen3", tmp_path / "src")
     cases = {}
@@ -294,6 +311,7 @@ def gemma_mlx(gemma_path, tmp_path_factory):
     return {8: root / "g8", 4: root / "g4"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("bits", [8, 4])
 def test_gemma_export_round_trip(gemma_mlx, gemma_gguf, bits):
     folder = gemma_mlx[bits]
@@ -356,6 +374,7 @@ def read_safetensors_names(path: Path) -> dict[str, str]:
     return {k: e.dtype for k, e in read_safetensors_header(path).items()}
 
 
+@pytest.mark.e2e
 def test_gemma_tokenizer_json_is_the_gguf_tokenizer(gemma_mlx, gemma_gguf):
     """The written tokenizer.json tokenizes the prompts exactly as the GGUF's tokenizer, with and
     without BOS and special-token parsing, through infer's HFTokenizer and the bare `tokenizers`
@@ -389,6 +408,7 @@ def test_gemma_tokenizer_json_is_the_gguf_tokenizer(gemma_mlx, gemma_gguf):
     assert set(gen["eos_token_id"]) == set(ref.eog_ids)
 
 
+@pytest.mark.e2e
 def test_quantize_mlx_cli_errors_and_atomicity(gemma_path, gemma_mlx, tmp_path):
     out = tmp_path / "out"
     assert_one_line_error(infer("quantize", str(gemma_path), str(gemma_mlx[4]), "--format", "mlx"), "already exists")
@@ -412,6 +432,7 @@ def test_quantize_mlx_cli_errors_and_atomicity(gemma_path, gemma_mlx, tmp_path):
         assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]  # no partial folder left
 
 
+@pytest.mark.e2e
 def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     """The 8-bit folder end to end: LLM picks the MLX backend and the folder's tokenizer; for each
     prompt the first-token logits are within the 8-bit error of an exact float64 pass over the
@@ -423,10 +444,10 @@ def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     within a few tokens. Against the exact reference the folder picks the argmax first token for
     22/24 prompts (the cpu backend 20/24)."""
     pytest.importorskip("infer.backends.mlx.transformer")
+    from helpers.exact_forward import exact_hidden, exact_logits
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
-    from test_backend_mlx import exact_hidden, exact_logits
 
     llm = LLM.load(gemma_mlx[8], EngineConfig(n_ctx=256, n_threads=2))
     assert llm.backend == "mlx" and isinstance(llm.tokenizer, HFTokenizer)

@@ -4,14 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.arch import names
 from infer.models.loader import load_model
-from tiny_models import write_tiny_model
 
 ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
-N_CTX = 64  # of every run here, llama.cpp's and ours (LongRoPE models pick their factors by it)
-PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -21,40 +20,7 @@ def tiny(request, tmp_path_factory):
     return arch, path
 
 
-def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16"), n_ctx: int = N_CTX) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from infer.backends.llamacpp.runner import GGML_TYPES
-
-    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, n_threads=2, verbose=False,
-                          flash_attn=flash_attn, type_k=GGML_TYPES[cache_types[0]], type_v=GGML_TYPES[cache_types[1]])
-    llm.eval(tokens.tolist())
-    logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    llm.close()
-    return logits
-
-
-def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0) -> np.ndarray:
-    """Our logits within max(2% of max |logit|, llama.cpp's own spread between its attention paths)
-    (plus slack) of llama-cpp-python's default path, and the argmax llama.cpp's (either path's where
-    they disagree); whether llama.cpp's two paths agree on each position's argmax."""
-    ref = llama_cpp_logits(path, PROMPT)  # llama-cpp-python's default path (no flash attention)
-    ref_fa = llama_cpp_logits(path, PROMPT, flash_attn=True)
-    assert ours.shape == ref.shape
-    # llama.cpp's two attention paths round differently; on the tiny gemma3 they disagree by ~5% and
-    # flip argmaxes. Where llama.cpp disagrees with itself, its own spread is the bound; elsewhere 2%.
-    self_spread = np.abs(ref - ref_fa).max()
-    tol = max(0.02 * np.abs(ref).max(), self_spread) + slack
-    diff = np.abs(ours - ref).max()
-    print(f"{what}: max|ours-llama.cpp| {diff:.4g} ({diff / np.abs(ref).max():.3%} of max|logit|), "
-          f"llama.cpp fa on/off {self_spread:.4g}, bound {tol:.4g}")
-    assert diff <= tol, f"{what}: max |diff| {diff:.4g} > bound {tol:.4g}"
-    agree = ref.argmax(-1) == ref_fa.argmax(-1)
-    mine = ours.argmax(-1)
-    ok = (mine == ref.argmax(-1)) | (~agree & (mine == ref_fa.argmax(-1)))
-    assert ok.all(), f"{what}: argmax differs from llama.cpp at positions {np.nonzero(~ok)[0].tolist()}"
-    return agree
-
-
+@pytest.mark.reference
 def test_logits_match_llama_cpp(tiny):
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
@@ -64,6 +30,7 @@ def test_logits_match_llama_cpp(tiny):
     assert agree.sum() >= len(PROMPT) - 2, f"{arch}: llama.cpp disagrees with itself too often to be a reference"
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("types", [("q8_0", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")], ids="-".join)
 def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     # --cache-type-k/-v q8_0 against llama.cpp with the same cache types, on the path llama.cpp runs
@@ -126,6 +93,7 @@ def test_prefill_in_chunks_matches_one_pass(tiny):
     assert_same_logits(last, ref, arch)
 
 
+@pytest.mark.reference
 def test_longrope_factors_follow_the_context(tmp_path):
     # phi3's LongRoPE: llama.cpp rotates by the short factors while its context (a multiple of 256)
     # is within the trained one (256 tokens in the tiny model), by the long ones beyond;
@@ -144,6 +112,7 @@ def test_longrope_factors_follow_the_context(tmp_path):
     assert np.abs(out[300] - out[N_CTX]).max() > 0.1 * np.abs(out[N_CTX]).max()  # the factors took effect
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     # YaRN (Qwen's long-context GGUFs): each frequency pair's angle mixed between the scaled and the
@@ -168,6 +137,7 @@ def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     assert np.abs(out[path] - out[plain]).max() > 2 * tol  # the scaling took effect
 
 
+@pytest.mark.reference
 def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
     """gpt-oss's sinks, biases, swiglu_oai, sliding window and YaRN each change the logits by far
     more than infer's distance from llama.cpp: none of them is matched by accident."""

@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.llama_quantize import llama_quantize
+from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.repack import PackedExperts
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.engine.engine import EngineConfig
@@ -17,10 +20,8 @@ from infer.models.gguf_file import read_gguf
 from infer.models.loader import load_model
 from infer.quant import types as qt
 from infer.quant.tensor import file_offset
-from test_models import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
-from test_quantize_file import llama_quantize
-from tiny_models import write_tiny_model
 
+pytestmark = pytest.mark.reference  # every test compares with llama.cpp (its logits or its quantizer)
 MOE_ARCHS = ["qwen3moe", "llama-moe", "gpt-oss"]
 
 
@@ -79,8 +80,9 @@ def test_mlx_logits_match_llama_cpp(mxfp4_model):
     0.03% and 0.0%).  So against llama.cpp the bound is test_models' rule plus exact arithmetic's
     own distance, and the argmax is llama.cpp's at every position."""
     pytest.importorskip("mlx.core")
+    from helpers.exact_forward import exact_hidden, exact_logits
+    from helpers.logits import mlx_logits
     from infer.backends.mlx.transformer import MlxTransformer
-    from test_backend_mlx import exact_hidden, exact_logits, mlx_logits
 
     arch, path = mxfp4_model
     model = load_model(path).for_context(N_CTX)

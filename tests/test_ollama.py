@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fake_hub import FakeHub, FakeRepo
-from test_serve import Server, raw
+from helpers.fake_hub import FakeHub, FakeRepo
+from helpers.server import raw
 
 ollama = pytest.importorskip("ollama")
 
@@ -23,14 +23,15 @@ def hub(gemma_path):
 
 
 @pytest.fixture(scope="module")
-def server(gemma_path, hub, tmp_path_factory):
+def server_args():
+    return ("--api-key", KEY, "--parallel", "4", "--ctx", "1024", "--threads", "2")
+
+
+@pytest.fixture(scope="module")
+def server_env(hub, tmp_path_factory):
     d = tmp_path_factory.mktemp("ollama")
     # pulls go to the fake Hub, into this test's own HF cache and store
-    s = Server(gemma_path, d, "--api-key", KEY, "--parallel", "4", "--ctx", "1024", "--threads", "2",
-               env_extra={"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(d / "hf"), "INFER_HOME": str(d / "infer"),
-                          "HF_HUB_OFFLINE": "0"})
-    yield s
-    assert s.stop() == 0, s.output()
+    return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(d / "hf"), "INFER_HOME": str(d / "infer"), "HF_HUB_OFFLINE": "0"}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The OpenAPI document of `infer serve` (cli/server/openapi.py, GET /openapi.json): a valid document,
 naming exactly the routes both apps have (so the two cannot drift apart), served without the API
 key, and true enough to fuzz from: schemathesis sends requests that fit it and requests that break
-it to a real server over HTTP (tests/api_fuzz.py), one-model and several-models, and every one
+it to a real server over HTTP (tests/helpers/api_fuzz.py), one-model and several-models, and every one
 must get a 2xx or a documented 4xx in its route's error shape, never a 5xx, a dropped connection
 or a hang; afterwards the server still answers.  A bounded budget here; scripts/fuzz_api.py runs
 thousands of requests per operation."""
@@ -17,7 +17,9 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-import api_fuzz  # noqa: E402
+from helpers import api_fuzz  # noqa: E402
+from helpers.server import raw  # noqa: E402
+from helpers.tiny_models import write_tiny_model  # noqa: E402
 from infer.cli.server.model_pool import ModelPool  # noqa: E402
 from infer.cli.server.model_router import MODEL_ROUTES, Catalog, ModelRouter  # noqa: E402
 from infer.cli.server.ollama_api import OPTIONS  # noqa: E402
@@ -25,8 +27,6 @@ from infer.cli.server.openai_request import CHAT_ROLES  # noqa: E402
 from infer.cli.server.openai_server import FrontDoor, ServerConfig, create_app  # noqa: E402
 from infer.cli.server.openapi import document  # noqa: E402
 from infer.cli.server.server_metrics import Metrics  # noqa: E402
-from test_serve import raw  # noqa: E402
-from tiny_models import write_tiny_model  # noqa: E402
 
 EXAMPLES = 50  # requests per operation and kind (fitting the document, breaking it): about 35 s per server
 
@@ -111,6 +111,7 @@ def several_models(tmp_path_factory):
     assert server.stop() == 0, server.output()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("served", ["one_model", "several_models"])
 def test_fuzzed_requests_get_a_2xx_or_a_documented_4xx(served, request):
     server, name = request.getfixturevalue(served)
@@ -141,6 +142,7 @@ HOSTILE = {  # path, body: requests the fuzz seldom writes, each once a 500
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("served", ["one_model", "several_models"])
 @pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_requests_the_fuzz_seldom_writes_are_a_400(case, served, request):

@@ -1,4 +1,4 @@
-"""`infer pull` against a local fake Hub (tests/fake_hub.py): real downloads through huggingface_hub, never the real Hub."""
+"""`infer pull` against a local fake Hub (tests/helpers/fake_hub.py): real downloads through huggingface_hub, never the real Hub."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import FakeHub, FakeRepo
+from helpers.fake_hub import FakeHub, FakeRepo
 from infer.models.hub import PullError, RemoteFile, quant_tag, select_files
 from infer.models.store import ModelStore
 
@@ -119,6 +119,7 @@ def _blobs(env: dict[str, str]) -> list[Path]:
     return [p for p in (Path(env["HF_HOME"]) / "hub").glob("models--*/blobs/*")]
 
 
+@pytest.mark.e2e
 def test_pull_by_quant_tag_case_insensitive(env, hub, repos, gemma_sha256):
     r = infer(env, "pull", "acme/gemma-GGUF:q4_k_m")
     assert r.returncode == 0, r.stderr
@@ -138,6 +139,7 @@ def test_pull_by_quant_tag_case_insensitive(env, hub, repos, gemma_sha256):
     assert store(env).get("acme/gemma-GGUF:q8_0").files == (GEMMA_Q8,)
 
 
+@pytest.mark.e2e
 def test_pulled_model_runs_and_is_listed_shown_removed(env, hub):
     assert infer(env, "pull", "acme/gemma-GGUF:Q4_K_M").returncode == 0
     r = infer(env, "run", "acme/gemma-GGUF", "hi", "--max-tokens", "3", "--temperature", "0", "--json")
@@ -153,6 +155,7 @@ def test_pulled_model_runs_and_is_listed_shown_removed(env, hub):
     assert_one_line_error(infer(env, "run", "acme/gemma-GGUF", "hi"), "infer pull")
 
 
+@pytest.mark.e2e
 def test_default_quant(env, hub):
     r = infer(env, "pull", "acme/gemma-GGUF")
     assert r.returncode == 0, r.stderr
@@ -163,6 +166,7 @@ def test_default_quant(env, hub):
     assert [m.name for m in store(env).list()] == ["acme/gemma-GGUF:Q4_K_M", "acme/only-GGUF:Q5_K_S"]
 
 
+@pytest.mark.e2e
 def test_lists_choices_without_q4_k_m_or_for_unknown_quant(env, hub):
     line = assert_one_line_error(infer(env, "pull", "acme/choices-GGUF"), "several quants", "F16, IQ4_XS, Q8_0")
     assert "MMPROJ" not in line.upper()
@@ -173,6 +177,7 @@ def test_lists_choices_without_q4_k_m_or_for_unknown_quant(env, hub):
     assert store(env).get("acme/choices-GGUF:IQ4_XS").files == ("m-IQ4_XS.gguf",)
 
 
+@pytest.mark.e2e
 def test_split_gguf_is_fetched_whole(env, hub, repos):
     r = infer(env, "pull", "acme/split-GGUF")
     assert r.returncode == 0, r.stderr
@@ -186,6 +191,7 @@ def test_split_gguf_is_fetched_whole(env, hub, repos):
     assert not hub.fetched("big-Q8_0.gguf")
 
 
+@pytest.mark.e2e
 def test_resumes_after_the_connection_drops_mid_file(env, hub, gemma_sha256):
     hub.cut_once.add(("acme/gemma-GGUF", GEMMA_Q4))
     r = infer(env, "pull", "acme/gemma-GGUF:Q4_K_M")
@@ -198,6 +204,7 @@ def test_resumes_after_the_connection_drops_mid_file(env, hub, gemma_sha256):
     assert 0 < start <= os.path.getsize(store(env).get("acme/gemma-GGUF:Q4_K_M").path) // 2
 
 
+@pytest.mark.e2e
 def test_corrupted_download_is_rejected_and_deleted(env, hub):
     hub.corrupt.add(("acme/choices-GGUF", "m-Q8_0.gguf"))
     assert_one_line_error(infer(env, "pull", "acme/choices-GGUF:Q8_0"), "checksum mismatch", "m-Q8_0.gguf", "sha256")
@@ -208,6 +215,7 @@ def test_corrupted_download_is_rejected_and_deleted(env, hub):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.e2e
 def test_a_bad_copy_already_in_the_cache_is_fetched_again(env, hub, repos):
     # What a pull killed between huggingface_hub's download and its check leaves when the bytes were bad
     # (found by scripts/soak_pull.py), or damage on disk: the next pull checks the cached file and fetches
@@ -233,6 +241,7 @@ def test_a_bad_copy_already_in_the_cache_is_fetched_again(env, hub, repos):
     assert _blobs(env) == []
 
 
+@pytest.mark.e2e
 def test_a_stalled_download_is_retried(env, hub, repos):
     # The CDN sends half the file and then nothing, the connection open: huggingface_hub's read timeout
     # (HF_HUB_DOWNLOAD_TIMEOUT, 10 s by default) ends the wait and it asks again.
@@ -245,6 +254,7 @@ def test_a_stalled_download_is_retried(env, hub, repos):
     assert Path(m.path).read_bytes() == repos["acme/choices-GGUF"].files[name]
 
 
+@pytest.mark.e2e
 def test_a_download_that_keeps_stalling_fails_in_one_line_and_leaves_nothing(env, hub):
     # Every try stalls: after huggingface_hub's retries (6 tries of 1 s here), one line that says so,
     # not "cannot reach the Hub"; no half file anywhere in the cache, and the next pull starts over.
@@ -258,6 +268,7 @@ def test_a_download_that_keeps_stalling_fails_in_one_line_and_leaves_nothing(env
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.e2e
 def test_unknown_repo_and_revision(env, hub, repos):
     assert_one_line_error(infer(env, "pull", "acme/nope-GGUF:Q4_K_M"), "acme/nope-GGUF", "not found", hub.endpoint)
     assert_one_line_error(infer(env, "pull", "acme/only-GGUF", "--revision", "v9"), "revision 'v9' not found")
@@ -269,6 +280,7 @@ def test_unknown_repo_and_revision(env, hub, repos):
     assert store(env).list() == [store(env).get("acme/only-GGUF")]
 
 
+@pytest.mark.e2e
 def test_gated_repo_needs_a_token(env, hub):
     assert_one_line_error(infer(env, "pull", "acme/gated-GGUF"), "gated", "HF_TOKEN")
     assert store(env).list() == []
@@ -281,11 +293,13 @@ def test_gated_repo_needs_a_token(env, hub):
     assert all("authorization" not in h for _, p, h in hub.requests if p.startswith("/blobs/"))
 
 
+@pytest.mark.e2e
 def test_token_option(env, hub):
     r = infer(env, "pull", "acme/gated-GGUF:Q4_K_M", "--token", hub.token)
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.e2e
 def test_offline_uses_the_cache_and_says_when_it_cannot(env, hub):
     assert_one_line_error(infer(env, "pull", "acme/only-GGUF", "--offline"), "not in the local cache", "offline")
     assert infer(env, "pull", "acme/only-GGUF").returncode == 0
@@ -305,6 +319,7 @@ def test_offline_uses_the_cache_and_says_when_it_cannot(env, hub):
     assert_one_line_error(infer(dict(env, HF_HUB_OFFLINE="1"), "pull", "acme/only-GGUF:Q8_0"), "no Q8_0 file")
 
 
+@pytest.mark.e2e
 def test_mlx_repo_fetches_only_what_the_model_needs(env, hub):
     r = infer(env, "pull", "acme/tiny-mlx")
     assert r.returncode == 0, r.stderr
@@ -316,6 +331,7 @@ def test_mlx_repo_fetches_only_what_the_model_needs(env, hub):
     assert_one_line_error(infer(env, "pull", "acme/tiny-mlx:Q4_K_M"), "no GGUF files")
 
 
+@pytest.mark.e2e
 def test_safetensors_repo(env, hub):
     r = infer(env, "pull", "acme/tiny-st")
     assert r.returncode == 0, r.stderr
@@ -328,6 +344,7 @@ def test_safetensors_repo(env, hub):
     assert not hub.fetched("consolidated.pth") and not hub.fetched("model.onnx")
 
 
+@pytest.mark.e2e
 def test_connection_refused_names_the_endpoint(env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -336,6 +353,7 @@ def test_connection_refused_names_the_endpoint(env):
     assert store(env).list() == []
 
 
+@pytest.mark.e2e
 def test_disk_full(env, hub):
     # A full disk is simulated where huggingface_hub writes the download: the CLI must still answer in one line.
     code = ("import errno, sys, huggingface_hub.file_download as fd\n"

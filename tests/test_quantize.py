@@ -80,6 +80,7 @@ def assert_rows_equal(ours: np.ndarray, theirs: np.ndarray) -> None:
     assert bad.size == 0, f"{bad.size} rows differ, first {bad[:5].tolist()}"
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("type_id", BLOCK_TYPES, ids=lambda t: qt.QTYPES[t].name)
 def test_block_types_match_llama_cpp(ggml, type_id):
     rng = np.random.default_rng(type_id)
@@ -90,6 +91,7 @@ def test_block_types_match_llama_cpp(ggml, type_id):
             assert_rows_equal(quantize(type_id, x, imatrix), ggml(type_id, x, imatrix))
 
 
+@pytest.mark.reference
 def test_mxfp4_exponent_edges_match_llama_cpp(ggml):
     """MXFP4's exponent is floorf(log2f(amax)) - 2 + 127 as a uint8: blocks whose amax is each
     power of two from the subnormals (where the uint8 wraps) to 2**127, the 100 floats below it
@@ -113,6 +115,7 @@ def test_mxfp4_exponent_edges_match_llama_cpp(ggml):
     assert_rows_equal(quantize(qt.MXFP4, ties), ggml(qt.MXFP4, ties))
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("type_id", [qt.F32, qt.F16, qt.BF16], ids=lambda t: qt.QTYPES[t].name)
 def test_float_types_match_ggml_on_every_kind_of_bits(ggml, type_id):
     rng = np.random.default_rng(7)
@@ -177,6 +180,7 @@ def test_bad_shapes_and_types():
     assert out.shape == (0, 68) and out.dtype == np.uint8
 
 
+@pytest.mark.reference
 def test_converts_input_dtype_and_layout(ggml):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((512, 16))  # float64, transposed below: not C-contiguous
@@ -185,6 +189,7 @@ def test_converts_input_dtype_and_layout(ggml):
     assert quantize(qt.Q6_K, x.T).shape == (16, qt.row_bytes(qt.Q6_K, 512))
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("type_id", [qt.Q4_K, qt.Q6_K, qt.MXFP4], ids=lambda t: qt.QTYPES[t].name)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(

@@ -2,7 +2,6 @@
 same tensors, types, shapes, bytes and metadata, i.e. the same file."""
 from __future__ import annotations
 
-import ctypes
 import struct
 from pathlib import Path
 
@@ -12,19 +11,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GT
 
+from helpers.cli import assert_one_line_error, infer
+from helpers.llama_quantize import FTYPES, llama_quantize
+from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
-from test_cli import assert_one_line_error, infer
-from tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
-
-FTYPES = {"Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "Q5_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
-          "Q6_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K, "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-          "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "Q4_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_S,
-          "Q5_K_S": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_S, "Q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0,
-          "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
-          "MXFP4_MOE": llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE}
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
+pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's experts (3-D tensors)
@@ -107,38 +101,6 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def llama_quantize(src: Path, out: Path, ftype: str, imatrix: dict[str, np.ndarray] | None = None,
-                   kv: list[tuple[str, int, object]] = (), allow_requantize: bool = False) -> None:
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = FTYPES[ftype]
-    p.nthread = 2
-    p.allow_requantize = allow_requantize
-    keep = []
-    if imatrix:
-        arr = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
-        for i, (name, v) in enumerate(imatrix.items()):
-            v = np.ascontiguousarray(v, dtype=np.float32)
-            keep.append(v)
-            arr[i].name = name.encode()
-            arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            arr[i].size = v.size
-        p.imatrix = arr
-        keep.append(arr)
-    if kv:
-        # What llama-quantize's main() adds for an imatrix: these overrides become the quantize.imatrix.* keys.
-        ov = (llama_cpp.llama_model_kv_override * (len(kv) + 1))()
-        for i, (key, tag, value) in enumerate(kv):
-            ov[i].key = key.encode()
-            ov[i].tag = tag
-            if tag == llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR:
-                ov[i].value.val_str = value.encode()
-            else:
-                ov[i].value.val_i64 = value
-        p.kv_overrides = ov
-        keep.append(ov)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), p) == 0
 
 
 def assert_same_file(ours: Path, ref: Path) -> None:
@@ -300,6 +262,7 @@ def test_interrupted_run_leaves_nothing(models, tmp_path: Path, monkeypatch):
 # --------------------------------------------------------------------------- the command line
 
 
+@pytest.mark.e2e
 def test_cli_quantize_and_run(models, tmp_path: Path):
     out = tmp_path / "q.gguf"
     r = infer("quantize", str(models["qwen2"]), str(out), "--threads", "2")
@@ -316,6 +279,7 @@ def test_cli_quantize_and_run(models, tmp_path: Path):
     assert r.returncode == 0 and read_gguf(out).metadata["general.file_type"] == 7, r.stderr
 
 
+@pytest.mark.e2e
 def test_cli_bad_input(tmp_path: Path, models):
     out = tmp_path / "o.gguf"
     assert_one_line_error(infer("quantize", str(tmp_path / "nope.gguf"), str(out)), "nope.gguf", "no such file")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from tokenizers import Regex, pre_tokenizers
 
-from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, onig_regex
+from helpers.vocab_gguf import random_texts
 from infer.engine.pieces import gather_ids, unique_pieces
+from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, onig_regex
 from infer.engine.regex_split import SplitChain, Unsupported
-from vocab_gguf import random_texts
 
 REGEXES = {p.type: p.regexes for p in PRE_TOKENIZERS.values()}  # every pre-tokenizer type llama.cpp has
 # what stays with Oniguruma: a regex that can match the empty string (SUPERBPE's lookahead-only split)

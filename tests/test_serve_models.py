@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from helpers.fake_hub import FakeHub, FakeRepo
+from helpers.server import Server, raw
+from helpers.tiny_models import write_tiny_model
 from infer.models.default import CHAT_MODEL, stamp_verified
-from fake_hub import FakeHub, FakeRepo
-from test_serve import Server, raw
-from tiny_models import write_tiny_model
 
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
@@ -58,10 +58,18 @@ def env(home, hub, chat_model_path):
 
 
 @pytest.fixture(scope="module")
-def server(home, env):
-    s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--parallel", "2", "--max-models", "1", env_extra=env)
-    yield s
-    assert s.stop() == 0, s.output()
+def server_model():
+    return None  # several models: no MODEL argument
+
+
+@pytest.fixture(scope="module")
+def server_args():
+    return ("--threads", "2", "--ctx", "256", "--parallel", "2", "--max-models", "1")
+
+
+@pytest.fixture(scope="module")
+def server_env(env):
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +191,7 @@ def test_embeddings_and_tokenize_through_the_router(server, client):
     assert status == 200 and tok["tokens"]
 
 
+@pytest.mark.e2e
 def test_memory_budget(home, env):
     s = ModelsServer(home, "--threads", "2", "--ctx", "256", "--memory", "64M", "--api-key", "k", "--no-webui",
                      env_extra=env)

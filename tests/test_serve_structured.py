@@ -8,16 +8,19 @@ import re
 
 import pytest
 
-from test_serve import HELLO, MODEL, Server
+from helpers.server import HELLO, MODEL, Server
 
 openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def client(gemma_path, tmp_path_factory):
-    s = Server(gemma_path, tmp_path_factory.mktemp("structured"), "--ctx", "1024", "--threads", "2", "--parallel", "4")
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{s.port}/v1", api_key="x", max_retries=0, timeout=120)
-    assert s.stop() == 0, s.output()
+def server_args():
+    return ("--ctx", "1024", "--threads", "2", "--parallel", "4")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def test_structured_output(client):
@@ -86,7 +89,7 @@ THINKING_QWEN = """{%- if tools %}<|im_start|>system
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    from tiny_models import write_tiny_model
+    from helpers.tiny_models import write_tiny_model
 
     d = tmp_path_factory.mktemp("tiny-serve")
     path = write_tiny_model(d / "tiny-qwen2.gguf", "qwen2", seed=5, chat_template=THINKING_QWEN, n_ctx=1024)
@@ -95,6 +98,7 @@ def tiny_server(tmp_path_factory):
     assert s.stop() == 0, s.output()
 
 
+@pytest.mark.e2e
 def test_tool_calls_hermes_and_reasoning(tiny_server):
     """A Qwen-style template (hermes <tool_call> syntax) that opens <think> in the prompt: a tiny
     random model, so grammars force what it writes."""

@@ -9,18 +9,14 @@ import time
 
 import pytest
 
-from test_serve import HELLO, Server, raw, wait_idle
+from helpers.server import HELLO, raw, wait_idle
 
 TIMEOUT = 1.0  # --timeout of the server under test: seconds a client has to send a whole request
 
 
 @pytest.fixture(scope="module")
-def server(gemma_path, tmp_path_factory):
-    s = Server(gemma_path, tmp_path_factory.mktemp("slow"), "--timeout", str(TIMEOUT), "--parallel", "2",
-               "--ctx", "512", "--threads", "2")
-    yield s
-    assert s.stop() == 0, s.output()
-    assert "Traceback" not in s.output()
+def server_args():
+    return ("--timeout", str(TIMEOUT), "--parallel", "2", "--ctx", "512", "--threads", "2")
 
 
 def connect(port: int, first: bytes = b"") -> socket.socket:
@@ -104,7 +100,7 @@ def test_a_request_sent_in_time_is_not_cut(server):
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(body) + body)
     started = time.monotonic()
-    data = read_until(s, lambda d: b"data: [DONE]" in d and d.endswith(b"\r\n0\r\n\r\n"), started)
+    read_until(s, lambda d: b"data: [DONE]" in d and d.endswith(b"\r\n0\r\n\r\n"), started)
     assert time.monotonic() - started > TIMEOUT  # else this test shows nothing: raise max_tokens
     # The whole chunked reply, its last (empty) chunk included, was read: what comes next on this
     # connection is the next reply's head.

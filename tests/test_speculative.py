@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig
 from infer.engine.grammar import Grammar
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
 from infer.engine.speculative import STEP_TOKENS, SpecConfig, SpeculationError, ngram_draft
-from tiny_models import write_tiny_model
 
 CODE = '''def fib(n):
     """The n-th Fibonacci number."""
@@ -136,6 +136,7 @@ def test_preemption_and_cancellation_in_verified_steps(gemma_path):
     assert [e.token_ids for e in outs["ngram"]] == [e.token_ids for e in outs[""]]
 
 
+@pytest.mark.slow  # 1-2 s alone, 15-35 s when other work shares the two cores (threaded steps)
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3moe", "gemma3"])  # gemma3: a sliding window of 6
 def test_tiny_models_greedy_identical(arch, tmp_path):
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
@@ -149,6 +150,7 @@ def test_tiny_models_greedy_identical(arch, tmp_path):
     assert sum(e.usage.drafted_tokens for e in outs[1]) > 0
 
 
+@pytest.mark.reference
 def test_the_llama_cpp_backend_refuses_speculation(gemma_path):
     pytest.importorskip("llama_cpp")
     with pytest.raises(SpeculationError, match="cpu or mlx backend"):
@@ -189,6 +191,7 @@ def test_draft_model_of_another_vocabulary_is_refused(tmp_path):
         SpecConfig("draft")
 
 
+@pytest.mark.e2e
 def test_cli_run_and_bench_with_speculation():
     import json
     import subprocess

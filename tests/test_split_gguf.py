@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
+from helpers.logits import PROMPT, llama_cpp_logits
+from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.transformer import CpuTransformer
 from infer.models.gguf_file import GGUFError, read_gguf
 from infer.models.loader import load_model
-from test_models import PROMPT, llama_cpp_logits
-from tiny_models import write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,7 @@ def test_first_shard_reads_as_the_whole_model(split):
     assert {k: str(v) for k, v in a.metadata.items()} == {k: str(v) for k, v in b.metadata.items()}
 
 
+@pytest.mark.reference
 def test_split_logits_equal_whole_and_llama_cpp(split):
     whole, first = split
     ours = _logits(first)
@@ -66,6 +67,7 @@ def test_wrong_or_missing_shard_is_a_clear_error(split, tmp_path):
         read_gguf(renamed)
 
 
+@pytest.mark.e2e
 def test_cli_runs_and_shows_a_split_model(split, tmp_path):
     whole, first = split
     cmd = [sys.executable, "-m", "infer.cli"]

@@ -16,6 +16,8 @@ import pytest
 from infer.models.resolve import ModelNotFoundError, resolve_model
 from infer.models.store import ModelStore, StoredModel
 
+pytestmark = pytest.mark.e2e  # every test runs `infer` as a subprocess
+
 SHA_A = "a" * 40
 SHA_B = "b" * 40
 PULLED_AT = "2025-03-04T05:06:07+00:00"

@@ -8,11 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.vocab_gguf import (
+    ref_detokenize,
+    ref_eog,
+    ref_piece,
+    reference,
+    train_byte_bpe,
+    write_byte_bpe_gguf,
+    write_vocab_gguf,
+)
 from infer.engine.detokenizer import clean_up_spaces
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import (ref_detokenize, ref_eog, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf,
-                        write_vocab_gguf)
 
 PROMPTS = [
     "",
@@ -398,7 +405,8 @@ def test_gemma_long_text_matches_llama_cpp(gemma, gemma_ref):
     """Long enough to be encoded in parts; Gemma's vocabulary has a token with '▁' inside ('>▁</'),
     so no cut falls after a '>'."""
     import llama_cpp
-    from vocab_gguf import ref_tokenize
+
+    from helpers.vocab_gguf import ref_tokenize
 
     text = ("<html>\n<body> </body> x >  y >▁</b " + " ".join(PROMPTS) + "\n") * 400
     assert gemma.encode(text, False, False) == ref_tokenize(llama_cpp, gemma_ref, text, False, False)

@@ -13,8 +13,22 @@ from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.reasoning import ThinkStream, opened_in_prompt, thinks
 from infer.engine.sampler import SamplingParams
-from infer.engine.tool_calls import (DS_BEGIN, DS_CALL, DS_CALL_END, DS_END, DS_SEP, FAMILIES, ReplyStream, ToolError,
-                                     family, grammar, parse_reply, parse_tool_choice, parse_tools, prepare)
+from infer.engine.tool_calls import (
+    DS_BEGIN,
+    DS_CALL,
+    DS_CALL_END,
+    DS_END,
+    DS_SEP,
+    FAMILIES,
+    ReplyStream,
+    ToolError,
+    family,
+    grammar,
+    parse_reply,
+    parse_tool_choice,
+    parse_tools,
+    prepare,
+)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
@@ -238,11 +252,11 @@ def test_harmony_models_spell_markers_out_and_keep_the_answer(tmp_path):
     """A harmony template: chat requests detokenize with the markers spelled out (the splitter needs
     them), reasoning_effort reaches the template, and a conversation keeps the final answer (and
     the thinking apart) for the next turn, not the raw channels."""
+    from helpers.tiny_models import write_tiny_model
     from infer.cli.server import openai_chat
     from infer.cli.server.openai_request import parse_job
     from infer.engine.conversation import Conversation, TurnStats
     from infer.engine.request import Event, Usage
-    from tiny_models import write_tiny_model
 
     job = parse_job({"messages": [{"role": "user", "content": "hi"}]}, None)
     plan, _ = openai_chat.plan({"reasoning_effort": "high"}, [{"role": "user", "content": "hi"}], HARMONY,

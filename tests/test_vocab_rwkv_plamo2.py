@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.vocab_gguf import ref_detokenize, ref_piece, write_vocab_gguf
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, write_vocab_gguf
 
 pytestmark = pytest.mark.reference
 

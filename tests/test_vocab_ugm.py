@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.vocab_gguf import ref_detokenize, ref_piece, reference, write_vocab_gguf
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 from infer.engine.ugm import Unigram
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, reference, write_vocab_gguf
 
 pytestmark = pytest.mark.reference
 

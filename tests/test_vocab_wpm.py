@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.llama_vocab import vectors
+from helpers.vocab_gguf import ref_detokenize, ref_piece, ref_tokenize, reference, write_vocab_gguf
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from vocab_gguf import ref_detokenize, ref_piece, ref_tokenize, reference, write_vocab_gguf
-from llama_vocab import vectors
 
 pytestmark = pytest.mark.reference
 

@@ -1,5 +1,5 @@
 """Every vocabulary llama.cpp reads, against llama.cpp: its own test files (models/ggml-vocab-*.gguf
-and their vectors, tests/llama_vocab.py) and every pre-tokenizer name it knows, on a small trained
+and their vectors, tests/helpers/llama_vocab.py) and every pre-tokenizer name it knows, on a small trained
 BPE vocabulary written with each name."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import zlib
 import numpy as np
 import pytest
 
+from helpers.llama_vocab import vectors
+from helpers.vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf
 from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.tokenizer import Tokenizer
 from infer.models.gguf_file import read_gguf
-from llama_vocab import vectors
-from vocab_gguf import random_texts, ref_detokenize, ref_piece, reference, train_byte_bpe, write_byte_bpe_gguf
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference
@@ -189,7 +189,7 @@ def test_long_text_matches_llama_cpp(vocab, name):
     """A text long enough to be encoded in parts side by side (SentencePiece and BPE cut it where
     no token or word can span) and to have its special tokens looked for in the windows after
     their prefixes, with and without special parsing: the ids of the whole."""
-    from vocab_gguf import ref_tokenize
+    from helpers.vocab_gguf import ref_tokenize
 
     _, tok, ref = vocab(name)
     lines = _long_text().split("\n")

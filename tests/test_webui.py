@@ -24,6 +24,8 @@ from starlette.applications import Starlette  # noqa: E402
 from infer.cli.server import webui  # noqa: E402
 from infer.cli.server.openai_server import ServerConfig, create_app  # noqa: E402
 
+pytestmark = pytest.mark.browser  # every test drives Chromium
+
 MODEL = "gemma-3-270m-q4_k_m"
 KEY = "sk-webui-test"
 DESKTOP = {"width": 1280, "height": 800}

@@ -23,7 +23,7 @@ on random blocks (every sub-block scale independent: the worst case):
 and 0.47% on the embedded Gemma's Q6_K ffn_down weights, about a quarter of Q6_K's own rounding
 (its step is ~7% of the weights' RMS).  Effect on the logits, against the same model with these
 weights kept dense: 0.6-1.8% of max |logit| on the embedded Gemma (9 Q6_K layers; most of MLX's
-distance from exact arithmetic), 0.3% on the tiny llama, 0.001% on the tiny qwen2 (tests/tiny_models).
+distance from exact arithmetic), 0.3% on the tiny llama, 0.001% on the tiny qwen2 (tests/helpers/tiny_models).
 Exactness would need each 16-weight sub-block in a group of its own (twice the products).
 F32, F16 and BF16 matrices become dense float arrays.
 

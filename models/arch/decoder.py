@@ -9,31 +9,60 @@ primitive names its result and the layer, with llama.cpp's tensor name where lla
 can trace each intermediate where llama.cpp's eval callback would see it
 (scripts/compare_llamacpp.py) without a line here.
 
-The primitives (x: the residual stream, h: a normalized input, both (T, n_embd)):
-- embed(name) -> x: the batch's token embeddings times config.embed_scale;
-- norm(x, w, name, il) -> h: RMSNorm(x) * w, or x itself where w is absent;
-- linear(w, h, name, il) -> y: h times a prepared weight (several side by side: Q|K|V, gate|up);
-- bias(y, b, name, il) -> y: y plus a bias where the layer has one (gpt-oss's attention output),
-  named either way (the attention's product is "attn_wo", its output with the bias "attn_out");
-- attention(qkv, layer, il) -> a: from the Q|K|V products to the attention output: biases, Q/K
-  norms, RoPE, the cache write and the attention over the cache, with the layer's sinks where it
-  has them ("kqv_out");
-- add_norm(x, o, post, w, il, name, next_name, next_il) -> (x, h): x += residual_scale *
-  RMSNorm(o) * post (o alone where post is absent), then h = norm(x, w) under next_name;
-- glu(gu, il) -> y: act(gate) * up of the two halves of gu ("ffn_act");
-- moe(h, layer, il) -> o: the mixture of experts (router, the chosen experts' gated FFNs, their
-  weighted sum, with the layer's router and expert biases where it has them: llama.cpp's
-  build_moe_ffn) ("ffn_moe_out");
-- logits(h) -> the output product of the wanted rows (softcaps and logit_scale applied).
+The primitives are the methods of Primitives below (x: the residual stream, h: a normalized
+input, both (T, n_embd)); the backends implement them without importing this module (backends
+import no model code), and mypy checks that each backend's class is one (tests/typing_seams.py).
 A backend may fuse what follows a product into one call (the cpu backend does): the primitives
 are the unit of the recipe, not of the kernels.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+A = TypeVar("A")  # a backend's array type (numpy's ndarray on cpu, mx.array on mlx)
 
 
-def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
+class Primitives(Protocol[A]):
+    """What the recipe asks of a backend. Weights (w, post, b, ws) and layers (ly) are the
+    backend's own, prepared as it likes and handed back untouched; absent norms and biases are
+    whatever the backend makes of an absent tensor (None, an empty array)."""
+
+    def embed(self, name: str) -> A:
+        """x: the batch's token embeddings times config.embed_scale."""
+
+    def norm(self, x: A, w: Any, name: str, il: int) -> A:
+        """h: RMSNorm(x) * w, or x itself where w is absent."""
+
+    def linear(self, ws: Any, h: A, name: str, il: int) -> A:
+        """y: h times a prepared weight (several side by side: Q|K|V, gate|up)."""
+
+    def bias(self, y: A, b: Any, name: str, il: int) -> A:
+        """y plus a bias where the layer has one (gpt-oss's attention output), named either way
+        (the attention's product is "attn_wo", its output with the bias "attn_out")."""
+
+    def attention(self, qkv: A, ly: Any, il: int) -> A:
+        """From the Q|K|V products to the attention output: biases, Q/K norms, RoPE, the cache
+        write and the attention over the cache, with the layer's sinks where it has them ("kqv_out")."""
+
+    def add_norm(self, x: A, o: A, post: Any, w: Any, il: int, name: str, next_name: str,
+                 next_il: int) -> tuple[A, A]:
+        """(x, h): x += residual_scale * RMSNorm(o) * post (o alone where post is absent), then
+        h = norm(x, w) under next_name."""
+
+    def glu(self, gu: A, il: int) -> A:
+        """act(gate) * up of the two halves of gu ("ffn_act")."""
+
+    def moe(self, h: A, ly: Any, il: int) -> A:
+        """The mixture of experts (router, the chosen experts' gated FFNs, their weighted sum, with
+        the layer's router and expert biases where it has them: llama.cpp's build_moe_ffn)
+        ("ffn_moe_out")."""
+
+    def logits(self, h: A) -> A | None:
+        """The output product of the wanted rows (softcaps and logit_scale applied); None where
+        a backend computes none (no row wanted)."""
+
+
+def dense_layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """One pre-norm decoder layer (attention, then a gated FFN, or a mixture of experts where the
     layer has experts), with the optional post-norms. nxt: (norm weight, tensor name, layer) of the
     norm that follows: the next layer's attn_norm, or the output norm ("result_norm", -1)."""
@@ -49,7 +78,7 @@ def dense_layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str,
     return ops.add_norm(x, o, ly.post_ffn_norm, nxt[0], il, "l_out", nxt[1], nxt[2])
 
 
-def forward(ops: Any, architecture: Any, layers: list[Any], output_norm: Any) -> Any:
+def forward(ops: Primitives[Any], architecture: Any, layers: list[Any], output_norm: Any) -> Any:
     """The whole model over one batch: embeddings, the layers (the architecture's recipe), logits."""
     x = ops.embed("inp_scaled")
     h = ops.norm(x, layers[0].attn_norm, "attn_norm", 0)

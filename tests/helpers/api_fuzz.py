@@ -23,12 +23,15 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.errors import FailureGroup
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                               status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
+from helpers.server import Server, raw
+from helpers.tiny_models import write_tiny_model
 from infer.cli.server.model_router import MODEL_ROUTES
-from test_serve import Server, raw
-from tiny_models import write_tiny_model
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 TIMEOUT = 120  # seconds a request may take before it counts as a hang (a reply of the whole context takes 1-2 s)

@@ -12,7 +12,7 @@ GGUF files (OK / ERR / RUN / TB, CRASH / HANG from the harness).
 
 Importance matrices: llama.cpp's legacy .dat and GGUF imatrix files made for a tiny float model,
 mutated, and given to `infer quantize --imatrix` (quantize_model) by this file's own worker
-(`python tests/mlx_fuzz.py imatrix MODEL`). Its `convert` worker quantizes mutated HF folders to
+(`python tests/helpers/mlx_fuzz.py imatrix MODEL`). Its `convert` worker quantizes mutated HF folders to
 GGUF instead of running them: the converter reads config.json and the tokenizer files its own way.
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` for this file run as a worker
 
-from gguf_fuzz import EXTREME, serve  # noqa: E402
-from gguf_fuzz import mutate as mutate_gguf  # noqa: E402
+from helpers.gguf_fuzz import EXTREME, serve  # noqa: E402
+from helpers.gguf_fuzz import mutate as mutate_gguf  # noqa: E402
 
 # (tiny GGUF architecture, bits, group size) exported to MLX folders; then unquantized HF folders.
 MLX_SEEDS = (("llama", 4, 64), ("qwen2", 8, 32), ("qwen3", 4, 128), ("gemma3", 8, 64), ("gemma2", 4, 32))
@@ -65,9 +65,8 @@ def _number(rng: random.Random, old: Any = None) -> Any:
 
 def seeds(folder: Path) -> list[Path]:
     """The valid folders (written once into `folder`): MLX exports of tiny GGUF models, then HF float folders."""
-    from hf_models import make_hf_model
-    from tiny_models import write_tiny_model
-
+    from helpers.hf_models import make_hf_model
+    from helpers.tiny_models import write_tiny_model
     from infer.engine.tokenizer_json import write_tokenizer_files
     from infer.models.mlx_export import MlxExportOptions, export_mlx
 
@@ -439,8 +438,8 @@ IMATRIX_TYPES = ("Q4_K_M", "Q4_0", "Q6_K", "Q5_K_S")
 def imatrix_seeds(folder: Path) -> tuple[Path, list[Path]]:
     """A tiny float GGUF (converted from an HF folder) and valid legacy / GGUF imatrix files for it."""
     import numpy as np
-    from hf_models import make_hf_model
 
+    from helpers.hf_models import make_hf_model
     from infer.models.convert_hf import write_gguf_unquantized
     from infer.models.gguf_file import read_gguf
 
@@ -610,4 +609,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["convert"]:
         convert_worker()
     else:
-        sys.exit("usage: python tests/mlx_fuzz.py imatrix MODEL.gguf | convert  (MLX folders: gguf_fuzz.py's worker)")
+        sys.exit("usage: python tests/helpers/mlx_fuzz.py imatrix MODEL.gguf | convert  (MLX folders: gguf_fuzz.py's worker)")

@@ -5,7 +5,7 @@ trust them, and a worker process that loads and runs each one.
 mutate() picks fields of the header by what they are (counts, lengths, value types, dimension
 counts, dimensions, tensor types, offsets, the alignment, token ids in the metadata) and gives
 them extreme or random values; or flips bits, overwrites bytes, truncates, or appends.  The
-worker (`python tests/gguf_fuzz.py`, one path per stdin line) answers one line per file: OK,
+worker (`python tests/helpers/gguf_fuzz.py`, one path per stdin line) answers one line per file: OK,
 ERR <message> (one of the errors the CLI reports as one line), RUN <message> (a one-line error
 too, but from a forward pass: the loader let a file through that a kernel then failed on), or
 TB <exception> when an exception would have reached the user as a traceback.  A crash or a hang shows as the worker's
@@ -120,9 +120,9 @@ def mutate(seed_bytes: bytes, rng: random.Random) -> bytes:
 
 def seeds(folder: Path) -> list[Path]:
     """A valid tiny model of every architecture (and llama with experts), written once."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` for this file run as a worker
+    from helpers.tiny_models import write_tiny_model
     from infer.models.arch import names
-    from tiny_models import write_tiny_model
 
     out = []
     for arch in [*names(), "llama-moe"]:

@@ -1,0 +1,63 @@
+"""Logits of a tiny model on a fixed prompt from each implementation: llama.cpp (llama-cpp-python,
+the reference), the cpu and the MLX backends; and the bound ours must stay within llama.cpp's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infer.backends.base import RunnerOptions
+from infer.backends.batch import Batch
+from infer.backends.cpu.transformer import CpuTransformer
+
+N_CTX = 64  # of every llama.cpp run and ours here (LongRoPE models pick their factors by it)
+PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
+
+
+def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16", "f16"), n_ctx: int = N_CTX) -> np.ndarray:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from infer.backends.llamacpp.runner import GGML_TYPES
+
+    llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, n_threads=2, verbose=False,
+                          flash_attn=flash_attn, type_k=GGML_TYPES[cache_types[0]], type_v=GGML_TYPES[cache_types[1]])
+    llm.eval(tokens.tolist())
+    logits = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    llm.close()
+    return logits
+
+
+def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0) -> np.ndarray:
+    """Our logits within max(2% of max |logit|, llama.cpp's own spread between its attention paths)
+    (plus slack) of llama-cpp-python's default path, and the argmax llama.cpp's (either path's where
+    they disagree); whether llama.cpp's two paths agree on each position's argmax."""
+    ref = llama_cpp_logits(path, PROMPT)  # llama-cpp-python's default path (no flash attention)
+    ref_fa = llama_cpp_logits(path, PROMPT, flash_attn=True)
+    assert ours.shape == ref.shape
+    # llama.cpp's two attention paths round differently; on the tiny gemma3 they disagree by ~5% and
+    # flip argmaxes. Where llama.cpp disagrees with itself, its own spread is the bound; elsewhere 2%.
+    self_spread = np.abs(ref - ref_fa).max()
+    tol = max(0.02 * np.abs(ref).max(), self_spread) + slack
+    diff = np.abs(ours - ref).max()
+    print(f"{what}: max|ours-llama.cpp| {diff:.4g} ({diff / np.abs(ref).max():.3%} of max|logit|), "
+          f"llama.cpp fa on/off {self_spread:.4g}, bound {tol:.4g}")
+    assert diff <= tol, f"{what}: max |diff| {diff:.4g} > bound {tol:.4g}"
+    agree = ref.argmax(-1) == ref_fa.argmax(-1)
+    mine = ours.argmax(-1)
+    ok = (mine == ref.argmax(-1)) | (~agree & (mine == ref_fa.argmax(-1)))
+    assert ok.all(), f"{what}: argmax differs from llama.cpp at positions {np.nonzero(~ok)[0].tolist()}"
+    return agree
+
+
+def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
+    from infer.backends.mlx.transformer import MlxTransformer  # here: the callers without MLX import no mlx
+
+    cfg = config or model.config
+    r = MlxTransformer(cfg, model.weights, RunnerOptions(max_tokens=64))
+    n = len(cfg.kv_groups)
+    pool = r.new_kv_pool([4] * n, 16)
+    tables = [np.arange(4, dtype=np.int32)[None]] * n
+    return r.forward_batch(Batch.single(tokens, 0, tables, 16, all_logits=True), pool)
+
+
+def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
+    cpu = CpuTransformer(config or model.config, model.weights, n_threads=2)
+    return cpu.forward(tokens, 0, cpu.new_kv_cache(64), all_logits=True).copy()

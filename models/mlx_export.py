@@ -34,7 +34,7 @@ from .arch import Architecture
 from .arch.hf_keys import llama3_rope_factors
 from .config import ModelConfig, ModelConfigError
 from .convert_hf import bf16_round, permuted_heads, unpermute_rope_rows
-from .quantize import CHUNK_ELEMENTS, QuantizeError, open_source, rows_to_f32, rows_view
+from .quantize_file import CHUNK_ELEMENTS, QuantizeError, open_source, rows_to_f32, rows_view
 from .source import SourceModel, SourceTensor
 
 # What writes tokenizer.json, tokenizer_config.json and generation_config.json for a GGUF

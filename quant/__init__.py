@@ -9,7 +9,7 @@ Modules, by what they are for:
 - `dequant.py`, `kquants.py`: numba dequantization of every block type (F32, F16, BF16,
   Q4_0..Q8_0, Q2_K..Q6_K, MXFP4), bit-identical to `gguf.quants.dequantize`; kquants.py also holds
   the float32 -> f16/bf16 rounding every part uses.
-- `quantize.py`, `kquantize.py`: numba quantizers byte-identical to llama.cpp's
+- `quantizers.py`, `kquantize.py`: numba quantizers byte-identical to llama.cpp's
   `ggml_quantize_chunk` (all block types but Q2_K and Q3_K), with and without an importance matrix.
 - `recipe.py`: which type each tensor of a file gets for a file type such as Q4_K_M (llama.cpp's
   `llama_tensor_get_type` rules).

@@ -1,5 +1,5 @@
 """Numba quantizers for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) and the helpers that
-`quantize.py` shares: `nearest_int`, and the scale searches
+`quantizers.py` shares: `nearest_int`, and the scale searches
 (`make_qx_quants`, `make_qkx2_quants`, `make_qkx3_quants`, `make_qp_quants`).
 
 Written after llama.cpp's quantizers (ggml/src/ggml-quants.c); the output is

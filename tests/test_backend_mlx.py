@@ -217,7 +217,7 @@ def test_mxfp4_is_mlx_mxfp4():
     assert m.nbytes == t.nbytes  # 4.25 bits per weight, as the file
     np.testing.assert_array_equal(np.array(m.dense()), dequantize(t.raw, qt.MXFP4, t.shape))  # inf included
     # weights as llama.cpp's quantizer writes them, which MLX's quantizer reproduces
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
     x = rng.normal(0, 0.05, size=(64, 256)).astype(np.float32)
     q = QTensor.from_bytes(qt.MXFP4, (64, 256), quantize(qt.MXFP4, x).reshape(-1))
     w = dequantize(q.raw, qt.MXFP4, q.shape)
@@ -233,7 +233,7 @@ def test_mxfp4_is_mlx_mxfp4():
 
 def t_q8(t: QTensor) -> QTensor:
     """t's weights as Q8_0 (another format, which must not stack with mxfp4)."""
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
     return QTensor.from_bytes(qt.Q8_0, t.shape, quantize(qt.Q8_0, t.dequantize()).reshape(-1))
 
 

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from infer.models.gguf_file import read_gguf
-from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
+from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_model
 from test_cli import assert_one_line_error, infer
 from tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 
@@ -273,8 +273,8 @@ def test_requantize(tmp_path: Path):
 
 
 def test_interrupted_run_leaves_nothing(models, tmp_path: Path, monkeypatch):
-    import infer.models.quantize as mq
-    from infer.quant.quantize import quantize
+    import infer.models.quantize_file as mq
+    from infer.quant.quantizers import quantize
 
     calls = []
 

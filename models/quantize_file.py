@@ -1,6 +1,6 @@
 """`infer quantize`: a GGUF (or HF safetensors folder) in, a quantized GGUF out, as llama-quantize writes it.
 
-The tensor types come from quant/recipe.py, the bytes from infer.quant.quantize, the file from the
+The tensor types come from quant/recipe.py, the bytes from infer.quant.quantizers, the file from the
 streaming writer in quant/gguf_write.py. Tensors are read, converted and written one row chunk at a
 time, so memory stays bounded by the chunk size, not by the model.
 """
@@ -262,6 +262,6 @@ def _convert_chunks(t: SourceTensor, dst: int, im: np.ndarray | None):
 
 def _quantizer():
     # Imported late: compiling the numba kernels is only worth it when something is converted.
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
 
     return quantize

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from infer.quant.kquants import F16_TO_F32, f32_bits, f32_to_f16
+from infer.quant.halves import F16_TO_F32, f32_bits, f32_to_f16
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)

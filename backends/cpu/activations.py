@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.kquants import bits_f32
+from infer.quant.halves import bits_f32
 
 from .ops import f16_round
 

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from infer.quant.kquants import F16_TO_F32, f32_to_f16
+from infer.quant.halves import F16_TO_F32, f32_to_f16
 
 from .ops import f16_round
 from .vexp import expf_row, fma32

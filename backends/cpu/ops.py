@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant.dequant import dequant_static
-from infer.quant.kquants import bits_f32, f32_bits
+from infer.quant.halves import bits_f32, f32_bits
 
 from .vexp import fma32
 

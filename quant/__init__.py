@@ -1,5 +1,5 @@
 """GGML tensor types and their arithmetic: dequantizing, quantizing byte for byte as llama.cpp does,
-and writing GGUF files, and the root of infer's user-facing errors. This part imports no other
+and the root of infer's user-facing errors. This part imports no other
 part of infer; the others build on it.
 
 Modules, by what they are for:
@@ -16,8 +16,6 @@ Modules, by what they are for:
   `ggml_quantize_chunk` (all block types but Q2_K and Q3_K), with and without an importance matrix.
 - `recipe.py`: which type each tensor of a file gets for a file type such as Q4_K_M (llama.cpp's
   `llama_tensor_get_type` rules).
-- `gguf_write.py`: the streaming GGUF writer (one tensor at a time; a temporary file renamed when
-  complete).
 - `affine.py`: MLX's affine format (codes, scales and biases of `mx.quantize`, bit for bit, in numpy).
 - `errors.py`: InferError, the root of every error infer reports to its user as one line (here,
   in the lowest layer, so that every layer can derive its errors from it).

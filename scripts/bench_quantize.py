@@ -35,7 +35,7 @@ def dequantize_to_f32(src: Path, dst: Path) -> None:
 
     from infer.models.source import source_from_gguf
     from infer.quant.dequant import dequantize
-    from infer.quant.gguf_write import GGUFStreamWriter, TensorInfo
+    from infer.models.gguf_write import GGUFStreamWriter, TensorInfo
     from infer.quant.types import F32
 
     model = source_from_gguf(src)

@@ -12,7 +12,8 @@ Modules, by what they are for:
   them before each product), `matmul.py` (products with every weight type, the float types
   included), `target.py` (what the CPU offers: VNNI, AVX2, or the portable kernel), `moe.py`
   (mixtures of experts).
-- The rest of a layer: `ops.py` (elementwise and normalization kernels), `kv_write.py` (biases, Q/K
+- The rest of a layer: `elementwise.py` (f16 rounding, RMS norms, RoPE angles, embedding rows,
+  residual adds, softcap, the Hadamard transform), `kv_write.py` (biases, Q/K
   norms, RoPE and the cache write), `attention.py` (grouped-query attention over the paged cache),
   `glu.py` (the FFN's gated activations), `vexp.py` (ggml's vector exp).
 

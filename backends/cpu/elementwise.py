@@ -1,4 +1,5 @@
-"""Elementwise and normalization kernels. Each writes into caller-provided arrays."""
+"""Elementwise and per-row kernels of a layer: f16 rounding, RMS norms, RoPE, Q/K head post-processing,
+the Hadamard transform, residual adds, embedding rows, softcap. Each writes into caller-provided arrays."""
 from __future__ import annotations
 
 import math

@@ -16,9 +16,9 @@ import pytest
 
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.backends.mlx import weights as mw
-from infer.backends.mlx.transformer import MlxTransformer
+from infer.backends.mlx.runner import MlxRunner
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
@@ -271,7 +271,7 @@ def tiny(request, tiny_model):
 
 def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
     cfg = config or model.config
-    r = MlxTransformer(cfg, model.weights, RunnerOptions(max_tokens=64))
+    r = MlxRunner(cfg, model.weights, RunnerOptions(max_tokens=64))
     n = len(cfg.kv_groups)
     pool = r.new_kv_pool([4] * n, 16)
     tables = [np.arange(4, dtype=np.int32)[None]] * n
@@ -279,7 +279,7 @@ def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
 
 
 def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
-    cpu = CpuTransformer(config or model.config, model.weights, n_threads=2)
+    cpu = CpuRunner(config or model.config, model.weights, n_threads=2)
     return cpu.forward(tokens, 0, cpu.new_kv_cache(64), all_logits=True).copy()
 
 
@@ -369,7 +369,7 @@ def test_batched_rows_equal_alone(tiny_gemma3):
     """Decode steps of different lengths and a prefill chunk in one pass give each row bit for bit
     what it gets alone, with the sliding-window group's blocks outside the window released (-1)."""
     model = load_model(tiny_gemma3)
-    r = MlxTransformer(model.config, model.weights, RunnerOptions(max_tokens=64))
+    r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
     bs, nb = 4, 12  # sequence s owns blocks 12s .. 12s+11 in both groups
     tables = [np.arange(3 * nb, dtype=np.int32).reshape(3, nb) for _ in range(2)]
     rng = np.random.default_rng(0)
@@ -390,7 +390,7 @@ def test_batched_rows_equal_alone(tiny_gemma3):
 
 def test_pool_sizes_and_copy_block(tiny_model):
     model = tiny_model("gemma3")  # two KV groups
-    r = MlxTransformer(model.config, model.weights)
+    r = MlxRunner(model.config, model.weights)
     pool = r.new_kv_pool([3, 5], 16)
     per = r.bytes_per_block(16)
     assert pool.nbytes == 3 * per[0] + 5 * per[1]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infer.backends.cpu.repack import PackedExperts
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
@@ -37,9 +37,9 @@ def mxfp4_model(request, tmp_path_factory):
     return arch, out
 
 
-def cpu_logits(path) -> tuple[np.ndarray, CpuTransformer]:
+def cpu_logits(path) -> tuple[np.ndarray, CpuRunner]:
     model = load_model(path).for_context(N_CTX)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     return runner.forward(PROMPT, 0, runner.new_kv_cache(N_CTX), all_logits=True).copy(), runner
 
 
@@ -79,12 +79,12 @@ def test_mlx_logits_match_llama_cpp(mxfp4_model):
     0.03% and 0.0%).  So against llama.cpp the bound is test_models' rule plus exact arithmetic's
     own distance, and the argmax is llama.cpp's at every position."""
     pytest.importorskip("mlx.core")
-    from infer.backends.mlx.transformer import MlxTransformer
+    from infer.backends.mlx.runner import MlxRunner
     from test_backend_mlx import exact_hidden, exact_logits, mlx_logits
 
     arch, path = mxfp4_model
     model = load_model(path).for_context(N_CTX)
-    r = MlxTransformer(model.config, model.weights)
+    r = MlxRunner(model.config, model.weights)
     assert {m.mode for gu, d in r.layers[0].experts for m in (*gu, *d)} == {"mxfp4"}
     ours = mlx_logits(model)
     exact = exact_logits(model.config, model.weights, exact_hidden(model.config, model.weights, [PROMPT])[0])

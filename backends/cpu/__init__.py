@@ -2,7 +2,7 @@
 
 Modules, by what they are for:
 
-- The runner: `transformer.py` (CpuTransformer: weights prepared for the kernels, buffers, the
+- The runner: `runner.py` (CpuRunner: weights prepared for the kernels, buffers, the
   Runner protocol of backends/base.py), `primitives.py` (the decoder's primitives, the layer recipe
   being models/arch/decoder.py), `kv_pool.py` (the paged KV cache's arrays), `hugepages.py`
   (transparent huge pages for the packed weights), `memlock.py` (`--mlock`), `rows.py` (token
@@ -43,7 +43,7 @@ logits agree with llama.cpp run with the same cache types within the bound the f
 
 Where the two part: `python scripts/compare_llamacpp.py [--prompt TEXT] [-n 8] [--flash-attn]`
 compares them tensor by tensor under llama.cpp's names (its eval callback on one side,
-`CpuTransformer.trace` on the other). Because every product re-rounds its input to 8 bits, its
+`CpuRunner.trace` on the other). Because every product re-rounds its input to 8 bits, its
 last-bit differences move some quants by a step and grow layer by layer: on the embedded Gemma the
 logits end ~1 apart on a scale of ~22, and a continuation parts from llama.cpp's at its first
 near-tie. `--force` measures each op from llama.cpp's inputs instead (every intermediate replaced by

@@ -52,7 +52,7 @@ def gelu_ggml(g: mx.array) -> mx.array:
 
 
 class MlxPrimitives:
-    """The primitives for one batch of one runner (an MlxTransformer)."""
+    """The primitives for one batch of one runner (an MlxRunner)."""
 
     def __init__(self, runner: Any, batch: Batch, pool: MlxKVPool):
         cfg = runner.cfg

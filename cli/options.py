@@ -79,21 +79,22 @@ class LoadOptions:
     Typer needs every flag as a parameter of the command, so the commands still list the flags;
     `of(locals())` gathers them by name (a command without --kv-memory keeps the default)."""
 
-    ctx: int = 4096
-    threads: int = 0
-    backend: str = "auto"
-    gpu_layers: int = -1
-    mmap: bool = True
-    mlock: bool = False
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
+    # the flags' own defaults (one place: the Option declarations above)
+    ctx: int = CTX.default
+    threads: int = THREADS.default
+    backend: str = BACKEND.default
+    gpu_layers: int = GPU_LAYERS.default
+    mmap: bool = MMAP.default
+    mlock: bool = MLOCK.default
+    cache_type_k: str = CACHE_TYPE_K.default
+    cache_type_v: str = CACHE_TYPE_V.default
     kv_memory: str | None = None  # --kv-memory as typed (512M); serve and bench only
-    spec: str | None = None
-    spec_ngram_n: int = 6
-    draft_max: int = 8
-    draft: str | None = None
-    draft_min: int = 0
-    draft_p_min: float = 0.0
+    spec: str | None = SPEC.default
+    spec_ngram_n: int = SPEC_NGRAM_N.default
+    draft_max: int = DRAFT_MAX.default
+    draft: str | None = DRAFT.default
+    draft_min: int = DRAFT_MIN.default
+    draft_p_min: float = DRAFT_P_MIN.default
 
     @classmethod
     def of(cls, flags: Mapping[str, Any]) -> "LoadOptions":

@@ -128,15 +128,15 @@ def create_runner(name: str, model, options: RunnerOptions = RunnerOptions()) ->
     if name == "cpu":
         if fmt != "gguf":
             raise BackendError(f"{model.path}: {fmt.upper()}-format weights run on --backend mlx, not cpu")
-        from .cpu.transformer import CpuTransformer
+        from .cpu.runner import CpuRunner
 
-        return CpuTransformer(model.config, model.weights, n_threads=options.n_threads or os.cpu_count(),
+        return CpuRunner(model.config, model.weights, n_threads=options.n_threads or os.cpu_count(),
                               max_tokens=options.max_tokens, mmap=options.mmap, mlock=options.mlock,
                               cache_type_k=options.cache_type_k, cache_type_v=options.cache_type_v)
     if name == "mlx":
-        from .mlx.transformer import MlxTransformer
+        from .mlx.runner import MlxRunner
 
-        return MlxTransformer(model.config, model.weights, options)
+        return MlxRunner(model.config, model.weights, options)
     if name == "llama.cpp":
         if fmt != "gguf":
             raise BackendError(f"{model.path}: the llama.cpp backend runs GGUF files, not {fmt.upper()} folders")

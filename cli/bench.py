@@ -10,7 +10,6 @@ import typer
 from . import options as opt
 from .errors import reported
 from .app import app
-from .sizes import parse_size
 
 
 @app.command(help="Measure prefill and decode tok/s on MODEL (a pulled name, a .gguf path, or the embedded default).")
@@ -37,17 +36,13 @@ def bench(
     draft_p_min: float = opt.DRAFT_P_MIN,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
+    load = opt.LoadOptions.of(locals())
     with reported():
         from infer.engine.benchmark import BenchResult, run_bench
-        from infer.engine.engine import EngineConfig
 
         from .load import load_llm
 
-        config = EngineConfig(n_ctx=max(ctx, prompt_tokens + 1), n_threads=threads, max_seqs=max(parallel, 1),
-                              backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
-                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min),
-                              kv_memory=parse_size(kv_memory) if kv_memory else 0)
+        config = load.engine_config(max_seqs=max(parallel, 1), n_ctx=max(ctx, prompt_tokens + 1))
         llm = load_llm(model, config, quiet=True)
         res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
         ms = BenchResult.mean_sd

@@ -62,9 +62,9 @@ def chat(
     verbose: bool = typer.Option(False, "--verbose", help="Print the stats line after every reply."),
     as_json: bool = typer.Option(False, "--json", help="Piped input: print the reply as one JSON object."),
 ) -> None:
+    load = opt.LoadOptions.of(locals())
     with reported():
         from infer.engine.conversation import Conversation
-        from infer.engine.engine import EngineConfig
         from infer.engine.sampler import SamplingParams
 
         from .load import load_llm
@@ -74,10 +74,7 @@ def chat(
             seed=seed, max_tokens=max_tokens, stop=tuple(stop), grammar=opt.grammar(fmt, json_schema, grammar),
         )
         interactive = sys.stdin.isatty()
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers,
-                              mmap=mmap, mlock=mlock, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min))
-        llm = load_llm(model, config, quiet=not interactive)
+        llm = load_llm(model, load.engine_config(), quiet=not interactive)
         conv = Conversation(llm, system)
         if not interactive:
             _answer_piped(conv, params, as_json, verbose)

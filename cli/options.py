@@ -1,5 +1,9 @@
-"""Options several commands share (run, chat): one declaration each, the same flags everywhere."""
+"""Options several commands share (run, chat, serve, bench): one declaration each, the same flags
+everywhere, and LoadOptions, the loading flags gathered into the one EngineConfig they make."""
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 import typer
 
@@ -65,3 +69,49 @@ def spec(kind: str | None, ngram_n: int, draft_max: int, draft: str | None = Non
 
     path = str(resolve_model(draft)) if draft else ""
     return SpecConfig(kind or ("draft" if draft else ""), ngram_n, draft_max, path, draft_min, draft_p_min)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model, as the flags give it (run, chat, serve and bench take these): one place
+    that turns them into an EngineConfig, so that the commands cannot drift apart.
+
+    Typer needs every flag as a parameter of the command, so the commands still list the flags;
+    `of(locals())` gathers them by name (a command without --kv-memory keeps the default)."""
+
+    # the flags' own defaults (one place: the Option declarations above)
+    ctx: int = CTX.default
+    threads: int = THREADS.default
+    backend: str = BACKEND.default
+    gpu_layers: int = GPU_LAYERS.default
+    mmap: bool = MMAP.default
+    mlock: bool = MLOCK.default
+    cache_type_k: str = CACHE_TYPE_K.default
+    cache_type_v: str = CACHE_TYPE_V.default
+    kv_memory: str | None = None  # --kv-memory as typed (512M); serve and bench only
+    spec: str | None = SPEC.default
+    spec_ngram_n: int = SPEC_NGRAM_N.default
+    draft_max: int = DRAFT_MAX.default
+    draft: str | None = DRAFT.default
+    draft_min: int = DRAFT_MIN.default
+    draft_p_min: float = DRAFT_P_MIN.default
+
+    @classmethod
+    def of(cls, flags: Mapping[str, Any]) -> "LoadOptions":
+        """The LoadOptions in a command's parameters (its locals(), taken before it defines others)."""
+        return cls(**{f.name: flags[f.name] for f in fields(cls) if f.name in flags})
+
+    def engine_config(self, max_seqs: int = 1, n_ctx: int | None = None, pooling: str = ""):
+        """The EngineConfig of these options for a command running max_seqs sequences at once
+        (n_ctx: the context size when the command needs more than --ctx). Resolves --draft as
+        MODEL is resolved, so a missing draft model fails here."""
+        from infer.engine.engine import EngineConfig
+
+        from .sizes import parse_size
+
+        return EngineConfig(
+            n_ctx=self.ctx if n_ctx is None else n_ctx, n_threads=self.threads, max_seqs=max_seqs,
+            backend=self.backend, gpu_layers=self.gpu_layers, mmap=self.mmap, mlock=self.mlock,
+            cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
+            spec=spec(self.spec, self.spec_ngram_n, self.draft_max, self.draft, self.draft_min, self.draft_p_min),
+            kv_memory=parse_size(self.kv_memory) if self.kv_memory else 0, pooling=pooling)

@@ -43,7 +43,7 @@ def quantize(
         _quantize_mlx(src, out, bits, group_size, force, console)
         return
     with reported():
-        from infer.models.quantize import QuantizeOptions, quantize_model
+        from infer.models.quantize_file import QuantizeOptions, quantize_model
 
         opts = QuantizeOptions(type_ or "Q4_K_M", output_tensor_type, token_embedding_type, pure, imatrix,
                                allow_requantize, force, threads)

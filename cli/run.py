@@ -45,6 +45,7 @@ def run(
     draft_p_min: float = opt.DRAFT_P_MIN,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
 ) -> None:
+    load = opt.LoadOptions.of(locals())
     if len(args) > 2:
         sys.stderr.write("error: expected [MODEL] PROMPT (quote the prompt if it has spaces)\n")
         raise typer.Exit(2)
@@ -56,7 +57,6 @@ def run(
     with reported():
         from dataclasses import replace
 
-        from infer.engine.engine import EngineConfig
         from infer.engine.reasoning import style
         from infer.engine.sampler import SamplingParams
 
@@ -64,10 +64,7 @@ def run(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             seed=seed, max_tokens=max_tokens, stop=tuple(stop), grammar=opt.grammar(fmt, json_schema, grammar),
         )
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=1, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
-                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min))
-        llm = load_llm(model_name, config, quiet=as_json)
+        llm = load_llm(model_name, load.engine_config(), quiet=as_json)
         if raw:
             ids = llm.encode_raw(prompt)
         else:

@@ -63,6 +63,7 @@ def serve(
                                 help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls or last "
                                      "(default: the model file's pooling_type, else mean)."),
 ) -> None:
+    load = opt.LoadOptions.of(locals())
     from infer.engine.reasoning import FORMATS
 
     if reasoning_format not in FORMATS:
@@ -88,14 +89,9 @@ def serve(
         raise typer.BadParameter(f"--keep-alive: {e}") from None
     sock = _listen(host, port)  # before the model loads: a busy port fails at once
     with reported():
-        from infer.engine.engine import EngineConfig
-
         from .server.openai_server import ServerConfig
 
-        config = EngineConfig(n_ctx=ctx, n_threads=threads, max_seqs=parallel, backend=backend, gpu_layers=gpu_layers, mmap=mmap, mlock=mlock,
-                              cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                              spec=opt.spec(spec, spec_ngram_n, draft_max, draft, draft_min, draft_p_min),
-                              kv_memory=parse_size(kv_memory) if kv_memory else 0, pooling=pooling)
+        config = load.engine_config(max_seqs=parallel, pooling=pooling)
         if model is None or models == "all":
             from .server.model_router import serve_models
 

@@ -20,9 +20,10 @@ import numpy as np
 from gguf import GGUFValueType
 
 from infer.quant.errors import InferError
-from infer.quant.gguf_write import SCALAR_FORMAT, VALUE_DTYPE
 from infer.quant.tensor import QTensor
 from infer.quant.types import UnsupportedQuantType, qtype
+
+from .gguf_write import SCALAR_FORMAT, VALUE_DTYPE
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -27,14 +27,14 @@ from typing import Any, Callable
 import numpy as np
 
 from infer.quant.affine import BITS, GROUP_SIZES, quantize_affine
-from infer.quant.gguf_write import TensorInfo
 from infer.quant.types import BF16, F16, F32, qtype
 
 from .arch import Architecture
 from .arch.hf_keys import llama3_rope_factors
 from .config import ModelConfig, ModelConfigError
 from .convert_hf import bf16_round, permuted_heads, unpermute_rope_rows
-from .quantize import CHUNK_ELEMENTS, QuantizeError, open_source, rows_to_f32, rows_view
+from .gguf_write import TensorInfo
+from .quantize_file import CHUNK_ELEMENTS, QuantizeError, open_source, rows_to_f32, rows_view
 from .source import SourceModel, SourceTensor
 
 # What writes tokenizer.json, tokenizer_config.json and generation_config.json for a GGUF

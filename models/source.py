@@ -12,9 +12,8 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGUFValueType
 
-from infer.quant.gguf_write import VALUE_DTYPE
-
 from .gguf_file import read_gguf
+from .gguf_write import VALUE_DTYPE
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """GGML tensor types and their arithmetic: dequantizing, quantizing byte for byte as llama.cpp does,
-and writing GGUF files, and the root of infer's user-facing errors. This part imports no other
+and the root of infer's user-facing errors. This part imports no other
 part of infer; the others build on it.
 
 Modules, by what they are for:
@@ -7,14 +7,15 @@ Modules, by what they are for:
 - `types.py`: GGML type ids, block sizes and bytes per block.
 - `tensor.py`: a tensor kept in its storage type, dequantized on demand.
 - `dequant.py`, `kquants.py`: numba dequantization of every block type (F32, F16, BF16,
-  Q4_0..Q8_0, Q2_K..Q6_K, MXFP4), bit-identical to `gguf.quants.dequantize`; kquants.py also holds
-  the float32 -> f16/bf16 rounding every part uses.
-- `quantize.py`, `kquantize.py`: numba quantizers byte-identical to llama.cpp's
+  Q4_0..Q8_0, Q2_K..Q6_K, MXFP4), bit-identical to `gguf.quants.dequantize`; kquants.py holds the
+  K-quant super-blocks and their scale unpacking.
+- `halves.py`: the float32 <-> f16 / bf16 conversions (numba, round to nearest even) every part uses.
+- `lanes.py`: numba helpers that keep dequantization loops in narrow vector lanes (narrow shifts,
+  int -> float32 through int32, unaligned uint32 loads, opaque trip counts).
+- `quantizers.py`, `kquantize.py`: numba quantizers byte-identical to llama.cpp's
   `ggml_quantize_chunk` (all block types but Q2_K and Q3_K), with and without an importance matrix.
 - `recipe.py`: which type each tensor of a file gets for a file type such as Q4_K_M (llama.cpp's
   `llama_tensor_get_type` rules).
-- `gguf_write.py`: the streaming GGUF writer (one tensor at a time; a temporary file renamed when
-  complete).
 - `affine.py`: MLX's affine format (codes, scales and biases of `mx.quantize`, bit for bit, in numpy).
 - `errors.py`: InferError, the root of every error infer reports to its user as one line (here,
   in the lowest layer, so that every layer can derive its errors from it).

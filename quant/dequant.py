@@ -28,7 +28,7 @@ How the loops are written so that LLVM vectorizes them (checked on the generated
 - f16 scales go through `F16_TO_F32`, a 65536-entry float32 table frozen into the code as a constant.
 
 numba's on-disk cache does not follow calls into other modules: after editing kquants.py,
-delete quant/__pycache__/*.nbi and *.nbc, or dequant_row keeps the old K-quant code.
+halves.py or lanes.py, delete quant/__pycache__/*.nbi and *.nbc, or dequant_row keeps the old code.
 """
 from __future__ import annotations
 
@@ -41,13 +41,9 @@ from numba.extending import intrinsic, overload
 
 from infer.quant import types as qt
 from infer.quant.static_type import StaticTypeType
+from infer.quant.halves import F16_TO_F32, f16_at
+from infer.quant.lanes import int_to_f32, opaque32, shr, u32_at
 from infer.quant.kquants import (
-    F16_TO_F32,
-    f16_at,
-    int_to_f32,
-    u32_at,
-    shr,
-    opaque32,
     dequant_row_q2_k,
     dequant_row_q3_k,
     dequant_row_q4_k,

@@ -1,5 +1,5 @@
 """Numba quantizers for the K-quant super-blocks (Q4_K, Q5_K, Q6_K) and the helpers that
-`quantize.py` shares: `nearest_int`, and the scale searches
+`quantizers.py` shares: `nearest_int`, and the scale searches
 (`make_qx_quants`, `make_qkx2_quants`, `make_qkx3_quants`, `make_qp_quants`).
 
 Written after llama.cpp's quantizers (ggml/src/ggml-quants.c); the output is
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from infer.quant.kquants import F16_TO_F32, f32_bits, f32_to_f16
+from infer.quant.halves import F16_TO_F32, f32_bits, f32_to_f16
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)

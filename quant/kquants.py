@@ -1,134 +1,20 @@
 """Numba dequantization of the K-quant super-blocks (256 elements): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
-Also the helpers shared with `dequant.py` (`int_to_f32`, `shr`, `opaque32`) and
-with the quantizers and the CPU backend: `F16_TO_F32`, `f16_at`, `u32_at`, `scale_min_k4`, `q3_scale`, and the
-one float32 -> f16 / bf16 rounding (`f32_bits`, `bits_f32`, `f32_to_f16`, `f32_to_bf16`) every part uses.
-Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
+Also the K-quant scale unpacking shared with the quantizers and the CPU backend (`scale_min_k4`,
+`k4_scales`, `q3_scale`).  The f16 conversions come from `halves.py`, the lane helpers from
+`lanes.py`.  Layouts follow ggml's block_q*_K structs (llama.cpp's ggml/src/ggml-common.h), and
 gguf.quants for the reference results (ours are bit-identical).  See `dequant.py`'s docstring
 for the rules these loops follow to vectorize.
 """
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
+
+from infer.quant.halves import f16_at
+from infer.quant.lanes import int_to_f32, opaque32, shr
 
 QK_K = 256
-
-# f16 bits -> float32 for every 16-bit pattern, as numpy converts them (subnormals, inf, NaN).
-# numba freezes this global into the compiled code as a constant (also with cache=True).
-F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
-
-@intrinsic
-def f32_bits(typingctx, f):
-    """The IEEE bits of a float32, as uint32 (a bitcast; numba has no scalar view)."""
-    if not isinstance(f, types.Float) or f.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(f), codegen
-
-
-@intrinsic
-def bits_f32(typingctx, u):
-    """The float32 with these IEEE bits (a uint32): f32_bits' inverse."""
-    if not isinstance(u, types.Integer) or u.bitwidth != 32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(u), codegen
-
-
-@njit(cache=True, inline="always")
-def f32_to_f16(f):
-    # f: float32 -> f16 bits (int64), round to nearest even; overflow -> inf, NaN -> sign|0x7E00
-    u = np.int64(f32_bits(f))
-    sign = (u >> 16) & 0x8000
-    a = u & 0x7FFFFFFF
-    if a > 0x7F800000:
-        return sign | 0x7E00
-    if a >= 0x477FF000:  # >= 65520 rounds up past 65504
-        return sign | 0x7C00
-    if a < 0x38800000:  # below 2**-14: subnormal; scaling by 2**24 is exact, rint rounds to even
-        return sign | np.int64(np.rint(np.abs(f) * np.float32(16777216.0)))
-    h = (a >> 13) - (112 << 10)  # rebias the exponent 127 -> 15
-    rem = a & 0x1FFF
-    if rem > 0x1000 or (rem == 0x1000 and (h & 1) == 1):
-        h += 1  # a carry into the exponent is still the right value
-    return sign | h
-
-
-@njit(cache=True, inline="always")
-def f32_to_bf16(f):
-    # f: float32 -> bf16 bits (int64): round to nearest even; NaN kept a quiet NaN (bit 6 set)
-    u = np.int64(f32_bits(f))
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        return ((u >> 16) | 64) & 0xFFFF
-    return ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) & 0xFFFF
-
-
-@njit(cache=True, inline="always")
-def f16_at(src, o):
-    # src: (k,) uint8; the little-endian f16 at byte o, as float32
-    return F16_TO_F32[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
-
-
-@njit(cache=True, inline="always")
-def u32_at(src, o):
-    # src: (k,) uint8; the little-endian uint32 at byte o, at any alignment (LLVM merges the loads)
-    return np.uint32(
-        np.int64(src[o])
-        | (np.int64(src[o + 1]) << 8)
-        | (np.int64(src[o + 2]) << 16)
-        | (np.int64(src[o + 3]) << 24)
-    )
-
-
-@njit(cache=True, inline="always")
-def int_to_f32(x):
-    """Small integer -> float32 through int32.
-
-    numba widens integer arithmetic to int64; truncating to int32 first lets LLVM narrow the
-    whole expression and convert 16 lanes at a time (vcvtdq2ps) rather than 8 (vcvtqq2ps).
-    """
-    return np.float32(np.int32(x))
-
-
-@intrinsic
-def shr(typingctx, x, k):
-    """x >> k in x's own width (uint8 stays 8-bit, uint32 32-bit); k must be below that width.
-
-    numba's `>>` widens to int64, and LLVM cannot narrow a right shift back, so vector code would
-    run in 64-bit lanes.  Shifting the narrow value keeps it in byte/dword lanes.
-    """
-    if not (isinstance(x, types.Integer) and isinstance(k, types.Integer)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        xv, kv = args
-        kv = context.cast(builder, kv, signature.args[1], signature.args[0])
-        return builder.ashr(xv, kv) if signature.args[0].signed else builder.lshr(xv, kv)
-
-    return x(x, k), codegen
-
-
-@njit(cache=True, inline="always")
-def opaque32(n, nb, shift):
-    """32 for a row of n == nb * (32 << shift) elements, computed so that LLVM cannot see the constant.
-
-    Inner loops use it as their trip count: a literal range(32) is fully unrolled and then left
-    scalar, because nothing tells LLVM's SLP vectorizer that src and dst do not overlap; an
-    opaque count keeps the loop for the loop vectorizer, which checks the overlap at run time.
-    The min() keeps a malformed row in bounds and tells LLVM the loop runs at most 32 times.
-    Callers ensure nb > 0.
-    """
-    return min((n // nb) >> shift, 32)
 
 
 @njit(cache=True, inline="always")

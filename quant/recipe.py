@@ -36,7 +36,7 @@ FILE_TYPES: dict[str, FileType] = {
     )
 }
 
-# Types a user may name for --output-tensor-type / --token-embedding-type: those quantize.py writes.
+# Types a user may name for --output-tensor-type / --token-embedding-type: those quantizers.py writes.
 TENSOR_TYPE_NAMES = {qtype(t).name: t for t in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4)}
 
 

@@ -51,10 +51,10 @@ class InferRun:
         import numba
         import numpy as np
 
-        from infer.backends.cpu.transformer import CpuTransformer
+        from infer.backends.cpu.runner import CpuRunner
 
         numba.set_num_threads(threads)
-        self.runner = CpuTransformer(model.config, model.weights, n_threads=threads)
+        self.runner = CpuRunner(model.config, model.weights, n_threads=threads)
         self.toks = np.asarray(prompt, np.int32)
         self.step = np.zeros(1, np.int32)
         self.gen = gen

@@ -33,9 +33,9 @@ def dequantize_to_f32(src: Path, dst: Path) -> None:
     import numpy as np
     from gguf import GGUFValueType as VT
 
+    from infer.models.gguf_write import GGUFStreamWriter, TensorInfo
     from infer.models.source import source_from_gguf
     from infer.quant.dequant import dequantize
-    from infer.quant.gguf_write import GGUFStreamWriter, TensorInfo
     from infer.quant.types import F32
 
     model = source_from_gguf(src)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     import llama_cpp
 
     from infer.models.default import default_model_path
-    from infer.models.quantize import QuantizeOptions, quantize_model
+    from infer.models.quantize_file import QuantizeOptions, quantize_model
     from infer.quant.recipe import file_type
 
     ftype_value = file_type(args.type).file_type
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     # Warm-up: load (or compile) the numba kernels on a few rows, outside the timing.
     import numpy as np
 
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
     from infer.quant.types import Q4_K, Q5_0, Q6_K, Q8_0
 
     for tid in (Q4_K, Q6_K, Q8_0, Q5_0):

@@ -1,7 +1,7 @@
 """Where the cpu backend's numbers part from llama.cpp's, layer by layer, on one prompt.
 
 Runs the prompt through llama.cpp (llama-cpp-python's low-level API, with an eval callback that
-copies every float32 tensor it computes) and through infer's cpu backend (CpuTransformer.trace,
+copies every float32 tensor it computes) and through infer's cpu backend (CpuRunner.trace,
 which names its intermediates as llama.cpp does), then decodes -n tokens, both sides fed
 llama.cpp's greedy choice.  Prints, for the last step, each intermediate's largest difference
 relative to llama.cpp's largest value and how many elements are not bit-identical; and, for every

@@ -23,7 +23,7 @@ from helpers.tiny_models import write_tiny_model
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.mlx import weights as mw
-from infer.backends.mlx.transformer import MlxTransformer
+from infer.backends.mlx.runner import MlxRunner
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
@@ -88,7 +88,7 @@ def test_mxfp4_is_mlx_mxfp4():
     assert m.nbytes == t.nbytes  # 4.25 bits per weight, as the file
     np.testing.assert_array_equal(np.array(m.dense()), dequantize(t.raw, qt.MXFP4, t.shape))  # inf included
     # weights as llama.cpp's quantizer writes them, which MLX's quantizer reproduces
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
     x = rng.normal(0, 0.05, size=(64, 256)).astype(np.float32)
     q = QTensor.from_bytes(qt.MXFP4, (64, 256), quantize(qt.MXFP4, x).reshape(-1))
     w = dequantize(q.raw, qt.MXFP4, q.shape)
@@ -104,7 +104,7 @@ def test_mxfp4_is_mlx_mxfp4():
 
 def t_q8(t: QTensor) -> QTensor:
     """t's weights as Q8_0 (another format, which must not stack with mxfp4)."""
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
     return QTensor.from_bytes(qt.Q8_0, t.shape, quantize(qt.Q8_0, t.dequantize()).reshape(-1))
 
 
@@ -226,7 +226,7 @@ def test_batched_rows_equal_alone(tiny_gemma3):
     """Decode steps of different lengths and a prefill chunk in one pass give each row bit for bit
     what it gets alone, with the sliding-window group's blocks outside the window released (-1)."""
     model = load_model(tiny_gemma3)
-    r = MlxTransformer(model.config, model.weights, RunnerOptions(max_tokens=64))
+    r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
     bs, nb = 4, 12  # sequence s owns blocks 12s .. 12s+11 in both groups
     tables = [np.arange(3 * nb, dtype=np.int32).reshape(3, nb) for _ in range(2)]
     rng = np.random.default_rng(0)
@@ -247,7 +247,7 @@ def test_batched_rows_equal_alone(tiny_gemma3):
 
 def test_pool_sizes_and_copy_block(tiny_model):
     model = tiny_model("gemma3")  # two KV groups
-    r = MlxTransformer(model.config, model.weights)
+    r = MlxRunner(model.config, model.weights)
     pool = r.new_kv_pool([3, 5], 16)
     per = r.bytes_per_block(16)
     assert pool.nbytes == 3 * per[0] + 5 * per[1]

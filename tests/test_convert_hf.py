@@ -31,7 +31,7 @@ from helpers.hf_models import (
     train_bpe,
     write_safetensors,
 )
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.engine.tokenizer import Tokenizer as InferTokenizer
 from infer.models.convert_hf import (
     ConvertError,
@@ -137,7 +137,7 @@ def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
 
     model = load_model(out)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
     assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
@@ -247,7 +247,7 @@ def test_gemma_sentencepiece_and_logits(tmp_path, arch):
     assert len(ids) > GEMMA_WINDOW
     assert np.abs(ref - want).max() <= 0.02 * np.abs(want).max(), np.abs(ref - want).max()
     model = load_model(out)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
     assert np.abs(ours - want).max() <= 0.02 * np.abs(want).max()
 

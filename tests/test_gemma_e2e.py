@@ -172,7 +172,7 @@ def test_intermediates_track_llamacpp(gemma_path, ours, compare_llamacpp):
     """Why continuations drift: the first layer's inputs are bit-identical to llama.cpp's, its
     products differ only in the last bit (a different order of float sums), and the 8-bit rounding
     of activations grows that to ~1e-3 of the largest value within a few layers.  Checked through
-    CpuTransformer.trace and scripts/compare_llamacpp.py's eval callback."""
+    CpuRunner.trace and scripts/compare_llamacpp.py's eval callback."""
     mod = compare_llamacpp
     ref = mod.LlamaCppTracer(str(gemma_path), 64, 2, flash_attn=False)
     seen = {}

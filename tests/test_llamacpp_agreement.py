@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers.tiny_models import write_tiny_model
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.loader import load_model
 
@@ -58,7 +58,7 @@ def _assert_ops(mod, runner, path, n_ctx: int, tokens: list[int], arch: str) -> 
 def test_each_op_matches_llama_cpp_from_its_inputs(arch, tmp_path, compare_llamacpp):
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=ARCHS.index(arch))
     model = load_model(path).for_context(TINY_CTX)
-    _assert_ops(compare_llamacpp, CpuTransformer(model.config, model.weights, n_threads=2), path, TINY_CTX,
+    _assert_ops(compare_llamacpp, CpuRunner(model.config, model.weights, n_threads=2), path, TINY_CTX,
                 TINY_PROMPT, arch)
 
 
@@ -97,7 +97,7 @@ def test_tiny_models_greedy_agree_as_well_as_flash_attention(arch, tmp_path, com
     model = load_model(path).for_context(TINY_CTX)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 320, size=int(k)).tolist() for k in rng.integers(4, 20, size=12)]
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     _assert_agreement(compare_llamacpp, compare_llamacpp.InferSteps(runner, TINY_CTX), path, TINY_CTX, prompts, 16,
                       arch)
 

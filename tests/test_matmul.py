@@ -273,7 +273,7 @@ def test_f16_round_is_the_nearest_half():
     infinities, NaN."""
     from numba import njit
 
-    from infer.backends.cpu.ops import f16_round, round_f16
+    from infer.backends.cpu.elementwise import f16_round, round_f16
 
     @njit
     def rounded(x, out):

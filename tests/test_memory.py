@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from infer.backends.cpu.repack import PackedWeight
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.models.loader import load_model
 
 linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
@@ -63,7 +63,7 @@ def test_packed_tensors_leave_the_mapping(gemma_path):
     """After loading, the file's pages of every repacked tensor are released: what stays resident
     of the mapping is a small part of the file (norms; embedding rows looked up), not a copy."""
     model = load_model(gemma_path)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     size = gemma_path.stat().st_size
     _logits(runner, IDS)
     assert _mapping_rss(model.weights.output.raw) < 0.05 * size
@@ -76,7 +76,7 @@ def test_embedding_rows_are_read_not_mapped(gemma_path):
     would make ~64 KiB of the embedding resident per distinct token: 96 varied tokens map less
     than a page each (the logits equal --no-mmap's in the next test)."""
     model = load_model(gemma_path)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     ids = np.random.default_rng(0).integers(0, model.config.n_vocab, 96)
     _logits(runner, IDS)
     before = _mapping_rss(model.weights.token_embd.raw)
@@ -87,9 +87,9 @@ def test_embedding_rows_are_read_not_mapped(gemma_path):
 @linux
 def test_no_mmap_same_logits_and_no_file_pages(gemma_path):
     model = load_model(gemma_path)
-    ref = _logits(CpuTransformer(model.config, model.weights, n_threads=2), IDS)
+    ref = _logits(CpuRunner(model.config, model.weights, n_threads=2), IDS)
     model = load_model(gemma_path)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2, mmap=False)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, mmap=False)
     before = _mapping_rss(model.weights.output.raw)
     assert np.array_equal(_logits(runner, IDS), ref)
     # the forward pass touched no page of the file: every array the runner reads is its own
@@ -103,7 +103,7 @@ def test_no_mmap_same_logits_and_no_file_pages(gemma_path):
 def test_mlock_pins_the_weights(gemma_path):
     model = load_model(gemma_path)
     before = _status_kb("VmLck")
-    runner = CpuTransformer(model.config, model.weights, n_threads=2, mlock=True)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, mlock=True)
     packed = runner.output.nbytes + sum(p.nbytes for lay in runner.layers for p, _ in lay.qkv)
     assert (_status_kb("VmLck") - before) * 1024 >= packed
     _logits(runner, IDS)

@@ -240,12 +240,12 @@ def test_tiny_folder_tokenizer(tiny):
 def test_tiny_folder_logits_match_numpy_reference(tiny):
     """The MLX backend on the loaded folder computes the HF model's logits (numpy reference run on
     the dequantized weights), so the name mapping and the Q/K / norm transforms are right."""
-    mlx_backend = pytest.importorskip("infer.backends.mlx.transformer")
+    mlx_backend = pytest.importorskip("infer.backends.mlx.runner")
     from infer.backends.batch import Batch
 
     arch, folder, ref, _ = tiny
     m = load_model(folder)
-    runner = mlx_backend.MlxTransformer(m.config, m.weights)
+    runner = mlx_backend.MlxRunner(m.config, m.weights)
     ids = [3, 17, 42, 8, 99, 5, 23, 61, 11, 7, 30, 2]
     bs = 16
     pool = runner.new_kv_pool([1] * len(m.config.kv_groups), bs)
@@ -443,7 +443,7 @@ def test_gemma_mlx_folder_on_the_mlx_backend(gemma_path, gemma_mlx, gemma_gguf):
     the GGUF itself (9/24, 20/24): the cpu backend's int8 activations part from any float path
     within a few tokens. Against the exact reference the folder picks the argmax first token for
     22/24 prompts (the cpu backend 20/24)."""
-    pytest.importorskip("infer.backends.mlx.transformer")
+    pytest.importorskip("infer.backends.mlx.runner")
     from helpers.exact_forward import exact_hidden, exact_logits
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM

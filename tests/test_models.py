@@ -6,7 +6,7 @@ import pytest
 
 from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
 from helpers.tiny_models import write_tiny_model
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.loader import load_model
 
@@ -24,7 +24,7 @@ def tiny(request, tmp_path_factory):
 def test_logits_match_llama_cpp(tiny):
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     agree = assert_matches_llama_cpp(ours, path, arch)
     assert agree.sum() >= len(PROMPT) - 2, f"{arch}: llama.cpp disagrees with itself too often to be a reference"
@@ -40,7 +40,7 @@ def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     model = load_model(path).for_context(N_CTX)
 
     def ours(cache_types):
-        runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],
+        runner = CpuRunner(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],
                                 cache_type_v=cache_types[1])
         return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
 
@@ -72,7 +72,7 @@ def assert_same_logits(a: np.ndarray, b: np.ndarray, arch: str) -> None:
 def test_kv_cache_decode_matches_full_recompute(tiny, cache_type):
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
     full = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     cache = runner.new_kv_cache(64)
     steps = [runner.forward(PROMPT[:10], 0, cache).copy()[0]]
@@ -85,10 +85,10 @@ def test_prefill_in_chunks_matches_one_pass(tiny):
     # Chunked prefill (chunks of 5) must agree with one 16-token pass.
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2, max_tokens=5)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, max_tokens=5)
     cache = runner.new_kv_cache(64)
     last = runner.forward(PROMPT, 0, cache).copy()
-    one = CpuTransformer(model.config, model.weights, n_threads=2)
+    one = CpuRunner(model.config, model.weights, n_threads=2)
     ref = one.forward(PROMPT, 0, one.new_kv_cache(64)).copy()
     assert_same_logits(last, ref, arch)
 
@@ -103,7 +103,7 @@ def test_longrope_factors_follow_the_context(tmp_path):
     out = {}
     for n_ctx in (N_CTX, 300):
         m = model.for_context(n_ctx)
-        runner = CpuTransformer(m.config, m.weights, n_threads=2)
+        runner = CpuRunner(m.config, m.weights, n_threads=2)
         out[n_ctx] = runner.forward(PROMPT, 0, runner.new_kv_cache(n_ctx), all_logits=True).copy()
         ref = llama_cpp_logits(path, PROMPT, n_ctx=n_ctx)
         diff = np.abs(out[n_ctx] - ref).max()
@@ -126,7 +126,7 @@ def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     out = {}
     for p in (path, plain):
         model = load_model(p).for_context(N_CTX)
-        runner = CpuTransformer(model.config, model.weights, n_threads=2)
+        runner = CpuRunner(model.config, model.weights, n_threads=2)
         out[p] = runner.forward(prompt, 0, runner.new_kv_cache(N_CTX), all_logits=True).copy()
     ref, ref_fa = llama_cpp_logits(path, prompt), llama_cpp_logits(path, prompt, flash_attn=True)
     tol = max(0.02 * np.abs(ref).max(), np.abs(ref - ref_fa).max())
@@ -148,7 +148,7 @@ def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
     cfg, w = model.config, model.weights
 
     def run(c, weights):
-        runner = CpuTransformer(c, weights, n_threads=2)
+        runner = CpuRunner(c, weights, n_threads=2)
         return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
 
     def layers(**change):

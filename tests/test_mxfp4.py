@@ -12,7 +12,7 @@ from helpers.llama_quantize import llama_quantize
 from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
 from helpers.tiny_models import write_tiny_model
 from infer.backends.cpu.repack import PackedExperts
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
@@ -38,9 +38,9 @@ def mxfp4_model(request, tmp_path_factory):
     return arch, out
 
 
-def cpu_logits(path) -> tuple[np.ndarray, CpuTransformer]:
+def cpu_logits(path) -> tuple[np.ndarray, CpuRunner]:
     model = load_model(path).for_context(N_CTX)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     return runner.forward(PROMPT, 0, runner.new_kv_cache(N_CTX), all_logits=True).copy(), runner
 
 
@@ -82,11 +82,11 @@ def test_mlx_logits_match_llama_cpp(mxfp4_model):
     pytest.importorskip("mlx.core")
     from helpers.exact_forward import exact_hidden, exact_logits
     from helpers.logits import mlx_logits
-    from infer.backends.mlx.transformer import MlxTransformer
+    from infer.backends.mlx.runner import MlxRunner
 
     arch, path = mxfp4_model
     model = load_model(path).for_context(N_CTX)
-    r = MlxTransformer(model.config, model.weights)
+    r = MlxRunner(model.config, model.weights)
     assert {m.mode for gu, d in r.layers[0].experts for m in (*gu, *d)} == {"mxfp4"}
     ours = mlx_logits(model)
     exact = exact_logits(model.config, model.weights, exact_hidden(model.config, model.weights, [PROMPT])[0])

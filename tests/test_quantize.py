@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 
 from infer.quant import types as qt
 from infer.quant.dequant import dequantize
-from infer.quant.quantize import QUANTIZE_TYPES, quantize
+from infer.quant.quantizers import QUANTIZE_TYPES, quantize
 
 BLOCK_TYPES = sorted(t for t in QUANTIZE_TYPES if qt.QTYPES[t].block_size > 1)
 

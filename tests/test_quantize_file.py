@@ -15,7 +15,7 @@ from helpers.cli import assert_one_line_error, infer
 from helpers.llama_quantize import FTYPES, llama_quantize
 from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 from infer.models.gguf_file import read_gguf
-from infer.models.quantize import QuantizeError, QuantizeOptions, quantize_model
+from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_model
 
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
@@ -235,8 +235,8 @@ def test_requantize(tmp_path: Path):
 
 
 def test_interrupted_run_leaves_nothing(models, tmp_path: Path, monkeypatch):
-    import infer.models.quantize as mq
-    from infer.quant.quantize import quantize
+    import infer.models.quantize_file as mq
+    from infer.quant.quantizers import quantize
 
     calls = []
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers.logits import PROMPT, llama_cpp_logits
 from helpers.tiny_models import write_tiny_model
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.models.gguf_file import GGUFError, read_gguf
 from infer.models.loader import load_model
 
@@ -27,7 +27,7 @@ def split(tmp_path_factory):
 
 def _logits(path):
     model = load_model(path)
-    runner = CpuTransformer(model.config, model.weights, n_threads=2)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
     return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
 
 

@@ -12,20 +12,20 @@ import numpy as np
 from infer.backends.base import Runner
 from infer.backends.cpu.kv_pool import KVPool
 from infer.backends.cpu.primitives import CpuPrimitives
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 from infer.backends.llamacpp.runner import LlamaCppRunner
 from infer.backends.llamacpp.slots import SlotPool
 from infer.backends.mlx.kv_pool import MlxKVPool
 from infer.backends.mlx.primitives import MlxPrimitives
-from infer.backends.mlx.transformer import MlxTransformer
+from infer.backends.mlx.runner import MlxRunner
 from infer.models.arch.decoder import Primitives
 
 
-def cpu_runner_is_a_runner(r: CpuTransformer) -> Runner[KVPool]:
+def cpu_runner_is_a_runner(r: CpuRunner) -> Runner[KVPool]:
     return r
 
 
-def mlx_runner_is_a_runner(r: MlxTransformer) -> Runner[MlxKVPool]:
+def mlx_runner_is_a_runner(r: MlxRunner) -> Runner[MlxKVPool]:
     return r
 
 

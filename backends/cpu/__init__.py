@@ -2,7 +2,7 @@
 
 Modules, by what they are for:
 
-- The runner: `transformer.py` (CpuTransformer: weights prepared for the kernels, buffers, the
+- The runner: `runner.py` (CpuRunner: weights prepared for the kernels, buffers, the
   Runner protocol of backends/base.py), `primitives.py` (the decoder's primitives, the layer recipe
   being models/arch/decoder.py), `kv_pool.py` (the paged KV cache's arrays), `hugepages.py`
   (transparent huge pages for the packed weights), `memlock.py` (`--mlock`), `rows.py` (token
@@ -12,7 +12,8 @@ Modules, by what they are for:
   them before each product), `matmul.py` (products with every weight type, the float types
   included), `target.py` (what the CPU offers: VNNI, AVX2, or the portable kernel), `moe.py`
   (mixtures of experts).
-- The rest of a layer: `ops.py` (elementwise and normalization kernels), `kv_write.py` (biases, Q/K
+- The rest of a layer: `elementwise.py` (f16 rounding, RMS norms, RoPE angles, embedding rows,
+  residual adds, softcap, the Hadamard transform), `kv_write.py` (biases, Q/K
   norms, RoPE and the cache write), `attention.py` (grouped-query attention over the paged cache),
   `glu.py` (the FFN's gated activations), `vexp.py` (ggml's vector exp).
 
@@ -42,7 +43,7 @@ logits agree with llama.cpp run with the same cache types within the bound the f
 
 Where the two part: `python scripts/compare_llamacpp.py [--prompt TEXT] [-n 8] [--flash-attn]`
 compares them tensor by tensor under llama.cpp's names (its eval callback on one side,
-`CpuTransformer.trace` on the other). Because every product re-rounds its input to 8 bits, its
+`CpuRunner.trace` on the other). Because every product re-rounds its input to 8 bits, its
 last-bit differences move some quants by a step and grow layer by layer: on the embedded Gemma the
 logits end ~1 apart on a scale of ~22, and a continuation parts from llama.cpp's at its first
 near-tie. `--force` measures each op from llama.cpp's inputs instead (every intermediate replaced by

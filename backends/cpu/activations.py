@@ -13,9 +13,9 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant import types as qt
-from infer.quant.kquants import bits_f32
+from infer.quant.halves import bits_f32
 
-from .ops import f16_round
+from .elementwise import f16_round
 
 ACT_NONE, ACT_Q8_0, ACT_Q8_K, ACT_F16, ACT_BF16, ACT_Q8_1 = 0, 1, 2, 3, 4, 5
 ACT_ROUNDING = {

@@ -37,10 +37,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from infer.quant.kquants import F16_TO_F32
+from infer.quant.halves import F16_TO_F32
 
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
-from .ops import fwht, round_f16
+from .elementwise import fwht, round_f16
 from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, splat
 from .vexp import fma32, softmax_exp
 

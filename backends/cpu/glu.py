@@ -11,9 +11,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from infer.quant.kquants import F16_TO_F32, f32_to_f16
+from infer.quant.halves import F16_TO_F32, f32_to_f16
 
-from .ops import f16_round
+from .elementwise import f16_round
 from .vexp import expf_row, fma32
 
 _EXP_WIDTH = 16  # ggml_vec_swiglu_f32's vector: the tail of a row past its last whole 16 takes expf

@@ -13,11 +13,11 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from infer.quant.kquants import f32_to_f16
+from infer.quant.halves import f32_to_f16
 
 from .activations import ACT_Q8_0, quantize_row
 from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
-from .ops import fwht, heads_post, round_f16
+from .elementwise import fwht, heads_post, round_f16
 
 
 def kv_store(x, dxb, bsum, dst):

@@ -131,7 +131,7 @@ def add_row(y, b):
 def experts_ffn(h, order, starts, k, act_kind, g, g_info, d, d_info, gu_bias, down_bias, xq, dxb, bsum, acc, expanded,
                 x, gu, act, y, slots):
     # h: (T, D) f32 the FFN input; order, starts: the grouping (group); k: experts per token
-    # act_kind: the gate activation (ops.glu); gu_bias: (E, 2F) f32 gate|up biases, down_bias: (E, D), or (0, 0)
+    # act_kind: the gate activation (glu.glu); gu_bias: (E, 2F) f32 gate|up biases, down_bias: (E, D), or (0, 0)
     # g, d: (lo, hi, s, m, sc) planes of the gate_up and down PackedExperts, expert axis first;
     # g_info, d_info: (StaticType, activation rounding, rows N, lo_bits, hi_bits, group) of each
     # xq, dxb, bsum, acc, expanded: matmul_packed's scratch (MatmulWorkspace)

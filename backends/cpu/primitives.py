@@ -22,7 +22,7 @@ from .kv_write import qkv_post
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .glu import ACTIVATIONS, glu, glu_rows
-from .ops import embed, residual_norm, rmsnorm, rope_angles, softcap
+from .elementwise import embed, residual_norm, rmsnorm, rope_angles, softcap
 
 
 class CpuPrimitives:

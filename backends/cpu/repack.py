@@ -46,7 +46,8 @@ from numba import njit, prange
 from numba.extending import overload
 
 from infer.quant import types as qt
-from infer.quant.kquants import q3_scale, u32_at
+from infer.quant.kquants import q3_scale
+from infer.quant.lanes import u32_at
 from infer.quant.static_type import StaticTypeType, static_type
 from infer.quant.tensor import populate_mapped, release_mapped
 

@@ -5,7 +5,7 @@ Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K, and MXFP4 is MLX's own `mxfp4` mode (the 
 E8M0 scale bytes, nibbles reordered; 4.25 bits per weight); Q2_K, Q3_K and Q6_K have 16-weight
 sub-blocks, which MLX cannot express, and are re-quantized (errors stated in weights.py). Products
 are `mx.quantized_matmul`; attention runs over a paged KV pool in MLX (attention.py, kv_pool.py);
-the decoder's primitives are primitives.py, the runner transformer.py. A mixture of experts takes
+the decoder's primitives are primitives.py, MlxRunner in runner.py. A mixture of experts takes
 the cpu backend's router choice on the evaluated router output and runs each used expert once on
 its tokens. MLX-format folders run only here.
 """

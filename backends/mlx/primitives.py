@@ -16,7 +16,7 @@ import numpy as np
 from infer.backends.batch import Batch
 from infer.backends.cpu.moe import route
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
-from infer.backends.cpu.ops import rope_angles
+from infer.backends.cpu.elementwise import rope_angles
 
 from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool
@@ -52,7 +52,7 @@ def gelu_ggml(g: mx.array) -> mx.array:
 
 
 class MlxPrimitives:
-    """The primitives for one batch of one runner (an MlxTransformer)."""
+    """The primitives for one batch of one runner (an MlxRunner)."""
 
     def __init__(self, runner: Any, batch: Batch, pool: MlxKVPool):
         cfg = runner.cfg

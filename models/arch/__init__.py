@@ -1,6 +1,55 @@
 """The registry: the only list of the architectures infer runs. Everything about one architecture
 lives in its module (llama.py, ...); consumers look it up here by its GGUF name or, for Hugging
-Face folders, by config.json's model_type."""
+Face folders, by config.json's model_type.
+
+Adding an architecture, step by step:
+
+1. The module: copy qwen3.py (a dense decoder in a dozen lines) to `<name>.py` and set its
+   ARCHITECTURE: `name` is the GGUF general.architecture (llama.cpp's LLM_ARCH name), then the
+   fields of spec.py's Architecture that differ from the llama layer (`rope_neox`, `qk_norm`,
+   `pre_norms` / `post_norms`, `activation`, `swa_pattern`, `experts`, `extra_biases`, ...). Say in
+   the module docstring what the architecture is, in llama.cpp's terms.
+2. Register it: import the module here and add it to `_MODULES`. Nothing else lists architectures;
+   the tests that run every architecture pick it up from `names()`.
+3. Config from GGUF metadata: models/config.py's ModelConfig.from_metadata reads the keys every
+   architecture has (`<arch>.embedding_length`, `.attention.head_count`, `.rope.freq_base`, ...).
+   Hyperparameters of its own go in a `scalars(get, n_embd, n_head, head_dim, n_layer)` function
+   of the module (granite.py's multipliers, gemma3.py's scales), returning ModelConfig fields; a
+   new field goes on ModelConfig, with its bound in models/limits.py if it sizes a buffer.
+4. The HF converter mapping: `hf_model_types` (config.json model_type values) and `hf_class`;
+   tensor names go through gguf's TensorNameMap (models/convert_hf.py's TensorNamer), so only
+   layouts need saying (`hf_permute_qk`, `hf_norm_shift`, `hf_text_name` for multimodal
+   checkpoints); the GGUF keys llama.cpp's convert_hf_to_gguf.py writes come from hf_keys.py's
+   `generic_kvs`, or the module's `hf_kvs` where it writes more (phi3.py, granite.py); `hf_config`
+   is what an MLX export adds to config.json (models/mlx_export.py).
+5. The layer: the shared recipe, decoder.py's `dense_layer` (attention, then a gated FFN or a
+   mixture of experts, with the optional norms), covers every architecture so far through the
+   spec's fields. A mechanism it does not cover (hybrid recurrent layers, MLA attention) gets its
+   own recipe through the spec's `layer=` hook: a function `(ops, layer, il, x, h, nxt) -> (x, h)`
+   in the module, written like dense_layer over the backends' primitives (decoder.py's docstring
+   lists them; nxt is the norm that follows). A step no primitive expresses becomes a new
+   primitive on both backends (backends/cpu/primitives.py, backends/mlx/primitives.py), named for
+   llama.cpp's tensor so traces compare; per-layer state other than the paged KV cache (a
+   recurrent layer's) also needs the engine and both runners to keep it per sequence.
+   models/weights.py collects the layer's tensors (a new kind of tensor goes there); a bias it has
+   no place for is refused unless the spec's `extra_biases` names it.
+6. The tests, most of them parametrized over `names()` already, so step 2 enrols the module; add
+   a tiny random GGUF of it to the tests' `tiny_models.py` helper (ARCH_TYPES: a mix of storage
+   types no other architecture's test covers; `write_tiny_model` writes its tensors and keys):
+   - tests/test_models.py (fixture `tiny` over every architecture): logits against llama.cpp's,
+     quantized KV caches, KV decode against a full recompute, prefill in chunks against one pass;
+   - tests/test_llamacpp_agreement.py (ARCHS): each op against llama.cpp's from its inputs, and
+     greedy decoding agreeing as well as llama.cpp's flash attention does;
+   - tests/test_backend_mlx.py (ARCHS, fixture `tiny`): mlx logits against the exact reference
+     and the cpu backend; its EXACT_BOUND needs an entry for the new name;
+   - tests/test_engine.py: batched against alone (`test_batched_equals_alone_*`): add the
+     architecture to a parametrization there when its layer treats a batch differently (sliding
+     windows, experts, recurrent state);
+   - tests/test_convert_hf.py (BPE_ARCHS, with a tiny HF folder from the `hf_models.py` helper's
+     `make_hf_model` and its numpy `hf_forward`): the converted GGUF as llama.cpp converts it;
+     tests/test_quantize_file.py (ARCH_DTYPE) and tests/test_mlx_format.py (the `tiny` fixture's
+     list) for quantizing and the MLX format.
+"""
 from __future__ import annotations
 
 from types import MappingProxyType

@@ -7,7 +7,7 @@ import pytest
 
 from infer.backends.base import RunnerOptions
 from infer.backends.batch import Batch
-from infer.backends.cpu.transformer import CpuTransformer
+from infer.backends.cpu.runner import CpuRunner
 
 N_CTX = 64  # of every llama.cpp run and ours here (LongRoPE models pick their factors by it)
 PROMPT = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
@@ -48,10 +48,10 @@ def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0
 
 
 def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
-    from infer.backends.mlx.transformer import MlxTransformer  # here: the callers without MLX import no mlx
+    from infer.backends.mlx.runner import MlxRunner  # here: the callers without MLX import no mlx
 
     cfg = config or model.config
-    r = MlxTransformer(cfg, model.weights, RunnerOptions(max_tokens=64))
+    r = MlxRunner(cfg, model.weights, RunnerOptions(max_tokens=64))
     n = len(cfg.kv_groups)
     pool = r.new_kv_pool([4] * n, 16)
     tables = [np.arange(4, dtype=np.int32)[None]] * n
@@ -59,5 +59,5 @@ def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
 
 
 def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
-    cpu = CpuTransformer(config or model.config, model.weights, n_threads=2)
+    cpu = CpuRunner(config or model.config, model.weights, n_threads=2)
     return cpu.forward(tokens, 0, cpu.new_kv_cache(64), all_logits=True).copy()

@@ -574,7 +574,7 @@ def imatrix_worker(model: str) -> None:
     the quantization type is the case's suffix (`…--Q4_0.dat`), Q4_K_M by default."""
     import tempfile
 
-    from infer.models.quantize import QuantizeOptions, quantize_model
+    from infer.models.quantize_file import QuantizeOptions, quantize_model
 
     with tempfile.TemporaryDirectory(prefix="imatrix-fuzz-") as d:
         out = Path(d) / "out.gguf"
@@ -596,7 +596,7 @@ def convert_worker() -> None:
     converter's own reading of config.json and the tokenizer files, beside the loader's."""
     import tempfile
 
-    from infer.models.quantize import QuantizeOptions, quantize_model
+    from infer.models.quantize_file import QuantizeOptions, quantize_model
 
     with tempfile.TemporaryDirectory(prefix="convert-fuzz-") as d:
         out = Path(d) / "out.gguf"

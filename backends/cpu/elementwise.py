@@ -1,4 +1,5 @@
-"""Elementwise and normalization kernels. Each writes into caller-provided arrays."""
+"""Elementwise and per-row kernels of a layer: f16 rounding, RMS norms, RoPE, Q/K head post-processing,
+the Hadamard transform, residual adds, embedding rows, softcap. Each writes into caller-provided arrays."""
 from __future__ import annotations
 
 import math
@@ -8,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from infer.quant.dequant import dequant_static
-from infer.quant.kquants import bits_f32, f32_bits
+from infer.quant.halves import bits_f32, f32_bits
 
 from .vexp import fma32
 

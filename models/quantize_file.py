@@ -1,7 +1,7 @@
 """`infer quantize`: a GGUF (or HF safetensors folder) in, a quantized GGUF out, as llama-quantize writes it.
 
-The tensor types come from quant/recipe.py, the bytes from infer.quant.quantize, the file from the
-streaming writer in quant/gguf_write.py. Tensors are read, converted and written one row chunk at a
+The tensor types come from quant/recipe.py, the bytes from infer.quant.quantizers, the file from the
+streaming writer in gguf_write.py. Tensors are read, converted and written one row chunk at a
 time, so memory stays bounded by the chunk size, not by the model.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ from gguf import GGUFValueType as VT
 
 from infer.quant import recipe
 from infer.quant.errors import InferError
-from infer.quant.gguf_write import GGUFStreamWriter, TensorInfo
 from infer.quant.types import BF16, F16, F32, qtype
 
 from .arch import UnknownArchitecture, architecture
+from .gguf_write import GGUFStreamWriter, TensorInfo
 from .source import SourceModel, SourceTensor, source_from_gguf
 
 # Elements converted per step: 16 MiB of float32, enough to keep every quantizer thread busy.
@@ -262,6 +262,6 @@ def _convert_chunks(t: SourceTensor, dst: int, im: np.ndarray | None):
 
 def _quantizer():
     # Imported late: compiling the numba kernels is only worth it when something is converted.
-    from infer.quant.quantize import quantize
+    from infer.quant.quantizers import quantize
 
     return quantize

@@ -205,7 +205,7 @@ class Workspace:
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
 
 
-class CpuTransformer:
+class CpuRunner:
     """Runs a model's weights; `forward` appends tokens to a KV cache and returns logits."""
 
     backend = "cpu"

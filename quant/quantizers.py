@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from infer.quant import types as qt
 from infer.quant.dequant import e8m0_half, mxfp4_value
-from infer.quant.kquants import f32_to_bf16, f32_to_f16
+from infer.quant.halves import f32_to_bf16, f32_to_f16
 from infer.quant.kquantize import (
     importance,
     make_qkx_quants,

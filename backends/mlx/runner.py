@@ -61,7 +61,7 @@ def _products(mats: list[Matrix]) -> list[Matrix]:
     return mats if s is None else [s]
 
 
-class MlxTransformer:
+class MlxRunner:
     """A model's weights on the MLX default device, run in batched forward passes over a paged KV pool."""
 
     backend = "mlx"

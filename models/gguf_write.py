@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import numpy as np
 from gguf import GGUFValueType as VT
 
-from .types import row_bytes
+from infer.quant.types import row_bytes
 
 DEFAULT_ALIGNMENT = 32
 

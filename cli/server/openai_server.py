@@ -126,10 +126,8 @@ class OpenAIAPI:
                 raise APIError(400, "'functions' is not supported: send 'tools'", "functions", "unsupported_parameter")
             job = parse_job(body, (top or 0) if want else None)
             stream = await self.service.start(request, Generation(ChatPrompt(messages, openai_chat.plan_fields(body)), job))
-        except APIError as e:
-            return e.response()
-        except ClientGone:
-            return Response(status_code=499)
+        except (APIError, ClientGone) as e:
+            return _refused(e)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "system_fingerprint": self.fingerprint}
@@ -137,10 +135,8 @@ class OpenAIAPI:
             return self._sse(self._chat_chunks(head, stream))
         try:
             text, lps, ev = await self.service.collect(stream)
-        except APIError as e:
-            return e.response()
-        except ClientGone:
-            return Response(status_code=499)
+        except (APIError, ClientGone) as e:
+            return _refused(e)
         r1, c1 = stream.reply.feed(text)
         r2, c2, calls = stream.reply.finish()
         choice = {"index": 0, "message": openai_chat.message(r1 + r2, c1 + c2, calls),
@@ -204,20 +200,16 @@ class OpenAIAPI:
                 raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
             job = parse_job(body, k)
             stream = await self.service.start(request, Generation(prompt, job))
-        except APIError as e:
-            return e.response()
-        except ClientGone:
-            return Response(status_code=499)
+        except (APIError, ClientGone) as e:
+            return _refused(e)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "system_fingerprint": self.fingerprint}
         if job.stream:
             return self._sse(self._completion_chunks(head, stream))
         try:
             text, lps, ev = await self.service.collect(stream)
-        except APIError as e:
-            return e.response()
-        except ClientGone:
-            return Response(status_code=499)
+        except (APIError, ClientGone) as e:
+            return _refused(e)
         choice = {"text": text, "index": 0,
                   "logprobs": completion_logprobs(self.tokenizer, lps, 0) if job.logprobs else None,
                   "finish_reason": ev.finish_reason}
@@ -342,3 +334,8 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     app = Starlette(routes=routes, middleware=middleware if own_lifespan else [], lifespan=lifespan if own_lifespan else None,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     return app
+
+
+def _refused(e: APIError | ClientGone) -> Response:
+    """The answer to a request refused before its reply began: the error, or 499 (the client left)."""
+    return e.response() if isinstance(e, APIError) else Response(status_code=499)

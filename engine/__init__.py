@@ -105,3 +105,7 @@ test files and vectors, and random text, give llama.cpp's ids: tests/test_vocabu
 slower than llama.cpp on any of them (scripts/bench_tokenize.py); a pre-tokenizer name llama.cpp
 does not know is refused, as llama.cpp refuses it.
 """
+
+from infer.quant.numba_cache import lock_cache_writes
+
+lock_cache_writes()  # the tokenizers' kernels compile and cache too (quant/numba_cache.py)

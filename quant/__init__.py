@@ -17,6 +17,8 @@ Modules, by what they are for:
 - `recipe.py`: which type each tensor of a file gets for a file type such as Q4_K_M (llama.cpp's
   `llama_tensor_get_type` rules).
 - `affine.py`: MLX's affine format (codes, scales and biases of `mx.quantize`, bit for bit, in numpy).
+- `numba_cache.py`: numba's kernel cache made safe for processes compiling at once (a file lock
+  around each save; installed as this package loads).
 - `errors.py`: InferError, the root of every error infer reports to its user as one line (here,
   in the lowest layer, so that every layer can derive its errors from it).
 
@@ -50,3 +52,7 @@ MXFP4 (gpt-oss's experts, llama.cpp's MXFP4_MOE files): 4-bit e2m1 codes and an 
 per 32 weights; the exponent is checked at every power of two and the floats just below it
 (tests/test_quantize.py).
 """
+
+from .numba_cache import lock_cache_writes
+
+lock_cache_writes()  # before any kernel here or above compiles (numba_cache.py says why)

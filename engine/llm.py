@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.registry import choose_backend, create_runner, probe_all
@@ -17,7 +17,7 @@ from .hf_tokenizer import HFTokenizer
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["LLM", "BackendError", "choose_backend", "probe_all"]  # the CLI reaches backends through here
+__all__ = ["LLM", "BackendError", "choose_backend", "load_warm", "probe_all"]  # the CLI reaches backends through here
 
 
 class LLM:
@@ -27,10 +27,7 @@ class LLM:
         self.config = config
         self.tokenizer = _tokenizer(model)
         self.backend = choose_backend(config.backend, model.format)
-        options = RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
-                                max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers,
-                                max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,
-                                cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v)
+        options = _runner_options(config)
         self.runner = create_runner(self.backend, model, options)
         drafter = _drafter(config, self.tokenizer, self.backend, options) if config.spec.kind == "draft" else None
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode(),
@@ -68,6 +65,46 @@ class LLM:
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
         """Stream one request through the engine (other requests may share its steps)."""
         return self.engine.generate(prompt_ids, params)
+
+
+def _runner_options(config: EngineConfig) -> RunnerOptions:
+    return RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
+                         max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers,
+                         max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,
+                         cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v)
+
+
+def load_warm(path: str | Path, config: EngineConfig = EngineConfig(),
+              on_start: Callable[[int, int], None] = lambda n_kernels, n_processes: None,
+              on_done: Callable[[int], None] = lambda n: None) -> LLM:
+    """LLM.load(path, config) and its runner's warmup, so that the first request compiles nothing.
+
+    On the cpu backend, with cores to spare, a load that would compile a kernel (a first run, a
+    new quant type) stops there; the kernels the load and warmup need that numba's cache lacks
+    then compile ahead in worker processes (backends/cpu/compiling.py: on_start(kernels,
+    processes), on_done(n finished)), and the load starts again.  A load that finds them all
+    cached pays nothing for this."""
+    from infer.backends.cpu.compiling import MAX_WORKERS, WouldCompile, compile_ahead, stop_before_compiling
+
+    options = _runner_options(config)
+    workers = min(options.n_threads, os.cpu_count() or 1, MAX_WORKERS)
+    if workers >= 2:
+        try:
+            with stop_before_compiling():
+                llm = LLM.load(path, config)
+                llm.runner.warmup()
+            return llm
+        except WouldCompile:
+            pass
+        # the dry run loads the model for itself: uploading to the cpu backend releases the raw
+        # weights of the model it is given as it repacks them
+        model = load_model(path)
+        if choose_backend(config.backend, model.format) == "cpu":
+            compile_ahead((lambda: _tokenizer(model), lambda: create_runner("cpu", model, options).warmup()), workers,
+                          on_start, lambda job, n: on_done(n))
+    llm = LLM.load(path, config)
+    llm.runner.warmup()
+    return llm
 
 
 def _drafter(config: EngineConfig, tokenizer, backend: str, options: RunnerOptions):

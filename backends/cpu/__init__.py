@@ -16,6 +16,8 @@ Modules, by what they are for:
   residual adds, softcap, the Hadamard transform), `kv_write.py` (biases, Q/K
   norms, RoPE and the cache write), `attention.py` (grouped-query attention over the paged cache),
   `glu.py` (the FFN's gated activations), `vexp.py` (ggml's vector exp).
+- Compiling: `compiling.py` (numba's compiles watched for the status line, and a first load's
+  kernels found by a dry run and compiled ahead in worker processes).
 
 Numerics. To agree with llama.cpp, infer computes what llama.cpp's CPU backend computes, rounding
 where it rounds: activations are quantized to Q8_0/Q8_1/Q8_K (or f16/bf16) before each product with

@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 KERNEL = """
 from numba import njit
 
@@ -54,6 +56,7 @@ print(repr(kernel.plus_one(3)), repr(kernel.plus_one(3.0)), len(kernel.plus_one.
 """
 
 
+@pytest.mark.slow  # three processes and ~10 s of deliberate waiting: not for the edit loop
 def test_concurrent_compiles_keep_each_signature_its_own_code(tmp_path):
     (tmp_path / "kernel.py").write_text(textwrap.dedent(KERNEL))
     cache = tmp_path / "cache"

@@ -60,6 +60,11 @@ class Architecture:
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
+    output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
+    # hybrid models: (raw get, n_layer) -> the ModelConfig fields of the layers that are recurrent
+    # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
+    # "<arch>.<key>" as it is, per-layer arrays included.
+    recurrent: Callable[..., dict[str, Any]] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

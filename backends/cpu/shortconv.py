@@ -11,7 +11,6 @@ a preempted one recomputed from its tokens) ignores whatever its slot held.
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from .vexp import fma32

@@ -174,8 +174,11 @@ class ModelConfig:
         if not 1 <= n_layer <= MAX_LAYERS:  # before a per-layer array is read against it
             raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
         # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
-        hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \
-            if spec.recurrent is not None else {}
+        try:
+            hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \
+                if spec.recurrent is not None else {}
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
         n_head_kv = int(hybrid.pop("n_head_kv", None) or get("attention.head_count_kv", n_head))
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))

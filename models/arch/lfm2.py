@@ -22,24 +22,23 @@ from .spec import Architecture
 
 def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     """The layers' kinds from the per-layer head_count_kv (a scalar: the same for every layer),
-    the convolution's width, and the attention layers' one KV head count."""
-    from ..config import ModelConfigError  # config imports the registry, which imports this module
-
+    the convolution's width, and the attention layers' one KV head count. ValueError for metadata
+    that does not describe an lfm2 infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
     if get("attention.sliding_window", 0):
-        raise ModelConfigError("lfm2 with a sliding window (attention.sliding_window) is not supported")
+        raise ValueError("a sliding window (attention.sliding_window) is not supported")
     kv = get("attention.head_count_kv", None)
     if kv is None:
-        raise ModelConfigError("lfm2 needs attention.head_count_kv (0 for each short-convolution layer)")
+        raise ValueError("attention.head_count_kv is missing (a value per layer, 0 for a short convolution)")
     per_layer = [int(v) for v in kv] if hasattr(kv, "__len__") and not isinstance(kv, str) else [int(kv)] * n_layer
     if len(per_layer) != n_layer:
-        raise ModelConfigError(f"lfm2: attention.head_count_kv has {len(per_layer)} values for {n_layer} layers")
+        raise ValueError(f"attention.head_count_kv has {len(per_layer)} values for {n_layer} layers")
     heads = {v for v in per_layer if v}
     if len(heads) != 1 or min(per_layer) < 0:
-        raise ModelConfigError(f"lfm2: attention.head_count_kv {per_layer} must give the attention layers "
+        raise ValueError(f"attention.head_count_kv {per_layer} must give the attention layers "
                                "one positive KV head count (and 0 to the short-convolution layers)")
     width = int(get("shortconv.l_cache", 0) or 0)
     if not 2 <= width <= MAX_CONV_WIDTH:
-        raise ModelConfigError(f"lfm2: shortconv.l_cache {width} is out of range (2..{MAX_CONV_WIDTH})")
+        raise ValueError(f"shortconv.l_cache {width} is out of range (2..{MAX_CONV_WIDTH})")
     return {"layer_recurrent": tuple(v == 0 for v in per_layer), "shortconv_l_cache": width,
             "n_head_kv": heads.pop()}
 

@@ -10,7 +10,6 @@ background; without it, stream() steps the engine itself).
 from __future__ import annotations
 
 import itertools
-import math
 import queue
 import threading
 import time
@@ -18,12 +17,13 @@ from typing import Iterator
 
 import numpy as np
 
-from infer.backends.base import KV_CACHE_BYTES, BlockKVPool
+from infer.backends.base import BlockKVPool
 from infer.backends.batch import Batch
 from infer.quant.errors import InferError
 
 from .block_manager import BlockManager, KVUsage
 from .config import EngineConfig, EngineConfigError
+from .kv_sizing import kv_pool_bytes, pool_blocks
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .pooling import Pooler, PoolingError, choose_pooling
 from .request import Event, EventSink, Request, Usage
@@ -60,7 +60,7 @@ class Engine:
         # a hybrid model's recurrent state, a slot per sequence that may run (state_slots.py: no
         # prefix cache and no speculation for such a model)
         self.states = runner.new_state_pool(config.max_seqs) if state_bytes else None
-        recurrent = self.states is not None
+        recurrent = bool(model_config.recurrent_layers)  # whichever backend keeps the state
         if recurrent and config.spec.kind:
             raise SpeculationError(f"speculative decoding cannot run {model_config.arch}: its recurrent layers' "
                                    "state cannot roll back a rejected draft; drop --spec")
@@ -68,7 +68,7 @@ class Engine:
                                    naming=config.prefix_cache and not recurrent)
         budget = min(config.max_batch_tokens, runner.max_tokens)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
-                                   StateSlots(config.max_seqs) if recurrent else None)
+                                   StateSlots(config.max_seqs) if self.states is not None else None)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
@@ -92,40 +92,9 @@ class Engine:
         self.last_error: BaseException | None = None  # what made fail_all() end the running requests
         self.steps = 0
 
-    @staticmethod
-    def pool_blocks(n_ctx: int, windows: list[int], per_block: tuple[int, ...], config: EngineConfig,
-                    state_bytes: int = 0) -> list[int]:
-        """Blocks per KV group: one sequence of n_ctx tokens needs ceil(n_ctx / bs) blocks in a
-        full-attention group and at most its window plus one prefill chunk in a sliding-window group.
-        --kv-memory holds the KV pool and a hybrid model's recurrent state pool (state_bytes per
-        sequence, for --parallel sequences): the blocks get what the states leave."""
-        bs = config.block_size
-        full = math.ceil(n_ctx / bs)
-        per_seq = [full if w == 0 else min(full, math.ceil((w + config.max_batch_tokens) / bs) + 1) for w in windows]
-        if not config.kv_memory:
-            return [n * config.max_seqs for n in per_seq]
-        seq_bytes = sum(n * b for n, b in zip(per_seq, per_block))
-        states = state_bytes * config.max_seqs
-        if config.kv_memory - states < seq_bytes:
-            also = f" and the recurrent state of --parallel {config.max_seqs} sequences" if states else ""
-            raise EngineConfigError(
-                f"--kv-memory {config.kv_memory / 2**20:.1f} MiB cannot hold one sequence of {n_ctx} tokens{also} "
-                f"(needs {(seq_bytes + states) / 2**20:.1f} MiB); raise it or lower --ctx"
-            )
-        scale = (config.kv_memory - states) / seq_bytes
-        return [max(n, int(n * scale)) for n in per_seq]
-
-    @classmethod
-    def kv_pool_bytes(cls, model_config, config: EngineConfig) -> int:
-        """Bytes of the KV pool (and a hybrid model's recurrent state pool) an engine of this config
-        allocates for this model on a block-pool backend (cpu, mlx): what a server counts before
-        loading a model."""
-        n_ctx = min(config.n_ctx, model_config.n_ctx_train)
-        per_block = model_config.kv_block_bytes(config.block_size, KV_CACHE_BYTES[config.cache_type_k],
-                                                KV_CACHE_BYTES[config.cache_type_v])
-        state_bytes = model_config.state_bytes()
-        blocks = cls.pool_blocks(n_ctx, [g.window for g in model_config.kv_groups], per_block, config, state_bytes)
-        return sum(n * b for n, b in zip(blocks, per_block)) + state_bytes * config.max_seqs
+    # how much memory the pools take (kv_sizing.py), as Engine.* for the callers that size before loading
+    pool_blocks = staticmethod(pool_blocks)
+    kv_pool_bytes = staticmethod(kv_pool_bytes)
 
     # -- requests ---------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ class LLM:
         self.model = model
         self.config = config
         self.tokenizer = _tokenizer(model)
-        self.backend = choose_backend(config.backend, model.format)
+        self.backend = choose_backend(config.backend, model.format, bool(model.config.recurrent_layers))
         options = RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
                                 max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers,
                                 max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,

@@ -1,18 +1,20 @@
 """The engine on a hybrid model (lfm2: short convolutions with a per-sequence state beside the
 paged KV cache): batching, chunking and preemption change nothing a request computes, state slots
 are taken on admission and given back at every end, the memory accounting counts them, and what
-cannot work with a recurrent state (prefix reuse, speculation) is not done."""
+cannot work with a recurrent state (prefix reuse, speculation) is not done; and which lfm2
+metadata is refused."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from helpers.engine_runs import GREEDY, alone, run_all, tiny_prompts
 from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import Engine, EngineConfig
-from infer.engine.llm import LLM
+from infer.engine.llm import LLM, choose_backend
 from infer.engine.sampler import SamplingParams
 from infer.engine.speculative import SpecConfig, SpeculationError
-from infer.models.config import ModelConfig
+from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
 
@@ -119,3 +121,30 @@ def test_memory_accounting_counts_the_state_pool(lfm2_path):
 def test_speculation_is_refused(lfm2_path):
     with pytest.raises(SpeculationError, match="recurrent"):
         LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2, spec=SpecConfig(kind="ngram")))
+
+
+def test_auto_backend_is_cpu_for_recurrent_models():
+    # the one backend with a state pool so far, wherever auto would otherwise pick mlx or llama.cpp
+    assert choose_backend("auto", "gguf", recurrent=True) == "cpu"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("attention.head_count_kv", np.array([0, 2, 2], np.uint32), "3 values for 4 layers"),
+    ("attention.head_count_kv", np.array([0, 2, 1, 0], np.uint32), "one positive KV head count"),
+    ("attention.head_count_kv", None, "head_count_kv is missing"),
+    ("shortconv.l_cache", 1, "shortconv.l_cache 1 is out of range"),
+    ("shortconv.l_cache", None, "shortconv.l_cache 0 is out of range"),
+    ("attention.sliding_window", 4, "sliding window"),
+    ("attention.causal", False, "non-causal"),
+])
+def test_lfm2_metadata_refused(lfm2_path, key, value, message):
+    meta = dict(load_model(lfm2_path).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.layer_recurrent == (True, True, False, True) and cfg.recurrent_layers == (0, 1, 3)
+    assert cfg.n_head_kv == 2 and cfg.shortconv_l_cache == 3 and [g.layers for g in cfg.kv_groups] == [(2,)]
+    if value is None:
+        del meta[f"lfm2.{key}"]
+    else:
+        meta[f"lfm2.{key}"] = value
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_metadata(meta)

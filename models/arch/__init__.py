@@ -29,8 +29,10 @@ Adding an architecture, step by step:
    in the module, written like dense_layer over the backends' primitives (decoder.py's docstring
    lists them; nxt is the norm that follows). A step no primitive expresses becomes a new
    primitive on both backends (backends/cpu/primitives.py, backends/mlx/primitives.py), named for
-   llama.cpp's tensor so traces compare; per-layer state other than the paged KV cache (a
-   recurrent layer's) also needs the engine and both runners to keep it per sequence.
+   llama.cpp's tensor so traces compare. Per-layer state other than the paged KV cache (a
+   recurrent layer's) lives in the runner's state pool (Runner.new_state_pool, a slot per
+   running sequence that the engine assigns: engine/state_slots.py); the spec's `recurrent`
+   reads which layers are recurrent (lfm2.py: its short convolutions and shortconv primitive).
    models/weights.py collects the layer's tensors (a new kind of tensor goes there); a bias it has
    no place for is refused unless the spec's `extra_biases` names it.
 6. The tests, most of them parametrized over `names()` already, so step 2 enrols the module; add

@@ -8,8 +8,8 @@ build_shortconv_block): in_proj to three n_embd-wide parts B, C, x; B * x; a dep
 convolution of width L (`lfm2.shortconv.l_cache`) over time, the previous L - 1 inputs of the
 sequence being its recurrent state; C times that; out_proj. The final norm's tensor is named
 `token_embd_norm` (llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2). llama.cpp's sliding-window variant
-(`attention.sliding_window` > 0) is refused here, as is a mixture of experts (lfm2moe, its own
-architecture).
+(`attention.sliding_window` > 0) and its bidirectional models (`attention.causal` false) are
+refused here; the mixture of experts (lfm2moe) is an architecture of its own.
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     that does not describe an lfm2 infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
     if get("attention.sliding_window", 0):
         raise ValueError("a sliding window (attention.sliding_window) is not supported")
+    if not get("attention.causal", True):  # LFM2's bidirectional embedding models: a centred convolution
+        raise ValueError("non-causal attention (attention.causal false) is not supported")
     kv = get("attention.head_count_kv", None)
     if kv is None:
         raise ValueError("attention.head_count_kv is missing (a value per layer, 0 for a short convolution)")

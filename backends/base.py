@@ -93,9 +93,10 @@ class StatePoolLike(Protocol):
 
 
 P = TypeVar("P", bound=KVPoolLike)  # a runner's own pool type: it computes only on the pools it made
+S = TypeVar("S", bound=StatePoolLike)  # and its own state pool type
 
 
-class Runner(Protocol[P]):
+class Runner(Protocol[P, S]):
     """A model's weights uploaded to a backend, ready for batched forward passes."""
 
     backend: str  # "cpu", "mlx", "llama.cpp"
@@ -113,10 +114,10 @@ class Runner(Protocol[P]):
         """Bytes one sequence's recurrent state takes in this runner's state pool (0: the model has
         no recurrent layers, and needs no state pool)."""
 
-    def new_state_pool(self, n_slots: int) -> StatePoolLike | None:
+    def new_state_pool(self, n_slots: int) -> S | None:
         """Allocate the recurrent state of n_slots sequences (None where the model has none)."""
 
-    def forward_batch(self, batch: Batch, pool: P, states: StatePoolLike | None = None) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: P, states: S | None = None) -> np.ndarray:
         """Run batch (tokens of several sequences, at most max_tokens), writing each token's K/V
         to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call;
         with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden. A

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError, RunnerOptions
+from infer.backends.base import BackendError, RunnerOptions, StatePoolLike
 from infer.backends.batch import Batch
 
 from .kv_pool import MlxKVPool
@@ -141,7 +141,7 @@ class MlxRunner:
     def state_bytes_per_seq(self) -> int:
         return 0  # models with recurrent layers are refused at construction
 
-    def new_state_pool(self, n_slots: int) -> None:
+    def new_state_pool(self, n_slots: int) -> StatePoolLike | None:
         return None
 
     def warmup(self) -> None:
@@ -151,7 +151,7 @@ class MlxRunner:
         tables = [np.zeros((1, 1), np.int32) for _ in self.cfg.kv_groups]
         self.forward_batch(Batch.single(np.zeros(1, np.int32), 0, tables, bs), pool)
 
-    def forward_batch(self, batch: Batch, pool: MlxKVPool, states: None = None) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: MlxKVPool, states: StatePoolLike | None = None) -> np.ndarray:
         """One forward pass over tokens of any number of sequences (at most max_tokens tokens).
 
         Writes each token's K/V to its slot in pool and returns float32 logits (R, V) of

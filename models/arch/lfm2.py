@@ -13,10 +13,16 @@ refused here; the mixture of experts (lfm2moe) is an architecture of its own.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+from gguf import GGUFValueType as VT
+
+from ..hf_files import ConvertError, Kvs
 from ..limits import MAX_CONV_WIDTH
 from .decoder import Primitives, dense_layer, ffn_block
+from .hf_keys import generic_kvs, need
 from .spec import Architecture
 
 
@@ -45,6 +51,48 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
             "n_head_kv": heads.pop()}
 
 
+def _ff_width(hp: dict[str, Any], path: Path) -> int:
+    """The FFN width as llama.cpp's converter computes it (LFM2Model._add_feed_forward_length):
+    block_ff_dim (else intermediate_size), with block_auto_adjust_ff_dim two thirds of it, times
+    block_ffn_dim_multiplier, rounded up to a multiple of block_multiple_of."""
+    key = "block_ff_dim" if hp.get("block_ff_dim") is not None else "intermediate_size"
+    ff = int(need(hp, key, path))  # the numbers checked already (hf_keys.check_hparams)
+    if hp.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        mult = hp.get("block_ffn_dim_multiplier")
+        if mult is not None:
+            if not 0 < mult < 2**16:
+                raise ConvertError(f"{path}: block_ffn_dim_multiplier {mult!r} is not a positive number")
+            ff = int(mult * ff)
+        multiple = int(need(hp, "block_multiple_of", path))
+        if multiple < 1:
+            raise ConvertError(f"{path}: block_multiple_of must be positive")
+        ff = multiple * ((ff + multiple - 1) // multiple)
+    return ff
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's converter writes for LFM2Model: the common keys with norm_eps as the RMS
+    epsilon and its FFN width, head_count_kv per layer (0 for a "conv" layer of layer_types),
+    vocab_size and shortconv.l_cache."""
+    n_layer = int(need(hp, "num_hidden_layers", path))
+    types = need(hp, "layer_types", path)
+    if not isinstance(types, list) or len(types) != n_layer or not all(isinstance(t, str) for t in types):
+        raise ConvertError(f"{path}: layer_types must be a list of {n_layer} layer type names")
+    if hp.get("is_causal") is False:
+        raise ConvertError(f"{path}: a bidirectional lfm2 (is_causal false) is not supported")
+    width = int(need(hp, "conv_L_cache", path))
+    extra = generic_kvs(kv, {**hp, "rms_norm_eps": need(hp, "norm_eps", path), "intermediate_size": _ff_width(hp, path)},
+                        path)
+    key = f"{kv.arch}.attention.head_count_kv"
+    at = next(i for i, item in enumerate(kv.items) if item[0] == key)
+    n_kv = kv.items[at][2]
+    kv.items[at] = (key, int(VT.ARRAY), np.array([0 if t == "conv" else n_kv for t in types], np.int32))
+    kv.u32("{arch}.vocab_size", need(hp, "vocab_size", path))
+    kv.u32("{arch}.shortconv.l_cache", width)
+    return extra
+
+
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """An attention layer as every dense decoder's; a short-convolution layer (a layer with
     shortconv_in products) in place of the attention."""
@@ -59,6 +107,11 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
 ARCHITECTURE = Architecture(
     name="lfm2",
     rope_neox=True,
+    hf_model_types=("lfm2",),
+    hf_class="Lfm2ForCausalLM",
+    hf_kvs=hf_kvs,
+    hf_conv_kernels=("conv.conv.weight",),
+    hf_tied_default=True,
     qk_norm="head",
     output_norm_tensor="token_embd_norm",
     recurrent=recurrent,

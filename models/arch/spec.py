@@ -73,6 +73,9 @@ class Architecture:
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
+    # HF names (suffixes) of depthwise convolution kernels stored (n_embd, 1, L): llama.cpp's converter
+    # squeezes them to (n_embd, L) and writes them float32 (its ggml_ssm_conv takes F32) (lfm2)
+    hf_conv_kernels: tuple[str, ...] = ()
     hf_trim_embeddings: bool = False  # drop embedding rows past the tokenizer's vocabulary (gemma3's padding)
     # config.json -> the text model's hyperparameters (multimodal checkpoints nest them); None: config itself
     hf_text_hparams: Callable[[dict[str, Any]], dict[str, Any]] | None = None

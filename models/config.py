@@ -125,7 +125,8 @@ class ModelConfig:
     @property
     def kv_groups(self) -> tuple[KVGroup, ...]:
         """The global layers, then the sliding-window layers (if any): each group has its own blocks,
-        so the sliding-window layers can drop the blocks that fall out of their window."""
+        so the sliding-window layers can drop the blocks that fall out of their window. Recurrent
+        layers keep no K/V and are in no group."""
         kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])]
         full = tuple(i for i in kv if not self.layer_swa[i])
         local = tuple(i for i in kv if self.layer_swa[i])

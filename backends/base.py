@@ -79,10 +79,24 @@ class BlockKVPool:
         pass  # blocks are all such a pool knows; the engine's block manager already took them back
 
 
+class StatePoolLike(Protocol):
+    """A backend's recurrent state of a hybrid model's sequences (LFM2's short convolutions):
+    n_slots slots, each one sequence's state for all its recurrent layers, allocated once. The
+    engine gives each running sequence a slot (Batch.state_slots); the state at a sequence's
+    position 0 is zero whatever its slot held, so a slot needs no clearing between sequences."""
+
+    n_slots: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool takes."""
+
+
 P = TypeVar("P", bound=KVPoolLike)  # a runner's own pool type: it computes only on the pools it made
+S = TypeVar("S", bound=StatePoolLike)  # and its own state pool type
 
 
-class Runner(Protocol[P]):
+class Runner(Protocol[P, S]):
     """A model's weights uploaded to a backend, ready for batched forward passes."""
 
     backend: str  # "cpu", "mlx", "llama.cpp"
@@ -96,10 +110,20 @@ class Runner(Protocol[P]):
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> P:
         """Allocate the KV pool: n_blocks[g] blocks for KV group g."""
 
-    def forward_batch(self, batch: Batch, pool: P) -> np.ndarray:
+    def state_bytes_per_seq(self) -> int:
+        """Bytes one sequence's recurrent state takes in this runner's state pool (0: the model has
+        no recurrent layers, and needs no state pool)."""
+
+    def new_state_pool(self, n_slots: int) -> S | None:
+        """Allocate the recurrent state of n_slots sequences (None where the model has none)."""
+
+    def forward_batch(self, batch: Batch, pool: P, states: S | None = None) -> np.ndarray:
         """Run batch (tokens of several sequences, at most max_tokens), writing each token's K/V
         to its slot, and return float32 logits (R, V) of batch.logit_rows, valid until the next call;
-        with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden."""
+        with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden. A
+        hybrid model also reads and updates each sequence's recurrent state in `states`, at its
+        slot batch.state_slots, continuing from its tokens before the batch's (which must be the
+        previous ones the state saw: a sequence cannot step back, so no speculation)."""
 
     def warmup(self) -> None:
         """Compile / load kernels now rather than inside the first request."""

@@ -31,12 +31,16 @@ class Batch:
     # the batch, so chunking, speculation and preemption change no result. None: a sequence's
     # tokens are its prompt where the batch has several of them, else generated.
     prompt_end: np.ndarray | None = None
+    # (S,) int32: each table row's sequence's slot in the recurrent state pool (a hybrid model's
+    # runner.new_state_pool); None for a model without recurrent layers
+    state_slots: np.ndarray | None = None
 
     @classmethod
     def single(cls, tokens: np.ndarray, pos0: int, tables: list[np.ndarray], block_size: int,
                all_logits: bool = False, prompt_end: int | None = None) -> "Batch":
         """Tokens of one sequence at positions pos0.. (tables: per group (1, max_blocks));
-        prompt_end: where its prompt ends (default: here if it is a single token, else after it)."""
+        prompt_end: where its prompt ends (default: here if it is a single token, else after it).
+        Its recurrent state, if the model has one, is slot 0 of the state pool."""
         T = len(tokens)
         pos = np.arange(pos0, pos0 + T, dtype=np.int32)
         slots = np.stack([t[0][pos // block_size] * block_size + pos % block_size for t in tables]).astype(np.int32)
@@ -44,7 +48,8 @@ class Batch:
         if prompt_end is None:
             prompt_end = pos0 if T == 1 else pos0 + T
         return cls(np.ascontiguousarray(tokens, np.int32), pos, np.zeros(T, np.int32), slots, tables, rows,
-                   np.zeros(1, np.int64), prompt_end=np.array([prompt_end], np.int32))
+                   np.zeros(1, np.int64), prompt_end=np.array([prompt_end], np.int32),
+                   state_slots=np.zeros(1, np.int32))
 
     def prompt_ends(self) -> np.ndarray:
         """prompt_end, or where it is None what it then means."""

@@ -97,11 +97,12 @@ def probe_all() -> list[BackendInfo]:
     return [probe(n) for n in BACKENDS]
 
 
-def choose_backend(requested: str, model_format: str = "gguf") -> str:
+def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool = False) -> str:
     """The backend to use: `requested` checked for availability, or auto's choice.
 
-    auto: MLX-format models and Apple Silicon go to MLX; a llama.cpp build with a GPU takes GGUF
-    models elsewhere; otherwise the cpu kernels.
+    auto: a model with recurrent layers (lfm2) goes to the cpu kernels, the one backend that keeps
+    their per-sequence state so far; MLX-format models and Apple Silicon go to MLX; a llama.cpp
+    build with a GPU takes GGUF models elsewhere; otherwise the cpu kernels.
     """
     if requested not in BACKEND_CHOICES:
         raise BackendError(f"unknown backend {requested!r} (choose from {', '.join(BACKEND_CHOICES)})")
@@ -110,6 +111,8 @@ def choose_backend(requested: str, model_format: str = "gguf") -> str:
         if not info.available:
             raise BackendError(f"backend {requested} is not available: {info.reason}")
         return requested
+    if recurrent and model_format == "gguf":
+        return "cpu"
     if model_format == "mlx":
         info = probe("mlx")
         if not info.available:

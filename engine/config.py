@@ -27,7 +27,8 @@ class EngineConfig:
     gpu_layers: int = -1  # llama.cpp backend: layers offloaded to the GPU (-1: all)
     max_seqs: int = 8  # sequences running at once (--parallel)
     max_batch_tokens: int = 512  # tokens one forward pass takes: decodes first, then prefill chunks
-    kv_memory: int = 0  # bytes for the KV pool; 0: room for max_seqs sequences of n_ctx tokens
+    # bytes for the KV pool (and a hybrid model's recurrent state pool); 0: room for max_seqs sequences of n_ctx tokens
+    kv_memory: int = 0
     block_size: int = BLOCK_SIZE
     prefix_cache: bool = True  # False: no block is found again by its tokens (every prompt prefilled cold)
     mmap: bool = True  # --no-mmap sets False: weights read into memory, the file not read after loading

@@ -19,11 +19,15 @@ import numpy as np
 from infer.backends.batch import Batch
 
 from .block_manager import BlockManager
+from .speculative import SpeculationError
 
 
 class DraftModel:
     def __init__(self, runner, model_config, n_ctx: int, max_seqs: int, block_size: int, draft_max: int,
                  draft_min: int = 0, p_min: float = 0.0, target_vocab: int = 0):
+        if model_config.recurrent_layers:  # its state cannot roll back past a rejected draft (state_slots.py)
+            raise SpeculationError(f"a draft model with recurrent layers ({model_config.arch}) cannot roll back; "
+                                   "choose a draft model without them")
         self.runner, self.cfg = runner, model_config
         # token ids both models have: the draft never reads a target-only id, never proposes a draft-only one
         self.n_shared = min(model_config.n_vocab, target_vocab or model_config.n_vocab)

@@ -10,7 +10,6 @@ background; without it, stream() steps the engine itself).
 from __future__ import annotations
 
 import itertools
-import math
 import queue
 import threading
 import time
@@ -18,18 +17,20 @@ from typing import Iterator
 
 import numpy as np
 
-from infer.backends.base import KV_CACHE_BYTES, BlockKVPool
+from infer.backends.base import BlockKVPool
 from infer.backends.batch import Batch
 from infer.quant.errors import InferError
 
 from .block_manager import BlockManager, KVUsage
 from .config import EngineConfig, EngineConfigError
+from .kv_sizing import kv_pool_bytes, pool_blocks
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .pooling import Pooler, PoolingError, choose_pooling
 from .request import Event, EventSink, Request, Usage
 from .sampler import SamplingParams, TokenLogprob, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .speculative import SpeculationError, ngram_draft
+from .state_slots import StateSlots
 
 __all__ = ["Engine", "EngineConfig", "EngineConfigError", "Event", "ModelRunError", "PromptError", "Usage"]
 
@@ -53,12 +54,21 @@ class Engine:
         groups = model_config.kv_groups
         windows = [g.window for g in groups]
         per_block = runner.bytes_per_block(bs)
-        n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config)
+        state_bytes = runner.state_bytes_per_seq()
+        n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config, state_bytes)
         self.pool = runner.new_kv_pool(n_blocks, bs)
+        # a hybrid model's recurrent state, a slot per sequence that may run (state_slots.py: no
+        # prefix cache and no speculation for such a model)
+        self.states = runner.new_state_pool(config.max_seqs) if state_bytes else None
+        recurrent = bool(model_config.recurrent_layers)  # whichever backend keeps the state
+        if recurrent and config.spec.kind:
+            raise SpeculationError(f"speculative decoding cannot run {model_config.arch}: its recurrent layers' "
+                                   "state cannot roll back a rejected draft; drop --spec")
         self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence,
-                                   naming=config.prefix_cache)
+                                   naming=config.prefix_cache and not recurrent)
         budget = min(config.max_batch_tokens, runner.max_tokens)
-        self.scheduler = Scheduler(self.blocks, config.max_seqs, budget)
+        self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
+                                   StateSlots(config.max_seqs) if self.states is not None else None)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
@@ -82,33 +92,9 @@ class Engine:
         self.last_error: BaseException | None = None  # what made fail_all() end the running requests
         self.steps = 0
 
-    @staticmethod
-    def pool_blocks(n_ctx: int, windows: list[int], per_block: tuple[int, ...], config: EngineConfig) -> list[int]:
-        """Blocks per KV group: one sequence of n_ctx tokens needs ceil(n_ctx / bs) blocks in a
-        full-attention group and at most its window plus one prefill chunk in a sliding-window group."""
-        bs = config.block_size
-        full = math.ceil(n_ctx / bs)
-        per_seq = [full if w == 0 else min(full, math.ceil((w + config.max_batch_tokens) / bs) + 1) for w in windows]
-        if not config.kv_memory:
-            return [n * config.max_seqs for n in per_seq]
-        seq_bytes = sum(n * b for n, b in zip(per_seq, per_block))
-        if config.kv_memory < seq_bytes:
-            raise EngineConfigError(
-                f"--kv-memory {config.kv_memory / 2**20:.1f} MiB cannot hold one sequence of {n_ctx} tokens "
-                f"(needs {seq_bytes / 2**20:.1f} MiB); raise it or lower --ctx"
-            )
-        scale = config.kv_memory / seq_bytes
-        return [max(n, int(n * scale)) for n in per_seq]
-
-    @classmethod
-    def kv_pool_bytes(cls, model_config, config: EngineConfig) -> int:
-        """Bytes of the KV pool an engine of this config allocates for this model on a block-pool
-        backend (cpu, mlx): what a server counts before loading a model."""
-        n_ctx = min(config.n_ctx, model_config.n_ctx_train)
-        per_block = model_config.kv_block_bytes(config.block_size, KV_CACHE_BYTES[config.cache_type_k],
-                                                KV_CACHE_BYTES[config.cache_type_v])
-        blocks = cls.pool_blocks(n_ctx, [g.window for g in model_config.kv_groups], per_block, config)
-        return sum(n * b for n, b in zip(blocks, per_block))
+    # how much memory the pools take (kv_sizing.py), as Engine.* for the callers that size before loading
+    pool_blocks = staticmethod(pool_blocks)
+    kv_pool_bytes = staticmethod(kv_pool_bytes)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -273,6 +259,8 @@ class Engine:
         batch = Batch(np.asarray(toks, np.int32), positions, tok_seq, slots, tables,
                       np.asarray(rows, np.int32), np.asarray([s.id for s in seqs], np.int64),
                       prompt_end=np.asarray([s.num_prompt for s in seqs], np.int32))
+        if self.scheduler.states is not None:
+            batch.state_slots = np.asarray([self.scheduler.states.slot(s.id) for s in seqs], np.int32)
         if pooled:
             if self._hidden is None:
                 self._hidden = np.empty((self.scheduler.max_batch_tokens, self.n_embd), np.float32)
@@ -290,7 +278,7 @@ class Engine:
             self.pool.copy_block(g, src, dst)
         batch, sampled, pooled = self._batch(sched)
         try:
-            logits = self.runner.forward_batch(batch, self.pool)
+            logits = self.runner.forward_batch(batch, self.pool, self.states)
         except Exception as e:
             raise ModelRunError(f"the model's forward pass failed ({type(e).__name__}: {str(e)[:200]}); "
                                 "is the model file corrupt?") from e

@@ -6,6 +6,8 @@ so decode steps keep flowing while a long prompt is prefilled in chunks.  A sequ
 admitted when the KV pool has blocks for it (after its cached prefix); when the pool runs out,
 the newest running sequence is preempted: its blocks are freed and it is recomputed later
 (its prompt and what it generated so far, much of it found again in the prefix cache).
+A hybrid model's sequence also needs a slot of the recurrent state pool to be admitted
+(state_slots.py), held until it finishes or is preempted.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .state_slots import StateSlots
 
 
 class SeqStatus(enum.Enum):
@@ -60,10 +63,12 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512):
+    def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512,
+                 states: StateSlots | None = None):
         if max_seqs < 1 or max_batch_tokens < 1:
             raise ValueError("max_seqs and max_batch_tokens must be positive")
         self.blocks = blocks
+        self.states = states  # a hybrid model's recurrent state slots; None: the model has none
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Sequence] = deque()
@@ -86,6 +91,8 @@ class Scheduler:
         if seq.status == SeqStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free(seq.id)
+            if self.states is not None:
+                self.states.release(seq.id)
         elif seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
@@ -93,6 +100,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.id)
+        if self.states is not None:  # recomputed from its first token, which rebuilds its state
+            self.states.release(seq.id)
         seq.status = SeqStatus.WAITING
         seq.draft = []
         seq.num_preempted += 1
@@ -122,6 +131,8 @@ class Scheduler:
             self._fit_drafts(step, 0)  # the pool is full: admit nobody, draft nothing this step
             return step
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            if self.states is not None and self.states.n_free == 0:
+                break
             seq = self.waiting[0]
             cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix)
             n_new = min(seq.num_tokens - cached, budget)
@@ -132,6 +143,8 @@ class Scheduler:
                 seq.num_cached = cached
                 seq.admitted = True
             self.waiting.popleft()
+            if self.states is not None:
+                self.states.take(seq.id)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             step.copies += self.blocks.append(seq.id, n_new)

@@ -101,13 +101,35 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
+    # hybrid models (Architecture.recurrent): per layer, whether it is recurrent (a per-sequence
+    # state instead of a KV cache: LFM2's short convolution); () where no layer is
+    layer_recurrent: tuple[bool, ...] = ()
+    shortconv_l_cache: int = 0  # LFM2: the short convolution's width L; its state keeps the last L - 1 inputs
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The layers with a recurrent state (and no K/V), ascending."""
+        return tuple(il for il, r in enumerate(self.layer_recurrent) if r)
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """One recurrent layer's state for one sequence: the short convolution's last L - 1 inputs
+        (B * x, n_embd wide), oldest first; (0, 0) for a model without recurrent layers."""
+        return (self.shortconv_l_cache - 1, self.n_embd) if self.recurrent_layers else (0, 0)
+
+    def state_bytes(self) -> int:
+        """Bytes one sequence's recurrent state takes, all its layers (float32)."""
+        rows, width = self.state_shape
+        return 4 * len(self.recurrent_layers) * rows * width
 
     @property
     def kv_groups(self) -> tuple[KVGroup, ...]:
         """The global layers, then the sliding-window layers (if any): each group has its own blocks,
-        so the sliding-window layers can drop the blocks that fall out of their window."""
-        full = tuple(i for i, swa in enumerate(self.layer_swa) if not swa)
-        local = tuple(i for i, swa in enumerate(self.layer_swa) if swa)
+        so the sliding-window layers can drop the blocks that fall out of their window. Recurrent
+        layers keep no K/V and are in no group."""
+        kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])]
+        full = tuple(i for i in kv if not self.layer_swa[i])
+        local = tuple(i for i in kv if self.layer_swa[i])
         groups = [KVGroup(0, full)] if full else []
         if local:
             groups.append(KVGroup(self.sliding_window, local))
@@ -147,10 +169,18 @@ class ModelConfig:
 
         n_embd = int(get("embedding_length", required=True))
         n_head = int(get("attention.head_count", required=True))
-        n_head_kv = int(get("attention.head_count_kv", n_head))
         n_layer = int(get("block_count", required=True))
         if n_layer <= 0 or n_head <= 0 or n_embd <= 0:
             raise ModelConfigError(f"{arch}: block_count, embedding_length and head_count must be positive")
+        if not 1 <= n_layer <= MAX_LAYERS:  # before a per-layer array is read against it
+            raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
+        # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
+        try:
+            hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \
+                if spec.recurrent is not None else {}
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
+        n_head_kv = int(hybrid.pop("n_head_kv", None) or get("attention.head_count_kv", n_head))
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
         if n_head_kv <= 0 or n_head % n_head_kv:
@@ -211,6 +241,7 @@ class ModelConfig:
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            **hybrid,
             **{k: float(v) for k, v in own.items()},
         )
 

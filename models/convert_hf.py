@@ -157,7 +157,13 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
                 shape = (n, *shape[1:])
                 n_embd_rows = n
         out_type = type_id
-        if len(shape) == 1:
+        if spec.hf_conv_kernels and name.endswith(spec.hf_conv_kernels):
+            if len(shape) != 3 or shape[1] != 1:
+                raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(shape)}, expected (channels, 1, width)")
+            shape = (shape[0], shape[2])
+            out_type = int(GT.F32)
+            steps.append(lambda w, t=type_id, s=shape: np.ascontiguousarray(to_f32(w, t).reshape(s), np.float32))
+        elif len(shape) == 1:
             # llama.cpp writes every 1-D tensor (norms, biases) as F32. Gemma stores its RMSNorm
             # weights as (w - 1): adding 1 here lets the runtime use the plain x * w norm; the sum is
             # rounded to the checkpoint's dtype first, as the converter's torch arithmetic does.

@@ -27,13 +27,14 @@ Matrix = QTensor | AffineTensor
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's tensors by role; a norm the architecture does not have is None."""
+    """One layer's tensors by role; a norm the architecture does not have is None, and a recurrent
+    layer (ModelConfig.layer_recurrent) has no attention matrices (None) but its own."""
 
     attn_norm: np.ndarray | None
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
-    wo: Matrix
+    wq: Matrix | None
+    wk: Matrix | None
+    wv: Matrix | None
+    wo: Matrix | None
     bq: np.ndarray | None
     bk: np.ndarray | None
     bv: np.ndarray | None
@@ -55,6 +56,11 @@ class LayerWeights:
     sinks: np.ndarray | None = None
     router_bias: np.ndarray | None = None
     expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # LFM2's short convolution (a recurrent layer): in_proj (3 n_embd, n_embd) to B | C | x, the
+    # depthwise kernel (n_embd, L) float32 (oldest input first), out_proj (n_embd, n_embd)
+    shortconv_in: Matrix | None = None
+    shortconv: np.ndarray | None = None
+    shortconv_out: Matrix | None = None
 
 
 @dataclass(frozen=True)
@@ -126,21 +132,27 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
-        wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
-        bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
+        recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
+        if recurrent:
+            wq = wk = wv = wo = bq = bk = bv = None
+            own = _shortconv(get, vec, p, cfg)
+        else:
+            wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
+            bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+            own = {}
         layers.append(LayerWeights(
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
-            wq=wq, wk=wk, wv=wv,
-            wo=get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v)),
+            wq=wq, wk=wk, wv=wv, wo=wo,
             bq=bq, bk=bk, bv=bv,
-            q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] else None,
-            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] else None,
+            q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] and not recurrent else None,
+            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] and not recurrent else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(get, p, cfg) if cfg.n_expert else {**_gate_up(tensors, get, p, D, F),
                                                         "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
-            **_extras(vec, p, cfg),
+            **_extras(vec, p, cfg), **own,
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -148,7 +160,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         output = token_embd
     return ModelWeights(
         token_embd=token_embd,
-        output_norm=vec("output_norm.weight", D),
+        output_norm=vec(arch.output_norm_tensor + ".weight", D),
         output=output,
         rope_freqs=_rope_freqs(tensors, vec, cfg.n_rot // 2),
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
@@ -214,6 +226,14 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
                     for e in range(E))
     return {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
             "experts": experts}
+
+
+def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """A short-convolution layer's tensors (LFM2; llama.cpp's LLM_TENSOR_SHORTCONV_*)."""
+    D = cfg.n_embd
+    return {"shortconv_in": get(p + "shortconv.in_proj.weight", (3 * D, D)),
+            "shortconv": vec(p + "shortconv.conv.weight", (D, cfg.shortconv_l_cache)),
+            "shortconv_out": get(p + "shortconv.out_proj.weight", (D, D))}
 
 
 def _extras(vec, p: str, cfg: ModelConfig) -> dict[str, Any]:

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ALIASES = {"sa_out": "ffn_inp", "ffn_geglu": "ffn_act", "ffn_swiglu": "ffn_act"}
+ALIASES = {"sa_out": "ffn_inp", "ffn_geglu": "ffn_act", "ffn_swiglu": "ffn_act",
+           # lfm2 (llama.cpp's src/models/lfm2.cpp names them after the HF modules)
+           "model.layers.{}.operator_norm": "attn_norm", "model.layers.{}.conv.in_proj": "shortconv_in_proj",
+           "model.layers.{}.conv.out_proj": "shortconv_out_proj", "model.layers.{}.ffn_norm": "ffn_norm"}
 
 
 class _Tensor(ctypes.Structure):
@@ -69,10 +72,10 @@ class LlamaCppTracer:
             return True  # yes, show it to us once computed
         tt = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
         ne, nb = list(tt.ne), list(tt.nb)
-        if tt.type != 0 or not tt.data or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1] or nb[3] != nb[2] * ne[2]:
+        if tt.type != 0 or not tt.data or 0 in ne or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1] or nb[3] != nb[2] * ne[2]:
             return True  # only contiguous float32 tensors
         name = tt.name.decode()
-        m = re.fullmatch(r"(\w+)-(\d+)", name)
+        m = re.fullmatch(r"(.+)-(\d+)", name)
         if m and m.group(1) in ALIASES:
             name = f"{ALIASES[m.group(1)]}-{m.group(2)}"
         n = ne[0] * ne[1] * ne[2] * ne[3]

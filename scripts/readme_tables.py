@@ -38,6 +38,8 @@ def _layer(a) -> str:
     from infer.models.arch.spec import no_scalars
 
     parts = []
+    if a.recurrent is not None:
+        parts.append("gated short convolutions beside the attention layers, a state per sequence (cpu backend only)")
     if a.experts == "always":
         parts.append("mixture of experts" + (", router softmax over the top experts" if a.moe_gating != "softmax" else ""))
     elif a.experts == "optional":

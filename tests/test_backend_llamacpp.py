@@ -68,8 +68,8 @@ def traced(llm: LLM, prompts, params=GREEDY, all_logits: bool = True):
     seen: dict[tuple[int, int], np.ndarray] = {}
     real = runner.forward_batch
 
-    def spy(batch, pool):
-        out = real(batch, pool)
+    def spy(batch, pool, states=None):
+        out = real(batch, pool, states)
         for r, t in enumerate(batch.logit_rows):
             seen[(int(batch.seq_ids[batch.tok_seq[t]]), int(batch.positions[t]))] = out[r].copy()
         return out

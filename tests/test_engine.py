@@ -236,8 +236,8 @@ def test_logprobs_are_the_raw_log_softmax(tiny_path):
         runner = ref.runner
         real = runner.forward_batch
 
-        def spy(batch, pool):
-            out = real(batch, pool)
+        def spy(batch, pool, states=None):
+            out = real(batch, pool, states)
             captured["row"] = np.array(out[-1], dtype=np.float64)
             return out
 
@@ -259,11 +259,11 @@ def test_failed_step_ends_requests_and_loop_keeps_serving(tiny_path):
     real = llm.runner.forward_batch
     calls = {"n": 0}
 
-    def flaky(batch, pool):
+    def flaky(batch, pool, states=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected")
-        return real(batch, pool)
+        return real(batch, pool, states)
 
     llm.runner.forward_batch = flaky
     eng.start()

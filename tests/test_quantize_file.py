@@ -20,7 +20,7 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
-              "qwen3moe": GT.F16}
+              "qwen3moe": GT.F16, "lfm2": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's experts (3-D tensors)
 
 
@@ -31,7 +31,11 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     H, Hkv, hd, n_vocab = 4, 2, 64, 320
     n_layer = n_layer or (6 if arch == "gemma3" else 3)
     w = gguf.GGUFWriter(str(path), arch)
-    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd)
+    # lfm2: short convolutions around an attention layer, head_count_kv per layer (0: a convolution)
+    recurrent = [i % 2 == 0 for i in range(n_layer)] if arch == "lfm2" else [False] * n_layer
+    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if arch == "lfm2" else Hkv, hd)
+    if arch == "lfm2":
+        w.add_shortconv_l_cache(3)
     if arch == "qwen3moe":
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
@@ -58,23 +62,28 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             w.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=GT.BF16)  # shape in bytes
 
     add("token_embd.weight", (n_vocab, D))
-    add("output_norm.weight", (D,))
+    add("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", (D,))
     if arch in ("llama", "olmo2"):
         add("output.weight", (n_vocab, D))
     for i in range(n_layer):
         p = f"blk.{i}."
         if arch != "olmo2":
             add(p + "attn_norm.weight", (D,))
-        if arch == "phi3":  # fused: llama.cpp's recipe has its own rule for attn_qkv
+        if recurrent[i]:  # the conv kernel F32, as llama.cpp's converter writes it (and never quantizes it)
+            add(p + "shortconv.in_proj.weight", (3 * D, D))
+            w.add_tensor(p + "shortconv.conv.weight", rng.normal(0, 0.5, size=(D, 3)).astype(np.float32))
+            add(p + "shortconv.out_proj.weight", (D, D))
+        elif arch == "phi3":  # fused: llama.cpp's recipe has its own rule for attn_qkv
             add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D))
         else:
             add(p + "attn_q.weight", (H * hd, D))
             add(p + "attn_k.weight", (Hkv * hd, D))
             add(p + "attn_v.weight", (Hkv * hd, D))
-        add(p + "attn_output.weight", (D, H * hd))
+        if not recurrent[i]:
+            add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe"):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch == "lfm2" and not recurrent[i]):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":

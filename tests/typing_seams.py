@@ -9,10 +9,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import Runner
+from infer.backends.base import Runner, StatePoolLike
 from infer.backends.cpu.kv_pool import KVPool
 from infer.backends.cpu.primitives import CpuPrimitives
 from infer.backends.cpu.runner import CpuRunner
+from infer.backends.cpu.state_pool import StatePool
 from infer.backends.llamacpp.runner import LlamaCppRunner
 from infer.backends.llamacpp.slots import SlotPool
 from infer.backends.mlx.kv_pool import MlxKVPool
@@ -21,15 +22,15 @@ from infer.backends.mlx.runner import MlxRunner
 from infer.models.arch.decoder import Primitives
 
 
-def cpu_runner_is_a_runner(r: CpuRunner) -> Runner[KVPool]:
+def cpu_runner_is_a_runner(r: CpuRunner) -> Runner[KVPool, StatePool]:
     return r
 
 
-def mlx_runner_is_a_runner(r: MlxRunner) -> Runner[MlxKVPool]:
+def mlx_runner_is_a_runner(r: MlxRunner) -> Runner[MlxKVPool, StatePoolLike]:
     return r
 
 
-def llamacpp_runner_is_a_runner(r: LlamaCppRunner) -> Runner[SlotPool]:
+def llamacpp_runner_is_a_runner(r: LlamaCppRunner) -> Runner[SlotPool, StatePoolLike]:
     return r
 
 

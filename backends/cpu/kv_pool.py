@@ -12,6 +12,7 @@ llama.cpp's does (see rotation).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -94,6 +95,7 @@ class SequenceKV:
         self.n_ctx = n_ctx
         self.pool = KVPool(cfg, [n] * len(cfg.kv_groups), block_size, cache_type_k, cache_type_v)
         self.tables = [np.arange(n, dtype=np.int32)[None, :] for _ in cfg.kv_groups]
+        self.states: Any = None  # a hybrid model's one-slot StatePool (CpuRunner.new_kv_cache sets it)
 
     @property
     def nbytes(self) -> int:

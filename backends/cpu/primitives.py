@@ -19,6 +19,8 @@ from infer.quant.static_type import static_type
 from .attention import attention
 from .kv_pool import KVPool
 from .kv_write import qkv_post
+from .shortconv import shortconv
+from .state_pool import StatePool
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .glu import ACTIVATIONS, glu, glu_rows
@@ -46,13 +48,16 @@ class CpuPrimitives:
         self.any_swa = any(cfg.layer_swa)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
-    def begin(self, batch: Batch, pool: KVPool, ws: Any) -> None:
-        """Point the primitives at a batch: its buffers (views of ws) and its RoPE angles."""
+    def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
+        """Point the primitives at a batch: its buffers (views of ws) and its RoPE angles; states:
+        the recurrent state pool of a hybrid model's sequences."""
         cfg = self.cfg
         T = len(batch.tokens)
-        self.batch, self.pool, self.ws, self.T = batch, pool, ws, T
+        self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
         self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        if cfg.recurrent_layers:
+            self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
         rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
@@ -109,6 +114,15 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen("kqv_out", il, self.attn)
         return self.attn
+
+    def shortconv(self, bcx: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        ws, T, batch = self.ws, self.T, self.batch
+        y = ws.conv_y[:T]
+        shortconv(bcx, ly.shortconv, self.states.layer(il), batch.state_slots, batch.tok_seq, batch.positions,
+                  ws.seq_first, ws.seq_count, ws.bx[:T], y)
+        if self.trace is not None:
+            self._seen("shortconv_y", il, y)
+        return y
 
     def bias(self, y: np.ndarray, b: np.ndarray, name: str, il: int) -> np.ndarray:
         if b.shape[0]:

@@ -24,6 +24,7 @@ from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
+from .state_pool import StatePool
 from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
 from .target import CHUNKS_PER_THREAD, ISA
@@ -130,13 +131,19 @@ class _Layer:
     router_bias: np.ndarray  # (E,)
     gu_bias: np.ndarray  # (E, 2F): each expert's gate and up biases side by side, as its gate_up product
     down_bias: np.ndarray  # (E, D)
+    # a short-convolution layer (LFM2; models/weights.py): in_proj and out_proj products ([] when
+    # absent), the depthwise kernel transposed to (L, D) (oldest input first), (0, 0) when absent
+    shortconv_in: list
+    shortconv_out: list
+    shortconv: np.ndarray
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
         dense = lw.w_gate is not None
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         return cls(
-            qkv=_products((lw.wq, lw.wk, lw.wv), mmap), wo=[(_pack(lw.wo, mmap), 0)],
+            qkv=_products((lw.wq, lw.wk, lw.wv), mmap) if lw.wq is not None else [],
+            wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
             router=[] if dense else [(_pack(lw.router, mmap), 0)],
@@ -147,12 +154,15 @@ class _Layer:
             bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
             gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
             down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
+            shortconv_in=[(_pack(lw.shortconv_in, mmap), 0)] if lw.shortconv_in is not None else [],
+            shortconv_out=[(_pack(lw.shortconv_out, mmap), 0)] if lw.shortconv_out is not None else [],
+            shortconv=np.ascontiguousarray(lw.shortconv.T, np.float32) if lw.shortconv is not None else _NONE2,
         )
 
 
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
-    out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router
+    out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out
     for gate_up, down in ly.experts:
         out += gate_up + down
     return out
@@ -189,6 +199,12 @@ class Workspace:
         self.group = cfg.n_head // cfg.n_head_kv
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
+        if cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
+            self.bcx = np.zeros((T, 3 * D), f32)
+            self.bx = np.zeros((T, D), f32)
+            self.conv_y = np.zeros((T, D), f32)
+            self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
+            self.seq_count = np.zeros(T, np.int32)
         if cfg.n_expert:  # a mixture of experts (moe.py): the router's output, the batch grouped by expert
             E, k, Fe = cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp
             self.router = np.zeros((T, E), f32)
@@ -265,9 +281,18 @@ class CpuRunner:
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> KVPool:
         return KVPool(self.cfg, n_blocks, block_size, *self.cache_types)
 
+    def state_bytes_per_seq(self) -> int:
+        return StatePool.bytes_per_slot(self.cfg)
+
+    def new_state_pool(self, n_slots: int) -> StatePool | None:
+        return StatePool(self.cfg, n_slots) if self.cfg.recurrent_layers else None
+
     def new_kv_cache(self, n_ctx: int) -> SequenceKV:
-        """A cache for one sequence of up to n_ctx tokens (for forward)."""
-        return SequenceKV(self.cfg, n_ctx, 16, *self.cache_types)
+        """A cache for one sequence of up to n_ctx tokens (for forward), with its recurrent state
+        (cache.states, one slot) where the model has recurrent layers."""
+        cache = SequenceKV(self.cfg, n_ctx, 16, *self.cache_types)
+        cache.states = self.new_state_pool(1)
+        return cache
 
     def warmup(self) -> None:
         """A two-token prompt and one decoded token through every kernel, so that compiling (or
@@ -304,10 +329,10 @@ class CpuRunner:
         for s in range(0, T, self.max_tokens):
             part = tokens[s:s + self.max_tokens]
             batch = Batch.single(part, pos0 + s, cache.tables, cache.pool.block_size, all_logits, prompt_end)
-            out = self.forward_batch(batch, cache.pool)
+            out = self.forward_batch(batch, cache.pool, cache.states)
         return out
 
-    def forward_batch(self, batch: Batch, pool: KVPool) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: KVPool, states: StatePool | None = None) -> np.ndarray:
         """One forward pass over tokens of any number of sequences (at most max_tokens tokens).
 
         Writes each token's K/V to its slot in pool and returns the logits of batch.logit_rows,
@@ -317,6 +342,8 @@ class CpuRunner:
         T = len(batch.tokens)
         if not 0 < T <= self.max_tokens:
             raise ValueError(f"a forward pass takes 1 to {self.max_tokens} tokens, got {T}")
+        if self.cfg.recurrent_layers and (states is None or batch.state_slots is None):
+            raise ValueError("a model with recurrent layers needs a state pool and the batch's state slots")
         ws = self._workspace(int(batch.positions.max()) + 1)
-        self.ops.begin(batch, pool, ws)
+        self.ops.begin(batch, pool, ws, states)
         return self.cfg.architecture.forward(self.ops, self.layers, self.output_norm)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infer.backends.base import KV_CACHE_BYTES, BackendError, RunnerOptions
+from infer.backends.base import KV_CACHE_BYTES, BackendError, RunnerOptions, StatePoolLike
 from infer.backends.batch import Batch
 
 from .devices import llamacpp_devices
@@ -177,6 +177,12 @@ class LlamaCppRunner:
         self._ctx = ctx
         self._ctx_free = weakref.finalize(self, self._lib.llama_free, ctx)
 
+    def state_bytes_per_seq(self) -> int:
+        return 0  # llama.cpp keeps a recurrent model's state in its own sequences, counted in its context
+
+    def new_state_pool(self, n_slots: int) -> StatePoolLike | None:
+        return None
+
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> SlotPool:
         lib = self._lib
         rows = int(n_blocks[0]) * block_size
@@ -211,7 +217,7 @@ class LlamaCppRunner:
                    -1: "invalid batch"}.get(rc, "fatal error")
             raise RuntimeError(f"llama.cpp decode of {len(tokens)} tokens failed ({rc}: {why})")
 
-    def forward_batch(self, batch: Batch, pool: SlotPool) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: SlotPool, states: StatePoolLike | None = None) -> np.ndarray:
         """Decode the batch's tokens in the slots of their sequences; logits (R, V) of batch.logit_rows."""
         T = len(batch.tokens)
         if not 0 < T <= self.max_tokens:

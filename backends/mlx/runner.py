@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError, RunnerOptions
+from infer.backends.base import BackendError, RunnerOptions, StatePoolLike
 from infer.backends.batch import Batch
 
 from .kv_pool import MlxKVPool
@@ -71,6 +71,9 @@ class MlxRunner:
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
             raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
                                "run on --backend cpu or llama.cpp")
+        if config.recurrent_layers:
+            raise BackendError(f"the mlx backend does not run {config.arch}'s recurrent layers yet (issue 34's "
+                               "follow-up: a state pool and shortconv on mlx); use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
@@ -135,6 +138,12 @@ class MlxRunner:
     def new_kv_pool(self, n_blocks: list[int], block_size: int) -> MlxKVPool:
         return MlxKVPool(self.cfg, n_blocks, block_size)
 
+    def state_bytes_per_seq(self) -> int:
+        return 0  # models with recurrent layers are refused at construction
+
+    def new_state_pool(self, n_slots: int) -> StatePoolLike | None:
+        return None
+
     def warmup(self) -> None:
         """One token through every layer, so MLX's first-use costs are paid now."""
         bs = 16
@@ -142,7 +151,7 @@ class MlxRunner:
         tables = [np.zeros((1, 1), np.int32) for _ in self.cfg.kv_groups]
         self.forward_batch(Batch.single(np.zeros(1, np.int32), 0, tables, bs), pool)
 
-    def forward_batch(self, batch: Batch, pool: MlxKVPool) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: MlxKVPool, states: StatePoolLike | None = None) -> np.ndarray:
         """One forward pass over tokens of any number of sequences (at most max_tokens tokens).
 
         Writes each token's K/V to its slot in pool and returns float32 logits (R, V) of

@@ -29,8 +29,10 @@ Adding an architecture, step by step:
    in the module, written like dense_layer over the backends' primitives (decoder.py's docstring
    lists them; nxt is the norm that follows). A step no primitive expresses becomes a new
    primitive on both backends (backends/cpu/primitives.py, backends/mlx/primitives.py), named for
-   llama.cpp's tensor so traces compare; per-layer state other than the paged KV cache (a
-   recurrent layer's) also needs the engine and both runners to keep it per sequence.
+   llama.cpp's tensor so traces compare. Per-layer state other than the paged KV cache (a
+   recurrent layer's) lives in the runner's state pool (Runner.new_state_pool, a slot per
+   running sequence that the engine assigns: engine/state_slots.py); the spec's `recurrent`
+   reads which layers are recurrent (lfm2.py: its short convolutions and shortconv primitive).
    models/weights.py collects the layer's tensors (a new kind of tensor goes there); a bias it has
    no place for is refused unless the spec's `extra_biases` names it.
 6. The tests, most of them parametrized over `names()` already, so step 2 enrols the module; add
@@ -57,12 +59,12 @@ from types import MappingProxyType
 from infer.quant.errors import InferError
 
 from ..hf_files import ConvertError
-from . import gemma2, gemma3, gpt_oss, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe
+from . import gemma2, gemma3, gpt_oss, granite, lfm2, llama, olmo2, phi3, qwen2, qwen3, qwen3moe
 from .spec import Architecture
 
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
-_MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss)
+_MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

@@ -57,6 +57,12 @@ class Primitives(Protocol[A]):
         the layer's router and expert biases where it has them: llama.cpp's build_moe_ffn)
         ("ffn_moe_out")."""
 
+    def shortconv(self, bcx: A, ly: Any, il: int) -> A:
+        """LFM2's gated short convolution from in_proj's B | C | x (T, 3 n_embd): C * conv(B * x),
+        the depthwise causal convolution of width L over each sequence's inputs B * x, its previous
+        L - 1 of them taken from (and the last L - 1 left in) the sequence's recurrent state
+        (llama.cpp's ggml_ssm_conv between its "in_proj" and "out_proj") ("shortconv_y")."""
+
     def logits(self, h: A) -> A | None:
         """The output product of the wanted rows (softcaps and logit_scale applied); None where
         a backend computes none (no row wanted)."""
@@ -69,6 +75,12 @@ def dense_layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tup
     qkv = ops.linear(ly.qkv, h, "qkv", il)
     a = ops.attention(qkv, ly, il)
     o = ops.bias(ops.linear(ly.wo, a, "attn_wo", il), ly.bo, "attn_out", il)
+    return ffn_block(ops, ly, il, x, o, nxt)
+
+
+def ffn_block(ops: Primitives[Any], ly: Any, il: int, x: Any, o: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
+    """The second half of a layer: o (the first block's output) added to x, then the gated FFN or
+    the mixture of experts and its residual add, ending on the norm that follows (nxt)."""
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
     if ly.experts:
         o = ops.moe(h, ly, il)

@@ -60,6 +60,11 @@ class Architecture:
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
+    output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
+    # hybrid models: (raw get, n_layer) -> the ModelConfig fields of the layers that are recurrent
+    # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
+    # "<arch>.<key>" as it is, per-layer arrays included.
+    recurrent: Callable[..., dict[str, Any]] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars
@@ -68,6 +73,9 @@ class Architecture:
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
+    # HF names (suffixes) of depthwise convolution kernels stored (n_embd, 1, L): llama.cpp's converter
+    # squeezes them to (n_embd, L) and writes them float32 (its ggml_ssm_conv takes F32) (lfm2)
+    hf_conv_kernels: tuple[str, ...] = ()
     hf_trim_embeddings: bool = False  # drop embedding rows past the tokenizer's vocabulary (gemma3's padding)
     # config.json -> the text model's hyperparameters (multimodal checkpoints nest them); None: config itself
     hf_text_hparams: Callable[[dict[str, Any]], dict[str, Any]] | None = None

@@ -46,6 +46,10 @@ ARCH_TYPES = {
     "llama-moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q5_K,
                   "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q6_K,
                   "token_embd": GT.Q8_0, "output": GT.Q8_0},
+    # lfm2: short convolutions (in_proj, out_proj) between the attention layers
+    "lfm2": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_1, "attn_output": GT.Q6_K,
+             "shortconv.in_proj": GT.Q4_K, "shortconv.out_proj": GT.Q5_1, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q8_0,
+             "ffn_down": GT.Q4_K, "token_embd": GT.Q6_K},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
@@ -56,7 +60,9 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4}
+# lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
+LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
@@ -90,7 +96,8 @@ def _spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int, hd: int, n_ctx: int = 256) -> None:
+def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int | list[int], hd: int,
+                   n_ctx: int = 256) -> None:
     """The hyperparameters every tiny test model writes the same way."""
     w.add_name(f"tiny-{arch}")
     w.add_context_length(n_ctx)
@@ -134,7 +141,12 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    add_common_kvs(w, arch, D, F, n_layer, H, Hkv, hd, n_ctx)
+    recurrent = LFM2_RECURRENT if arch == "lfm2" else (False,) * n_layer
+    # lfm2: head_count_kv per layer, 0 for a short convolution (as llama.cpp's converter writes it)
+    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if arch == "lfm2" else Hkv,
+                   hd, n_ctx)
+    if arch == "lfm2":
+        w.add_shortconv_l_cache(LFM2_L_CACHE)
     w.add_rope_dimension_count(hd)
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -184,20 +196,29 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
 
     add("token_embd.weight", (n_vocab, D), types["token_embd"])
-    add("output_norm.weight", (D,))
+    add("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", (D,))
     if "output" in types:
         add("output.weight", (n_vocab, D), types["output"])
     for i in range(n_layer):
         p = f"blk.{i}."
         if arch != "olmo2":  # olmo2 normalizes after each block only
             add(p + "attn_norm.weight", (D,))
-        if arch == "phi3":  # Q, K, V in one matrix
+        if recurrent[i]:  # a short convolution in place of the attention
+            add(p + "shortconv.in_proj.weight", (3 * D, D), types["shortconv.in_proj"])
+            # the depthwise kernel as HF initializes it (nn.Conv1d: uniform within 1/sqrt(fan_in), fan_in
+            # = L), so that what the state carries moves the logits
+            bound = 1 / np.sqrt(LFM2_L_CACHE)
+            w.add_tensor(p + "shortconv.conv.weight",
+                         rng.uniform(-bound, bound, size=(D, LFM2_L_CACHE)).astype(np.float32))
+            add(p + "shortconv.out_proj.weight", (D, D), types["shortconv.out_proj"])
+        elif arch == "phi3":  # Q, K, V in one matrix
             add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D), types["attn_qkv"])
         else:
             add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
             add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
             add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
-        add(p + "attn_output.weight", (D, H * hd), types["attn_output"])
+        if not recurrent[i]:
+            add(p + "attn_output.weight", (D, H * hd), types["attn_output"])
         if arch == "gpt-oss":
             add(p + "attn_output.bias", (D,))
             add(p + "attn_sinks.weight", (H,))
@@ -205,7 +226,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe"):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch == "lfm2" and not recurrent[i]):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection

@@ -1,0 +1,65 @@
+"""HF checkpoint -> GGUF for lfm2 (tests/helpers/hf_lfm2.py's tiny folder): the keys and tensors
+llama.cpp's converter writes (head_count_kv per layer, shortconv.l_cache, the adjusted FFN width,
+the conv kernels squeezed to F32), and logits of the HF math, llama.cpp and infer agreeing."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from helpers.hf_lfm2 import LFM2_L, LFM2_TYPES, lfm2_forward, make_lfm2
+from helpers.hf_models import HKV, D, F
+from infer.backends.cpu.runner import CpuRunner
+from infer.models.convert_hf import write_gguf_unquantized
+from infer.models.loader import load_model
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lfm2") / "Tiny-lfm2"
+    weights = make_lfm2(folder, seed=21)
+    return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-lfm2.gguf")
+
+
+def test_metadata_and_tensors(converted):
+    folder, weights, out = converted
+    r = gguf.GGUFReader(out)
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    assert kv["general.architecture"] == "lfm2" and kv["lfm2.block_count"] == len(LFM2_TYPES)
+    assert kv["lfm2.attention.head_count_kv"] == [0 if t == "conv" else HKV for t in LFM2_TYPES]
+    assert kv["lfm2.shortconv.l_cache"] == LFM2_L and kv["lfm2.feed_forward_length"] == F
+    assert kv["lfm2.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    names = {t.name: t for t in r.tensors}
+    assert "output.weight" not in names and "token_embd_norm.weight" in names and "output_norm.weight" not in names
+    conv = names["blk.0.shortconv.conv.weight"]
+    assert gguf.GGMLQuantizationType(conv.tensor_type).name == "F32" and conv.shape.tolist()[::-1] == [D, LFM2_L]
+    np.testing.assert_array_equal(np.asarray(conv.data).reshape(D, LFM2_L),
+                                  weights["model.layers.0.conv.conv.weight"][:, 0, :])
+    assert "blk.1.attn_q_norm.weight" in names and "blk.0.attn_q.weight" not in names
+    assert gguf.GGMLQuantizationType(names["blk.0.shortconv.in_proj.weight"].tensor_type).name == "BF16"
+
+
+@pytest.mark.reference
+def test_logits_match_hf_math_llama_cpp_and_infer(converted):
+    folder, weights, out = converted
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
+    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm.eval(ids)
+    ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    want = lfm2_forward(weights, ids)
+    # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
+    tol = 0.02 * np.abs(want).max()
+    print(f"lfm2: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
+    assert np.abs(ref - want).max() <= tol
+    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
+    model = load_model(out)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
+    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
+    print(f"lfm2: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
+    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
+    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))

@@ -1,5 +1,5 @@
 """The long hostile-input run: mutated tiny models of every architecture (tests/helpers/gguf_fuzz.py), or
-mutated MLX / HF model folders or importance-matrix files (tests/helpers/mlx_fuzz.py), loaded and run
+mutated MLX / HF model folders or importance-matrix files (tests/helpers/mlx_fuzz.py, imatrix_fuzz.py), loaded and run
 (imatrix files: given to `infer quantize --imatrix`; hf-convert: HF folders given to `infer
 quantize`) by a worker process, counting clean errors, tracebacks that would reach the user,
 crashes (the worker killed by a signal) and hangs.
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from helpers import (
     gguf_fuzz,  # noqa: E402
+    imatrix_fuzz,  # noqa: E402
     mlx_fuzz,  # noqa: E402
 )
 
@@ -67,18 +68,18 @@ def hf_convert_cases(folder: Path) -> tuple[CaseMaker, list[str] | None]:
 
 
 def imatrix_cases(folder: Path) -> tuple[CaseMaker, list[str] | None]:
-    model, originals = mlx_fuzz.imatrix_seeds(folder)
+    model, originals = imatrix_fuzz.imatrix_seeds(folder)
     data = [p.read_bytes() for p in originals]
-    types = mlx_fuzz.IMATRIX_TYPES
+    types = imatrix_fuzz.IMATRIX_TYPES
 
     def make(i: int, out: Path) -> tuple[Path, str]:
         src = originals[i % len(originals)]
-        # the quantization type rides in the name (mlx_fuzz.imatrix_worker reads it back)
+        # the quantization type rides in the name (imatrix_fuzz.imatrix_worker reads it back)
         p = out / f"case-{i:06d}--{types[i // len(originals) % len(types)]}{''.join(src.suffixes)}"
-        p.write_bytes(mlx_fuzz.mutate_imatrix(data[i % len(data)], random.Random(i)))
+        p.write_bytes(imatrix_fuzz.mutate_imatrix(data[i % len(data)], random.Random(i)))
         return p, ""
 
-    return make, [mlx_fuzz.__file__, "imatrix", str(model)]
+    return make, [imatrix_fuzz.__file__, str(model)]
 
 
 FORMATS = {"gguf": gguf_cases, "mlx": mlx_cases, "imatrix": imatrix_cases, "hf-convert": hf_convert_cases}

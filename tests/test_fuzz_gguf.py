@@ -2,7 +2,7 @@
 counts, lengths, types, dimensions, offsets, alignments and token ids, bit flips, truncations and
 appended bytes, each loaded and run by a worker process. Every one must end as a clean run or a
 one-line error: no traceback reaching the user, no crash, no hang. The same for MLX / HF model
-folders and importance-matrix files (tests/helpers/mlx_fuzz.py), with the inputs the fuzzing found first
+folders and importance-matrix files (tests/helpers/mlx_fuzz.py, imatrix_fuzz.py), with the inputs the fuzzing found first
 kept as named cases. A bounded budget here; scripts/fuzz_gguf.py runs tens of thousands."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import mlx_fuzz
+from helpers import imatrix_fuzz, mlx_fuzz
 from helpers.gguf_fuzz import mutate, run_cases, seeds
 
 CASES = 300
@@ -78,16 +78,16 @@ def test_mutated_mlx_folders_fail_cleanly(folder_seeds, tmp_path):
 def test_mutated_imatrix_files_fail_cleanly(tmp_path):
     """Legacy .dat and GGUF importance matrices, mutated, through `infer quantize --imatrix`
     (quantize_model in a worker process): a quantized file or a one-line error, nothing else."""
-    model, originals = mlx_fuzz.imatrix_seeds(tmp_path)
+    model, originals = imatrix_fuzz.imatrix_seeds(tmp_path)
     data = [p.read_bytes() for p in originals]
-    types = mlx_fuzz.IMATRIX_TYPES
+    types = imatrix_fuzz.IMATRIX_TYPES
     cases = []
     for i in range(IMATRIX_CASES):
         src = originals[i % len(originals)]
         p = tmp_path / f"case-{i:04d}--{types[i // len(originals) % len(types)]}{''.join(src.suffixes)}"
-        p.write_bytes(mlx_fuzz.mutate_imatrix(data[i % len(data)], random.Random(f"ci-{i}")))
+        p.write_bytes(imatrix_fuzz.mutate_imatrix(data[i % len(data)], random.Random(f"ci-{i}")))
         cases.append(p)
-    results = run_cases(cases, timeout=120, worker_argv=[mlx_fuzz.__file__, "imatrix", str(model)])
+    results = run_cases(cases, timeout=120, worker_argv=[imatrix_fuzz.__file__, str(model)])
     bad = [(p.name, answer) for p, answer in results if not answer.startswith(("OK", "ERR "))]
     assert not bad, bad
     assert {answer.split(" ", 1)[0] for _, answer in results} == {"OK", "ERR"}

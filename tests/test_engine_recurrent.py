@@ -154,6 +154,27 @@ def test_second_turn_reuses_the_prefix(lfm2_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
+def test_cancelled_sequence_leaves_usable_snapshots(lfm2_path):
+    # cancelled mid-generation: its slot and blocks come back, and the snapshots it left (its
+    # prompt's end, its newest boundary) serve the next request over the same tokens
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=2)
+    eng = LLM.load(lfm2_path, config).engine
+    prompt = [1] + list(range(30, 70))  # 41 tokens: prompt-end snapshot at 32
+    rid = eng.add_request(prompt, LONG, keep_events=False)
+    eng.step()
+    seq = eng.scheduler.running[0]
+    while len(seq.output) < 12:  # computed 41 + 11 = 52: the newest boundary is 48
+        eng.step()
+    got = list(seq.output)
+    eng.cancel(rid)
+    eng.step()
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+    again = prompt + got[:7] + [5, 6]  # blocks to 48, the snapshot there
+    assert _run(eng, [again])[0] == _cold(lfm2_path, [again], config)[0]
+    assert eng.blocks.hit_tokens == 48 and eng.scheduler.snapshots.restored == 1
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+
+
 @pytest.mark.slow  # a few seconds alone, longer when other work shares the two cores
 def test_shared_prefixes_under_eviction(lfm2_path):
     # many conversations over shared prefixes, batched, with 3 snapshot slots for 4 running

@@ -235,6 +235,20 @@ def test_spec_ngram_equals_plain(lfm2_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
+def test_spec_draft_model_equals_plain(lfm2_path, tmp_path):
+    # a draft model (a tiny qwen2 of the same vocabulary, mostly wrong) for the hybrid target:
+    # the same restore on rejection, tokens and logprobs are plain decoding's
+    draft = write_tiny_model(tmp_path / "d.gguf", "qwen2", seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=3)
+    prompts = [[1, 5, 7, 9] * k for k in (1, 2, 5)]
+    spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, spec=SpecConfig("draft", draft=str(draft), draft_max=4))
+    eng = LLM.load(lfm2_path, spec).engine
+    got = _run(eng, prompts, params)
+    assert eng.drafted > eng.accepted
+    assert got == _run(LLM.load(lfm2_path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=4)).engine, prompts, params)
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+
+
 def test_auto_backend_is_cpu_for_recurrent_models():
     # the one backend with a state pool so far, wherever auto would otherwise pick mlx or llama.cpp
     assert choose_backend("auto", "gguf", recurrent=True) == "cpu"

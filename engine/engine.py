@@ -67,12 +67,12 @@ class Engine:
         self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence,
                                    naming=config.prefix_cache and (self.states is not None or not recurrent))
         budget = min(config.max_batch_tokens, runner.max_tokens)
-        self._scratch = config.max_seqs  # a running slot s's state before its draft: slot s + max_seqs
         n_snap = state_snapshots(config) if self.states is not None else 0
         first_snap = config.max_seqs * (2 if config.spec.kind else 1)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
                                    StateSlots(config.max_seqs) if self.states is not None else None,
-                                   StateSnapshots(first_snap, n_snap) if n_snap else None)
+                                   StateSnapshots(first_snap, n_snap) if n_snap else None,
+                                   scratch=config.max_seqs)  # slot s's state before its draft: s + max_seqs
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
@@ -280,13 +280,9 @@ class Engine:
                 req.t_admitted = now
         for g, src, dst in sched.copies:
             self.pool.copy_block(g, src, dst)
-        states, slots = self.states, self.scheduler.states
-        for src, dst in sched.state_copies:  # prefix cache hits' states
+        states = self.states
+        for src, dst in sched.state_copies:  # prefix cache hits' states, states before drafts
             states.copy(src, dst)
-        if states is not None:  # the state before each draft, to restore if a draft token is rejected
-            for seq, _ in sched.items:
-                if seq.draft:
-                    states.copy(slots.slot(seq.id), slots.slot(seq.id) + self._scratch)
         batch, sampled, pooled = self._batch(sched)
         try:
             logits = self.runner.forward_batch(batch, self.pool, self.states)
@@ -314,7 +310,7 @@ class Engine:
                 if states is not None and accepted < len(draft):
                     # the state went through rejected tokens: back to before the step, whose
                     # tokens the next step computes again (state_slots.py)
-                    states.copy(slots.slot(seq.id) + self._scratch, slots.slot(seq.id))
+                    states.copy(*self.scheduler.restore_before_draft(seq))
                     kept[seq.id] = 0
             if end is not None:
                 ends.append((req, *end))

@@ -66,12 +66,13 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512,
-                 states: StateSlots | None = None, snapshots: StateSnapshots | None = None):
+                 states: StateSlots | None = None, snapshots: StateSnapshots | None = None, scratch: int = 0):
         if max_seqs < 1 or max_batch_tokens < 1:
             raise ValueError("max_seqs and max_batch_tokens must be positive")
         self.blocks = blocks
         self.states = states  # a hybrid model's recurrent state slots; None: the model has none
         self.snapshots = snapshots  # and its kept states, for the prefix cache (None: it has none)
+        self.scratch = scratch  # under speculation: state slot s's state before its draft is at s + scratch
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Sequence] = deque()
@@ -145,6 +146,12 @@ class Scheduler:
                 out.append((self.states.slot(seq.id), dst))
         return out
 
+    def restore_before_draft(self, seq: Sequence) -> tuple[int, int]:
+        """The (scratch, slot) copy that takes seq's state back to before its draft was verified:
+        a token was rejected, so the step commits none of its tokens (Engine._run)."""
+        slot = self.states.slot(seq.id)  # type: ignore[union-attr]  # only a hybrid model's sequences
+        return slot + self.scratch, slot
+
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
         budget = self.max_batch_tokens
@@ -213,6 +220,9 @@ class Scheduler:
                 step.copies += self.blocks.append(seq.id, total)
                 step.items[idx] = (seq, total)
                 budget -= len(seq.draft)
+                if self.states is not None:  # its state before the draft, to restore on a rejection
+                    slot = self.states.slot(seq.id)
+                    step.state_copies.append((slot, slot + self.scratch))
             else:
                 seq.draft = []
 

@@ -83,9 +83,16 @@ class StatePoolLike(Protocol):
     """A backend's recurrent state of a hybrid model's sequences (LFM2's short convolutions):
     n_slots slots, each one sequence's state for all its recurrent layers, allocated once. The
     engine gives each running sequence a slot (Batch.state_slots); the state at a sequence's
-    position 0 is zero whatever its slot held, so a slot needs no clearing between sequences."""
+    position 0 is zero whatever its slot held, so a slot needs no clearing between sequences.
+    The engine also keeps snapshots of states in slots no sequence runs in (prefix caching and
+    speculation on such a model, engine/state_slots.py), through copy()."""
 
     n_slots: int
+
+    def copy(self, src: int, dst: int) -> None:
+        """Make slot dst's state (all its recurrent layers, every kind of state) a copy of slot
+        src's. Called between forward passes only; a backend with asynchronous compute (mlx) must
+        order it after the pass that wrote src and before the next one that reads dst."""
 
     @property
     def nbytes(self) -> int:
@@ -123,7 +130,7 @@ class Runner(Protocol[P, S]):
         with batch.hidden_rows, also copy those tokens' final hidden states into batch.hidden. A
         hybrid model also reads and updates each sequence's recurrent state in `states`, at its
         slot batch.state_slots, continuing from its tokens before the batch's (which must be the
-        previous ones the state saw: a sequence cannot step back, so no speculation)."""
+        previous ones the state saw: a sequence steps back only by a restored snapshot, StatePoolLike.copy)."""
 
     def warmup(self) -> None:
         """Compile / load kernels now rather than inside the first request."""

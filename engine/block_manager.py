@@ -144,8 +144,10 @@ class BlockManager:
 
     # -- prefix cache ---------------------------------------------------------------------------
 
-    def _match(self, tokens) -> tuple[int, int, list[bytes]]:
-        """(tokens reusable, leading blocks used, names of the prompt's full blocks)."""
+    def _match(self, tokens, state_at: Callable[[bytes], bool] | None = None) -> tuple[int, int, list[bytes]]:
+        """(tokens reusable, leading blocks used, names of the prompt's full blocks). state_at: a
+        hybrid model's prefix must also end at a block boundary whose recurrent state is kept
+        (state_at(name of the block ending there))."""
         bs = self.block_size
         names = self._names(tokens, [], len(tokens) // bs)
         full = [g for g, w in enumerate(self.windows) if w == 0]
@@ -163,7 +165,7 @@ class BlockManager:
                                  for i in range(self._first_kept(g, n), (n - 1) // bs + 1)):
                     ok = False
                     break
-            if ok and n > 0:
+            if ok and n > 0 and (state_at is None or (n == L * bs and state_at(names[L - 1]))):
                 return n, L, names
         return 0, 0, names
 
@@ -173,12 +175,13 @@ class BlockManager:
 
     # -- sequences ------------------------------------------------------------------------------
 
-    def begin(self, seq_id, tokens, reuse: bool = True) -> int:
+    def begin(self, seq_id, tokens, reuse: bool = True, state_at: Callable[[bytes], bool] | None = None) -> int:
         """Start tracking a sequence about to compute `tokens`; takes the cached blocks of its
-        longest cached prefix (none when not reuse) and returns how many tokens need not be computed."""
+        longest cached prefix (none when not reuse; with state_at, see _match) and returns how many
+        tokens need not be computed."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
-        n, L, names = self._match(tokens) if reuse else (0, 0, self._names(tokens, [], len(tokens) // self.block_size))
+        n, L, names = self._match(tokens, state_at) if reuse else (0, 0, self._names(tokens, [], len(tokens) // self.block_size))
         n_take = -(-n // self.block_size)  # the blocks holding positions < n
         tables: list[list[int]] = []
         for g, pool in enumerate(self.pools):
@@ -304,6 +307,13 @@ class BlockManager:
 
     def tables(self, seq_id) -> list[list[int]]:
         return self.seqs[seq_id].tables
+
+    def name_at(self, seq_id, n: int) -> bytes | None:
+        """The name of the sequence's block ending at position n (a multiple of the block size),
+        None where it has none (not yet computed, or a manager that names nothing)."""
+        hashes = self.seqs[seq_id].hashes
+        i = n // self.block_size - 1
+        return hashes[i] if n % self.block_size == 0 and 0 <= i < len(hashes) else None
 
     def num_computed(self, seq_id) -> int:
         return self.seqs[seq_id].num_computed

@@ -36,6 +36,8 @@ class EngineConfig:
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
     cache_type_v: str = "f16"
     pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last"); "": the file's, else mean
+    # a hybrid model's recurrent state snapshots for its prefix cache (engine/state_slots.py); -1: 4 per --parallel
+    state_snapshots: int = -1
     spec: SpecConfig = SpecConfig()  # --spec ngram|draft: speculative decoding (speculative.py, draft.py)
 
     def __post_init__(self) -> None:
@@ -53,6 +55,8 @@ class EngineConfig:
             raise EngineConfigError(f"the batch token budget must be positive, got {self.max_batch_tokens}")
         if self.kv_memory < 0:
             raise EngineConfigError(f"--kv-memory must be positive, got {self.kv_memory}")
+        if self.state_snapshots < -1:
+            raise EngineConfigError(f"the state snapshot count must be -1 (auto) or more, got {self.state_snapshots}")
         if self.block_size < 1:
             raise EngineConfigError(f"the KV block size must be positive, got {self.block_size}")
         try:

@@ -23,14 +23,14 @@ from infer.quant.errors import InferError
 
 from .block_manager import BlockManager, KVUsage
 from .config import EngineConfig, EngineConfigError
-from .kv_sizing import kv_pool_bytes, pool_blocks
+from .kv_sizing import kv_pool_bytes, pool_blocks, state_slots_needed, state_snapshots
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .pooling import Pooler, PoolingError, choose_pooling
 from .request import Event, EventSink, Request, Usage
 from .sampler import SamplingParams, TokenLogprob, token_logprob
 from .scheduler import Scheduler, ScheduledStep, Sequence
 from .speculative import SpeculationError, ngram_draft
-from .state_slots import StateSlots
+from .state_slots import StateSlots, StateSnapshots
 
 __all__ = ["Engine", "EngineConfig", "EngineConfigError", "Event", "ModelRunError", "PromptError", "Usage"]
 
@@ -57,18 +57,22 @@ class Engine:
         state_bytes = runner.state_bytes_per_seq()
         n_blocks = self.pool_blocks(self.n_ctx, windows, per_block, config, state_bytes)
         self.pool = runner.new_kv_pool(n_blocks, bs)
-        # a hybrid model's recurrent state, a slot per sequence that may run (state_slots.py: no
-        # prefix cache and no speculation for such a model)
-        self.states = runner.new_state_pool(config.max_seqs) if state_bytes else None
+        # a hybrid model's recurrent state: a slot per sequence that may run, a scratch slot each
+        # under speculation, then the prefix cache's snapshots (state_slots.py)
+        self.states = runner.new_state_pool(state_slots_needed(config)) if state_bytes else None
         recurrent = bool(model_config.recurrent_layers)  # whichever backend keeps the state
-        if recurrent and config.spec.kind:
-            raise SpeculationError(f"speculative decoding cannot run {model_config.arch}: its recurrent layers' "
-                                   "state cannot roll back a rejected draft; drop --spec")
+        if recurrent and self.states is None and config.spec.kind:
+            raise SpeculationError(f"speculative decoding cannot run {model_config.arch} on {runner.backend}: "
+                                   "its recurrent state cannot roll back a rejected draft there; drop --spec")
         self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence,
-                                   naming=config.prefix_cache and not recurrent)
+                                   naming=config.prefix_cache and (self.states is not None or not recurrent))
         budget = min(config.max_batch_tokens, runner.max_tokens)
+        n_snap = state_snapshots(config) if self.states is not None else 0
+        first_snap = config.max_seqs * (2 if config.spec.kind else 1)
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
-                                   StateSlots(config.max_seqs) if self.states is not None else None)
+                                   StateSlots(config.max_seqs) if self.states is not None else None,
+                                   StateSnapshots(first_snap, n_snap) if n_snap else None,
+                                   scratch=config.max_seqs)  # slot s's state before its draft: s + max_seqs
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
@@ -276,6 +280,9 @@ class Engine:
                 req.t_admitted = now
         for g, src, dst in sched.copies:
             self.pool.copy_block(g, src, dst)
+        states = self.states
+        for src, dst in sched.state_copies:  # prefix cache hits' states, states before drafts
+            states.copy(src, dst)
         batch, sampled, pooled = self._batch(sched)
         try:
             logits = self.runner.forward_batch(batch, self.pool, self.states)
@@ -300,9 +307,16 @@ class Engine:
                 self.drafted += len(draft)
                 self.accepted += accepted
                 kept[seq.id] = n_of[seq.id] - len(draft) + accepted
+                if states is not None and accepted < len(draft):
+                    # the state went through rejected tokens: back to before the step, whose
+                    # tokens the next step computes again (state_slots.py)
+                    states.copy(*self.scheduler.restore_before_draft(seq))
+                    kept[seq.id] = 0
             if end is not None:
                 ends.append((req, *end))
         self.scheduler.commit(sched, kept)  # before any finish frees blocks: they are named for the prefix cache
+        for src, dst in self.scheduler.snapshot_saves(sched):  # and states at boundaries kept
+            states.copy(src, dst)
         for req, reason, flush in ends:
             self.scheduler.finish(req.seq)
             self._finish(req, reason, events, flush)

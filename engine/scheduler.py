@@ -7,7 +7,8 @@ admitted when the KV pool has blocks for it (after its cached prefix); when the 
 the newest running sequence is preempted: its blocks are freed and it is recomputed later
 (its prompt and what it generated so far, much of it found again in the prefix cache).
 A hybrid model's sequence also needs a slot of the recurrent state pool to be admitted
-(state_slots.py), held until it finishes or is preempted.
+(state_slots.py), held until it finishes or is preempted; with the prefix cache, a prefill chunk
+ends at the prompt's last block boundary, whose state is kept as a snapshot (StateSnapshots).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .state_slots import StateSlots
+from .state_slots import StateSlots, StateSnapshots
 
 
 class SeqStatus(enum.Enum):
@@ -55,6 +56,7 @@ class Sequence:
 class ScheduledStep:
     items: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens to compute)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (group, src, dst) before the pass
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots, before the pass
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -64,11 +66,13 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512,
-                 states: StateSlots | None = None):
+                 states: StateSlots | None = None, snapshots: StateSnapshots | None = None, scratch: int = 0):
         if max_seqs < 1 or max_batch_tokens < 1:
             raise ValueError("max_seqs and max_batch_tokens must be positive")
         self.blocks = blocks
         self.states = states  # a hybrid model's recurrent state slots; None: the model has none
+        self.snapshots = snapshots  # and its kept states, for the prefix cache (None: it has none)
+        self.scratch = scratch  # under speculation: state slot s's state before its draft is at s + scratch
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Sequence] = deque()
@@ -91,8 +95,7 @@ class Scheduler:
         if seq.status == SeqStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free(seq.id)
-            if self.states is not None:
-                self.states.release(seq.id)
+            self._release_state(seq)
         elif seq.status == SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
@@ -100,13 +103,54 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.id)
-        if self.states is not None:  # recomputed from its first token, which rebuilds its state
-            self.states.release(seq.id)
+        self._release_state(seq)  # recomputed from its first token or a snapshot, which rebuilds its state
         seq.status = SeqStatus.WAITING
         seq.draft = []
         seq.num_preempted += 1
         self.n_preempted += 1
         self.waiting.appendleft(seq)  # first in line once blocks free up
+
+    def _release_state(self, seq: Sequence) -> None:
+        if self.states is not None:
+            self.states.release(seq.id)
+        if self.snapshots is not None:
+            self.snapshots.end(seq.id)
+
+    def _chunk(self, seq: Sequence, computed: int, budget: int) -> int:
+        """Tokens of seq to compute next: all it has, within budget, ending at its prompt's last
+        block boundary where the computation passes it (a hybrid model's state there is kept)."""
+        n = min(seq.num_tokens - computed, budget)
+        if self.snapshots is not None:
+            bs = self.blocks.block_size
+            end = seq.num_prompt // bs * bs
+            if computed < end < computed + n:
+                n = end - computed
+        return n
+
+    def snapshot_saves(self, step: ScheduledStep) -> list[tuple[int, int]]:
+        """After the step's commit: the (sequence's slot, snapshot slot) copies that keep the
+        states of sequences whose computation now ends at a block boundary (state_slots.py)."""
+        out: list[tuple[int, int]] = []
+        if self.snapshots is None or self.states is None:
+            return out
+        bs = self.blocks.block_size
+        for seq, _ in step.items:
+            if seq.status != SeqStatus.RUNNING:
+                continue
+            n = self.blocks.num_computed(seq.id)
+            name = self.blocks.name_at(seq.id, n) if n else None
+            if name is None:
+                continue
+            dst = self.snapshots.save(seq.id, name, keep=n == seq.num_prompt // bs * bs)
+            if dst is not None:
+                out.append((self.states.slot(seq.id), dst))
+        return out
+
+    def restore_before_draft(self, seq: Sequence) -> tuple[int, int]:
+        """The (scratch, slot) copy that takes seq's state back to before its draft was verified:
+        a token was rejected, so the step commits none of its tokens (Engine._run)."""
+        slot = self.states.slot(seq.id)  # type: ignore[union-attr]  # only a hybrid model's sequences
+        return slot + self.scratch, slot
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
@@ -114,7 +158,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n_new = min(seq.num_tokens - self.blocks.num_computed(seq.id), budget)  # its own tokens first
+            n_new = self._chunk(seq, self.blocks.num_computed(seq.id), budget)  # its own tokens first
             while not self.blocks.can_append(seq.id, n_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -134,8 +178,11 @@ class Scheduler:
             if self.states is not None and self.states.n_free == 0:
                 break
             seq = self.waiting[0]
-            cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix)
-            n_new = min(seq.num_tokens - cached, budget)
+            state_at = None  # a hybrid model's prefix ends where a snapshot keeps its state
+            if self.states is not None:
+                state_at = self.snapshots.has if self.snapshots is not None else (lambda name: False)
+            cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix, state_at=state_at)
+            n_new = self._chunk(seq, cached, budget)
             if not self.blocks.can_append(seq.id, n_new):
                 self.blocks.free(seq.id)
                 break
@@ -144,7 +191,10 @@ class Scheduler:
                 seq.admitted = True
             self.waiting.popleft()
             if self.states is not None:
-                self.states.take(seq.id)
+                slot = self.states.take(seq.id)
+                if cached and self.snapshots is not None:
+                    name = self.blocks.name_at(seq.id, cached)
+                    step.state_copies.append((self.snapshots.take(name), slot))
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             step.copies += self.blocks.append(seq.id, n_new)
@@ -170,6 +220,9 @@ class Scheduler:
                 step.copies += self.blocks.append(seq.id, total)
                 step.items[idx] = (seq, total)
                 budget -= len(seq.draft)
+                if self.states is not None:  # its state before the draft, to restore on a rejection
+                    slot = self.states.slot(seq.id)
+                    step.state_copies.append((slot, slot + self.scratch))
             else:
                 seq.draft = []
 

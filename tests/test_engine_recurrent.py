@@ -1,19 +1,20 @@
 """The engine on a hybrid model (lfm2: short convolutions with a per-sequence state beside the
 paged KV cache): batching, chunking and preemption change nothing a request computes, state slots
-are taken on admission and given back at every end, the memory accounting counts them, and what
-cannot work with a recurrent state (prefix reuse, speculation) is not done; and which lfm2
+are taken on admission and given back at every end, the memory accounting counts them, the prefix
+cache serves a chat's next turn from a state snapshot (engine/state_slots.py) and speculation
+restores a state when a draft is rejected, both giving a cold run's tokens; and which lfm2
 metadata is refused."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from helpers.engine_runs import GREEDY, alone, run_all, tiny_prompts
+from helpers.engine_runs import alone, run_all, tiny_prompts
 from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import Engine, EngineConfig
 from infer.engine.llm import LLM, choose_backend
 from infer.engine.sampler import SamplingParams
-from infer.engine.speculative import SpecConfig, SpeculationError
+from infer.engine.speculative import SpecConfig
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
@@ -63,14 +64,15 @@ def test_preemption_rebuilds_the_state(lfm2_path):
             if ev.finish_reason is not None:
                 out[ev.request_id] = ev.token_ids
         assert len(eng.scheduler.states.held()) == len(eng.scheduler.running)
-    assert eng.scheduler.n_preempted > 0
+    assert eng.scheduler.n_preempted > 0 and eng.scheduler.snapshots.restored > 0  # some restarts from a snapshot
     assert [out[i] for i in ids] == alone(lfm2_path, prompts, roomy, params)
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
 def test_state_slots_freed_on_finish_and_cancel(lfm2_path):
     eng = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2, max_seqs=2)).engine
-    assert eng.scheduler.states.n_slots == 2 == eng.states.n_slots
+    # two running slots, then 4 snapshots per --parallel (kv_sizing.state_snapshots)
+    assert eng.scheduler.states.n_slots == 2 and eng.states.n_slots == 2 + 8
     # admission needs a free slot: three requests, two run, the third waits for a slot
     rids = [eng.add_request([1, 5, 6, 7 + i], SamplingParams(temperature=0.0, max_tokens=30), keep_events=False)
             for i in range(3)]
@@ -85,19 +87,116 @@ def test_state_slots_freed_on_finish_and_cancel(lfm2_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
-def test_second_turn_equals_fresh_run(lfm2_path):
-    # no prefix reuse for a recurrent model (engine/state_slots.py): the next turn of a chat is
-    # prefilled whole, and gives the tokens a fresh engine gives
+# logprobs too: the tiny model's greedy tokens hardly move with its state, its logprobs do (a
+# state restored wrong, or not at all, changes them by ~1 where the tokens may stay the same)
+LONG = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
+
+
+def _run(eng, prompts, params=LONG) -> list[tuple[list[int], list]]:
+    """Every prompt at once on eng: (tokens, their logprobs) of each."""
+    ids = [eng.add_request(p, params, keep_events=False) for p in prompts]
+    out: dict[int, tuple[list[int], list]] = {i: ([], []) for i in ids}
+    while eng.has_work():
+        for ev in eng.step():
+            out[ev.request_id][1].extend(ev.logprobs or [])
+            if ev.finish_reason is not None:
+                out[ev.request_id][0].extend(ev.token_ids)
+    return [out[i] for i in ids]
+
+
+def _cold(path, prompts, config, params=LONG) -> list[tuple[list[int], list]]:
+    return [_run(LLM.load(path, config).engine, [p], params)[0] for p in prompts]
+
+
+def _count_prefill(eng) -> list[int]:
+    """Tokens each forward pass of eng computes, appended as it runs."""
+    counts: list[int] = []
+    forward = eng.runner.forward_batch
+
+    def spy(batch, pool, states=None):
+        counts.append(len(batch.tokens))
+        return forward(batch, pool, states)
+    eng.runner.forward_batch = spy
+    return counts
+
+
+def test_second_turn_reuses_the_prefix(lfm2_path):
+    # a chat's next turn starts from the state snapshot at the previous turn's last full block
+    # (engine/state_slots.py): only the tail is prefilled, and the tokens and logprobs are a cold run's
     config = EngineConfig(n_ctx=256, n_threads=2)
     eng = LLM.load(lfm2_path, config).engine
-    first = [1] + list(range(10, 60))
-    ev = list(eng.generate(first, GREEDY))[-1]
-    turn2 = first + ev.token_ids + [5, 6, 7]
-    ev2 = list(eng.generate(turn2, GREEDY))[-1]
-    assert ev2.usage.cached_tokens == 0 and eng.prefix_hit_rate() == 0.0
-    assert ev2.token_ids == alone(lfm2_path, [turn2], config)[0]
-    again = list(eng.generate(first, GREEDY))[-1]
-    assert again.usage.cached_tokens == 0 and again.token_ids == ev.token_ids
+    bs = config.block_size
+    counts = _count_prefill(eng)
+    first = [1] + list(range(10, 60))  # 51 tokens: its prompt-end snapshot is at 48
+    out1 = _run(eng, [first])[0]
+    assert eng.blocks.hit_tokens == 0 and len(out1[0]) == 24
+    turn2 = first + out1[0] + [5, 6, 7]  # 78 tokens; turn 1 computed 51 + 23 = 74, last boundary 64
+    del counts[:]
+    out2 = _run(eng, [turn2])[0]
+    assert eng.blocks.hit_tokens == 64 == (len(first) + 24 - 1) // bs * bs
+    assert counts[0] == len(turn2) - 64 == 14  # the prefill: the tail only
+    assert sum(counts) == 14 + 23
+    assert out2 == _cold(lfm2_path, [turn2], config)[0]
+    # the same first prompt again: its prompt-end snapshot (48)
+    assert _run(eng, [first])[0] == out1 and eng.blocks.hit_tokens == 64 + 48
+    # cached blocks past the newest snapshot inside them fall back to it: turn 2's blocks reach 80,
+    # but its moving snapshot went on to 96 (computed 101), so the snapshot at its prompt's end, 64
+    third = turn2 + out2[0][:4] + [7] * 5
+    assert eng.blocks.cached_prefix(third) == 80
+    assert _run(eng, [third])[0] == _cold(lfm2_path, [third], config)[0]
+    assert eng.blocks.hit_tokens == 64 + 48 + 64
+    # a match with no snapshot at all inside it: from zero (the first prompt's blocks end at 32, its state at 48)
+    fourth = first[:40] + [9] * 10
+    assert eng.blocks.cached_prefix(fourth) == 32
+    assert _run(eng, [fourth])[0] == _cold(lfm2_path, [fourth], config)[0]
+    assert eng.blocks.hit_tokens == 64 + 48 + 64
+    assert eng.scheduler.snapshots.restored == 3
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+
+
+def test_cancelled_sequence_leaves_usable_snapshots(lfm2_path):
+    # cancelled mid-generation: its slot and blocks come back, and the snapshots it left (its
+    # prompt's end, its newest boundary) serve the next request over the same tokens
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=2)
+    eng = LLM.load(lfm2_path, config).engine
+    prompt = [1] + list(range(30, 70))  # 41 tokens: prompt-end snapshot at 32
+    rid = eng.add_request(prompt, LONG, keep_events=False)
+    eng.step()
+    seq = eng.scheduler.running[0]
+    while len(seq.output) < 12:  # computed 41 + 11 = 52: the newest boundary is 48
+        eng.step()
+    got = list(seq.output)
+    eng.cancel(rid)
+    eng.step()
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+    again = prompt + got[:7] + [5, 6]  # blocks to 48, the snapshot there
+    assert _run(eng, [again])[0] == _cold(lfm2_path, [again], config)[0]
+    assert eng.blocks.hit_tokens == 48 and eng.scheduler.snapshots.restored == 1
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+
+
+@pytest.mark.slow  # a few seconds alone, longer when other work shares the two cores
+def test_shared_prefixes_under_eviction(lfm2_path):
+    # many conversations over shared prefixes, batched, with 3 snapshot slots for 4 running
+    # sequences and a tight KV pool: snapshots and blocks are evicted, and what is found still
+    # gives a cold run's tokens
+    roomy = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, max_batch_tokens=64)
+    eng0 = LLM.load(lfm2_path, roomy).engine
+    per_block, state = eng0.blocks.block_bytes[0], eng0.runner.state_bytes_per_seq()
+    tight = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, max_batch_tokens=64, state_snapshots=3,
+                         kv_memory=(4 + 3) * state + 40 * per_block)
+    eng = LLM.load(lfm2_path, tight).engine
+    assert eng.states.n_slots == 4 + 3
+    base = [1] + list(range(10, 45))
+    prompts = [base + list(range(100 + 7 * i, 110 + 9 * i)) for i in range(6)]
+    outs = _run(eng, prompts)
+    turn2 = [p + o[0] + [5, 6, 7 + i] for i, (p, o) in enumerate(zip(prompts, outs))]
+    outs2 = _run(eng, turn2)
+    snaps = eng.scheduler.snapshots
+    assert len(snaps) <= 3 and snaps.evicted > 0 and snaps.restored > 0 and eng.blocks.hit_tokens > 0
+    assert outs == _cold(lfm2_path, prompts, roomy)
+    assert outs2 == _cold(lfm2_path, turn2, roomy)
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
 def test_memory_accounting_counts_the_state_pool(lfm2_path):
@@ -106,7 +205,8 @@ def test_memory_accounting_counts_the_state_pool(lfm2_path):
     cfg = load_model(lfm2_path).config
     # 3 short-convolution layers x (L - 1 = 2) x n_embd 256 float32, per sequence
     assert cfg.state_bytes() == 3 * 2 * 256 * 4 == eng.runner.state_bytes_per_seq()
-    assert eng.states.nbytes == 4 * cfg.state_bytes()
+    # 4 running slots and 16 snapshot slots (kv_sizing.state_slots_needed)
+    assert eng.states.nbytes == (4 + 16) * cfg.state_bytes()
     assert Engine.kv_pool_bytes(ModelConfig.from_metadata(load_model(lfm2_path).metadata), config) == \
         eng.usage().bytes_total + eng.states.nbytes
     # --kv-memory holds both: what the states take is not there for blocks
@@ -114,13 +214,39 @@ def test_memory_accounting_counts_the_state_pool(lfm2_path):
     with pytest.raises(ValueError, match="recurrent state of --parallel 4 sequences"):
         LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2, max_seqs=4, kv_memory=one_seq))
     fits = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2, max_seqs=4,
-                                            kv_memory=one_seq + 4 * cfg.state_bytes())).engine
+                                            kv_memory=one_seq + 20 * cfg.state_bytes())).engine
     assert fits.usage().blocks_total == (128 // config.block_size,)
 
 
-def test_speculation_is_refused(lfm2_path):
-    with pytest.raises(SpeculationError, match="recurrent"):
-        LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2, spec=SpecConfig(kind="ngram")))
+def test_spec_ngram_equals_plain(lfm2_path):
+    # a draft token rejected puts the state back to before the step (engine/state_slots.py): tokens
+    # and logprobs are plain decoding's; prompts that repeat make the ngram drafter (n = 1) propose,
+    # and the model rejects some (without the restore, logprobs differ by up to 0.9)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
+    prompts = [[1] + [10, 11, 12, 13, 14] * 8, [1] + list(range(20, 40)) * 3, [1] + [62, 5, 224, 6] * 6,
+               [1] + [9, 3, 14, 4] * 5]
+    plain = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4)
+    spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, spec=SpecConfig(kind="ngram", ngram_n=1, draft_max=4))
+    eng = LLM.load(lfm2_path, spec).engine
+    assert eng.states.n_slots == 4 + 4 + 16  # a scratch slot per running sequence
+    got = _run(eng, prompts, params)
+    assert eng.drafted > eng.accepted > 0  # drafts accepted, and some rejected
+    assert got == _run(LLM.load(lfm2_path, plain).engine, prompts, params)
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
+
+
+def test_spec_draft_model_equals_plain(lfm2_path, tmp_path):
+    # a draft model (a tiny qwen2 of the same vocabulary, mostly wrong) for the hybrid target:
+    # the same restore on rejection, tokens and logprobs are plain decoding's
+    draft = write_tiny_model(tmp_path / "d.gguf", "qwen2", seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logprobs=3)
+    prompts = [[1, 5, 7, 9] * k for k in (1, 2, 5)]
+    spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, spec=SpecConfig("draft", draft=str(draft), draft_max=4))
+    eng = LLM.load(lfm2_path, spec).engine
+    got = _run(eng, prompts, params)
+    assert eng.drafted > eng.accepted
+    assert got == _run(LLM.load(lfm2_path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=4)).engine, prompts, params)
+    assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
 def test_auto_backend_is_cpu_for_recurrent_models():

@@ -3,7 +3,8 @@
 A fixed number of slots, allocated once: a slot holds one sequence's state for every recurrent
 layer (LFM2: each short-convolution layer's last L - 1 inputs). Which slot belongs to which
 sequence is the engine's business (engine/state_slots.py); a batch names each sequence's slot
-(Batch.state_slots) and the kernel (shortconv.py) reads and updates it in place.
+(Batch.state_slots) and the kernel (shortconv.py) reads and updates it in place. Slots past the
+running sequences' hold snapshots (engine/state_slots.py): copy() moves a state between slots.
 """
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ class StatePool:
 
     @property
     def nbytes(self) -> int:
-        return self.conv.nbytes
+        return sum(a.nbytes for a in self._arrays())
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        # every per-slot array of the pool, slot on axis 1: what copy() moves (a new kind of state joins here)
+        return (self.conv,)
+
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst's state becomes slot src's (a snapshot taken or restored), every array of it."""
+        for a in self._arrays():
+            a[:, dst] = a[:, src]
 
     def layer(self, il: int) -> np.ndarray:
         """Layer il's states, (n_slots, L - 1, n_embd): a view."""

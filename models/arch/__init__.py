@@ -31,7 +31,9 @@ Adding an architecture, step by step:
    primitive on both backends (backends/cpu/primitives.py, backends/mlx/primitives.py), named for
    llama.cpp's tensor so traces compare. Per-layer state other than the paged KV cache (a
    recurrent layer's) lives in the runner's state pool (Runner.new_state_pool, a slot per
-   running sequence that the engine assigns: engine/state_slots.py); the spec's `recurrent`
+   running sequence that the engine assigns, and slots for the snapshots that serve the prefix
+   cache and speculation: engine/state_slots.py; a new kind of state is copied with the rest by
+   StatePoolLike.copy); the spec's `recurrent`
    reads which layers are recurrent (lfm2.py: its short convolutions and shortconv primitive).
    models/weights.py collects the layer's tensors (a new kind of tensor goes there); a bias it has
    no place for is refused unless the spec's `extra_biases` names it.

@@ -51,7 +51,7 @@ def test_batched_equals_alone_lfm2(lfm2_path, backend, cache_type):
     assert _slots_all_free(llm.engine) and llm.engine.usage().blocks_used == (0,)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "mlx"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("mlx", marks=pytest.mark.slow)])  # mlx: 6-9 s
 def test_preemption_rebuilds_the_state(lfm2_path, backend):
     roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend=_backend(backend))
     eng0 = LLM.load(lfm2_path, roomy).engine
@@ -153,8 +153,9 @@ def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
     # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
     llm = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2))
     assert llm.backend == "mlx" and llm.engine.states is not None
-    got = list(llm.engine.generate([1, 5, 6, 7], GREEDY))[-1].token_ids
-    assert got == alone(lfm2_path, [[1, 5, 6, 7]], EngineConfig(n_ctx=128, n_threads=2, backend="cpu"))[0]
+    few = SamplingParams(temperature=0.0, max_tokens=8)
+    got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
+    assert got == alone(lfm2_path, [[1, 5, 6, 7]], EngineConfig(n_ctx=128, n_threads=2, backend="cpu"), few)[0]
 
 
 @pytest.mark.parametrize("key, value, message", [

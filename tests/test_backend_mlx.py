@@ -307,6 +307,7 @@ def test_lfm2_decode_with_state_matches_recompute(tiny_model):
     r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
     assert r.state_bytes_per_seq() == model.config.state_bytes() > 0
     assert r.new_state_pool(3).nbytes == 3 * r.state_bytes_per_seq()
+    r.warmup()  # a state pool of its own
     toks = np.array([1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7], np.int32)
     bs, tables = 16, [np.arange(2, dtype=np.int32)[None]]
 

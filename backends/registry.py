@@ -100,9 +100,10 @@ def probe_all() -> list[BackendInfo]:
 def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool = False) -> str:
     """The backend to use: `requested` checked for availability, or auto's choice.
 
-    auto: a model with recurrent layers (lfm2) goes to the cpu kernels, the one backend that keeps
-    their per-sequence state so far; MLX-format models and Apple Silicon go to MLX; a llama.cpp
-    build with a GPU takes GGUF models elsewhere; otherwise the cpu kernels.
+    auto: MLX-format models and Apple Silicon go to MLX (hybrid models included: it keeps their
+    per-sequence recurrent state in its own state pool, as the cpu kernels do); a llama.cpp build
+    with a GPU takes GGUF models elsewhere, except a model with recurrent layers (lfm2), which
+    stays on the cpu kernels; otherwise the cpu kernels.
     """
     if requested not in BACKEND_CHOICES:
         raise BackendError(f"unknown backend {requested!r} (choose from {', '.join(BACKEND_CHOICES)})")
@@ -111,8 +112,6 @@ def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool =
         if not info.available:
             raise BackendError(f"backend {requested} is not available: {info.reason}")
         return requested
-    if recurrent and model_format == "gguf":
-        return "cpu"
     if model_format == "mlx":
         info = probe("mlx")
         if not info.available:
@@ -120,7 +119,7 @@ def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool =
         return "mlx"
     if is_apple_silicon() and probe("mlx").available:
         return "mlx"
-    if _installed("llama_cpp") and probe("llama.cpp").gpu:
+    if not recurrent and _installed("llama_cpp") and probe("llama.cpp").gpu:
         return "llama.cpp"
     return "cpu"
 

@@ -24,18 +24,25 @@ def lfm2_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("hybrid") / "tiny-lfm2.gguf", "lfm2", seed=14)
 
 
+def _backend(name: str) -> str:
+    """A backend with a state pool, skipped where it is not installed."""
+    if name == "mlx":
+        pytest.importorskip("mlx.core", reason="the mlx backend needs MLX (pip install infer[mlx])")
+    return name
+
+
 def _slots_all_free(eng) -> bool:
     states = eng.scheduler.states
     return states.n_free == states.n_slots and not states.held()
 
 
 @pytest.mark.slow  # a few seconds alone, longer when other work shares the two cores
-@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
-def test_batched_equals_alone_lfm2(lfm2_path, cache_type):
+@pytest.mark.parametrize("backend, cache_type", [("cpu", "f16"), ("cpu", "q8_0"), ("mlx", "f16")])
+def test_batched_equals_alone_lfm2(lfm2_path, backend, cache_type):
     # a small token budget: prompts are chunked differently together than alone, so each sequence's
-    # state is carried across chunks at other places
+    # state is carried across chunks at other places (mlx keeps its KV cache in f16 only)
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, cache_type_k=cache_type,
-                          cache_type_v=cache_type)
+                          cache_type_v=cache_type, backend=_backend(backend))
     prompts = tiny_prompts()
     llm = LLM.load(lfm2_path, config)
     together, widest = run_all(llm, prompts)
@@ -45,13 +52,14 @@ def test_batched_equals_alone_lfm2(lfm2_path, cache_type):
     assert _slots_all_free(llm.engine) and llm.engine.usage().blocks_used == (0,)
 
 
-def test_preemption_rebuilds_the_state(lfm2_path):
-    roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64)
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("mlx", marks=pytest.mark.slow)])  # mlx: 6-9 s
+def test_preemption_rebuilds_the_state(lfm2_path, backend):
+    roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend=_backend(backend))
     eng0 = LLM.load(lfm2_path, roomy).engine
     per_block, state = eng0.blocks.block_bytes[0], eng0.states.nbytes
     # room for the states and little more than one full-context sequence's blocks: the newest are
     # preempted, and recomputed from their first token, state and all
-    tight = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64,
+    tight = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend=backend,
                          kv_memory=state + int(1.3 * 8 * per_block))
     eng = LLM.load(lfm2_path, tight).engine
     assert eng.states.nbytes == state
@@ -120,10 +128,11 @@ def _count_prefill(eng) -> list[int]:
     return counts
 
 
-def test_second_turn_reuses_the_prefix(lfm2_path):
+@pytest.mark.parametrize("backend", ["cpu", "mlx"])
+def test_second_turn_reuses_the_prefix(lfm2_path, backend):
     # a chat's next turn starts from the state snapshot at the previous turn's last full block
     # (engine/state_slots.py): only the tail is prefilled, and the tokens and logprobs are a cold run's
-    config = EngineConfig(n_ctx=256, n_threads=2)
+    config = EngineConfig(n_ctx=256, n_threads=2, backend=_backend(backend))
     eng = LLM.load(lfm2_path, config).engine
     bs = config.block_size
     counts = _count_prefill(eng)
@@ -249,9 +258,30 @@ def test_spec_draft_model_equals_plain(lfm2_path, tmp_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
-def test_auto_backend_is_cpu_for_recurrent_models():
-    # the one backend with a state pool so far, wherever auto would otherwise pick mlx or llama.cpp
+def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
+    # the backends with a state pool: mlx where auto picks it (Apple Silicon), else the cpu kernels,
+    # even where a llama.cpp build with a GPU would take the same model without recurrent layers
+    from infer.backends import registry
+    from infer.backends.registry import BackendInfo
+
+    gpu_llamacpp = BackendInfo("llama.cpp", True, ["cuda:0 a GPU"], gpu=True)
+    real_probe = registry.probe
+    monkeypatch.setattr(registry, "probe", lambda name: gpu_llamacpp if name == "llama.cpp" else real_probe(name))
+    real_installed = registry._installed
+    monkeypatch.setattr(registry, "_installed", lambda module: module == "llama_cpp" or real_installed(module))
+    monkeypatch.setattr(registry, "is_apple_silicon", lambda: False)
     assert choose_backend("auto", "gguf", recurrent=True) == "cpu"
+    assert choose_backend("auto", "gguf", recurrent=False) == "llama.cpp"
+    if not real_probe("mlx").available:
+        pytest.skip("MLX is not installed: auto's choice of mlx on Apple Silicon (pip install infer[mlx])")
+    monkeypatch.setattr(registry, "is_apple_silicon", lambda: True)
+    assert choose_backend("auto", "gguf", recurrent=True) == "mlx"
+    # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
+    llm = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2))
+    assert llm.backend == "mlx" and llm.engine.states is not None
+    few = SamplingParams(temperature=0.0, max_tokens=8)
+    got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
+    assert got == alone(lfm2_path, [[1, 5, 6, 7]], EngineConfig(n_ctx=128, n_threads=2, backend="cpu"), few)[0]
 
 
 @pytest.mark.parametrize("key, value, message", [

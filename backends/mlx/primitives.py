@@ -13,7 +13,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.moe import route
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -21,6 +20,8 @@ from infer.backends.cpu.elementwise import rope_angles
 
 from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool
+from .shortconv import ConvPlan, shortconv
+from .state_pool import MlxStatePool
 
 
 def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, neox: bool) -> mx.array:
@@ -55,10 +56,12 @@ def gelu_ggml(g: mx.array) -> mx.array:
 class MlxPrimitives:
     """The primitives for one batch of one runner (an MlxRunner)."""
 
-    def __init__(self, runner: Any, batch: Batch, pool: MlxKVPool):
+    def __init__(self, runner: Any, batch: Batch, pool: MlxKVPool, states: MlxStatePool | None = None):
         cfg = runner.cfg
         arch = cfg.architecture
-        self.runner, self.cfg, self.batch, self.pool = runner, cfg, batch, pool
+        self.runner, self.cfg, self.batch, self.pool, self.states = runner, cfg, batch, pool, states
+        # a hybrid model's short convolutions: which inputs each token reads (shortconv.py)
+        self.conv_plan = ConvPlan(batch, cfg.shortconv_l_cache) if cfg.recurrent_layers else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
         self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
@@ -174,8 +177,9 @@ class MlxPrimitives:
         return out
 
     def shortconv(self, bcx: mx.array, ly: Any, il: int) -> mx.array:
-        # MlxRunner refuses models with recurrent layers before any step: nothing reaches here
-        raise BackendError("the mlx backend has no short convolution yet (issue 34's follow-up)")
+        # float32 whatever the products' dtype: the state is float32, as the cpu backend's
+        state = self.states.conv[self.states.index(il)]
+        return shortconv(as_dtype(bcx, mx.float32), ly.shortconv, state, self.conv_plan)
 
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""

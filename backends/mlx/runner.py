@@ -10,16 +10,17 @@ in parallel either: measured), so n_threads is 1 there whatever was asked.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError, RunnerOptions, StatePoolLike
+from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.batch import Batch
 
 from .kv_pool import MlxKVPool
 from .primitives import MlxPrimitives
+from .state_pool import MlxStatePool
 from .weights import Matrix, stack, upload
 
 
@@ -48,10 +49,17 @@ class _Layer:
     sinks: mx.array | None = None
     router_bias: mx.array | None = None
     expert_biases: tuple[mx.array, mx.array] | None = None
+    # a short-convolution layer (LFM2; models/weights.py), in place of the attention: in_proj and
+    # out_proj ([] in an attention layer, which the recipe tells them apart by), the depthwise
+    # kernel (L, D) f32, oldest input first (the GGUF's (D, L) transposed)
+    shortconv_in: list[Matrix] = field(default_factory=list)
+    shortconv_out: list[Matrix] = field(default_factory=list)
+    shortconv: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
-        mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts)
+        mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts,
+                            *self.shortconv_in, *self.shortconv_out)
                 for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
@@ -71,9 +79,6 @@ class MlxRunner:
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
             raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
                                "run on --backend cpu or llama.cpp")
-        if config.recurrent_layers:
-            raise BackendError(f"the mlx backend does not run {config.arch}'s recurrent layers yet (issue 34's "
-                               "follow-up: a state pool and shortconv on mlx); use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
@@ -100,8 +105,9 @@ class MlxRunner:
                 bqkv = mx.array(np.concatenate([np.zeros(n, np.float32) if b is None else np.asarray(b, np.float32)
                                                 for b, n in zip(biases, sizes)]))
             dense = lw.w_gate is not None
+            conv = lw.shortconv_in is not None  # a recurrent layer: no attention matrices
             self.layers.append(_Layer(
-                qkv=_products([up(lw.wq), up(lw.wk), up(lw.wv)]), wo=[up(lw.wo)],
+                qkv=[] if conv else _products([up(lw.wq), up(lw.wk), up(lw.wv)]), wo=[] if conv else [up(lw.wo)],
                 gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
                 down=[up(lw.w_down)] if dense else [],
                 router=[] if dense else [up(lw.router)],
@@ -112,6 +118,9 @@ class MlxRunner:
                 bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
                 expert_biases=None if lw.expert_biases is None else (
                     _vec(np.concatenate(lw.expert_biases[:2], axis=1)), _vec(lw.expert_biases[2])),
+                shortconv_in=[up(lw.shortconv_in)] if conv else [],
+                shortconv_out=[up(lw.shortconv_out)] if conv else [],
+                shortconv=mx.array(np.ascontiguousarray(np.asarray(lw.shortconv, np.float32).T)) if conv else None,
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to
@@ -139,30 +148,37 @@ class MlxRunner:
         return MlxKVPool(self.cfg, n_blocks, block_size)
 
     def state_bytes_per_seq(self) -> int:
-        return 0  # models with recurrent layers are refused at construction
+        return MlxStatePool.bytes_per_slot(self.cfg)
 
-    def new_state_pool(self, n_slots: int) -> StatePoolLike | None:
-        return None
+    def new_state_pool(self, n_slots: int) -> MlxStatePool | None:
+        return MlxStatePool(self.cfg, n_slots) if self.cfg.recurrent_layers else None
 
     def warmup(self) -> None:
         """One token through every layer, so MLX's first-use costs are paid now."""
         bs = 16
         pool = self.new_kv_pool([1] * len(self.cfg.kv_groups), bs)
         tables = [np.zeros((1, 1), np.int32) for _ in self.cfg.kv_groups]
-        self.forward_batch(Batch.single(np.zeros(1, np.int32), 0, tables, bs), pool)
+        self.forward_batch(Batch.single(np.zeros(1, np.int32), 0, tables, bs), pool, self.new_state_pool(1))
 
-    def forward_batch(self, batch: Batch, pool: MlxKVPool, states: StatePoolLike | None = None) -> np.ndarray:
+    def forward_batch(self, batch: Batch, pool: MlxKVPool, states: MlxStatePool | None = None) -> np.ndarray:
         """One forward pass over tokens of any number of sequences (at most max_tokens tokens).
 
         Writes each token's K/V to its slot in pool and returns float32 logits (R, V) of
-        batch.logit_rows.  On the CPU device a row's result does not depend on the rest of the batch."""
+        batch.logit_rows; a hybrid model also reads and updates each sequence's recurrent state in
+        states, at its slot batch.state_slots.  On the CPU device a row's result does not depend
+        on the rest of the batch."""
         T = len(batch.tokens)
         if not 0 < T <= self.max_tokens:
             raise ValueError(f"a forward pass takes 1 to {self.max_tokens} tokens, got {T}")
-        ops = MlxPrimitives(self, batch, pool)
+        if self.cfg.recurrent_layers and (states is None or batch.state_slots is None):
+            raise ValueError("a model with recurrent layers needs a state pool and the batch's state slots")
+        ops = MlxPrimitives(self, batch, pool, states)
         logits = self.cfg.architecture.forward(ops, self.layers, self.output_norm)
-        if logits is None:  # only prefill chunks that end mid-prompt: their K/V were the point
-            mx.eval(pool.arrays())
+        # evaluated now, caches and states included: nothing stays lazy (a lazy array belongs to
+        # this thread's stream, and the engine may call from another thread)
+        kept = pool.arrays() + (states.arrays() if states is not None else [])
+        if logits is None:  # only prefill chunks that end mid-prompt: their K/V and states were the point
+            mx.eval(kept)
             return np.zeros((0, self.cfg.n_vocab), np.float32)
-        mx.eval(logits, pool.arrays())
+        mx.eval(logits, kept)
         return np.array(logits)

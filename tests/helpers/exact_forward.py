@@ -46,6 +46,12 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
     ends = np.cumsum([len(s) for s in seqs])[:-1]
     x = _dense(w.token_embd, np.concatenate(seqs)) * cfg.embed_scale
     for il, lw in enumerate(w.layers):
+        if lw.shortconv_in is not None:  # LFM2's short convolution in place of the attention
+            o = _exact_shortconv(_rms(x, lw.attn_norm, eps), lw, ends) @ _dense(lw.shortconv_out).T
+            x = x + o
+            h = _rms(x, lw.ffn_norm, eps)
+            x = x + _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+            continue
         swa = cfg.layer_swa[il]
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
         h = _rms(x, lw.attn_norm, eps)
@@ -86,6 +92,23 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
         x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
     return np.split(_rms(x, w.output_norm, eps), ends)
+
+
+def _exact_shortconv(h, lw, ends):
+    """llama.cpp's build_shortconv_block between in_proj and out_proj, each sequence from a zero
+    state: in_proj to B | C | x; B * x with L - 1 zero rows before it (the state of a new
+    sequence); ggml_ssm_conv (output t = sum over i of kernel[:, i] * input[t + i], the kernel
+    (D, L) as in the GGUF); C times that."""
+    D = h.shape[1]
+    bcx = h @ _dense(lw.shortconv_in).T
+    b, c, xs = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
+    kernel = np.asarray(lw.shortconv, np.float64)  # (D, L)
+    L = kernel.shape[1]
+    outs = []
+    for bs, xss in zip(np.split(b, ends), np.split(xs, ends)):
+        padded = np.concatenate([np.zeros((L - 1, D)), bs * xss])
+        outs.append(sum(padded[i:i + len(bs)] * kernel[:, i] for i in range(L)))
+    return c * np.concatenate(outs)
 
 
 def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):

@@ -55,7 +55,7 @@ def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
     n = len(cfg.kv_groups)
     pool = r.new_kv_pool([4] * n, 16)
     tables = [np.arange(4, dtype=np.int32)[None]] * n
-    return r.forward_batch(Batch.single(tokens, 0, tables, 16, all_logits=True), pool)
+    return r.forward_batch(Batch.single(tokens, 0, tables, 16, all_logits=True), pool, r.new_state_pool(1))
 
 
 def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:

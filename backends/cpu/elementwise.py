@@ -234,3 +234,12 @@ def softcap(x, cap):
     for t in range(T):
         for i in range(V):
             x[t, i] = cap * math.tanh(x[t, i] / cap)
+
+
+@njit(cache=True)
+def sigmoid_gate(a, gate):
+    # a: (T, N) f32, multiplied in place by sigmoid(gate); gate: (T, N) f32 (a view of the Q|K|V|gate
+    # products). ggml's sigmoid, 1 / (1 + expf(-x)), then its mul (Qwen3.5's gated attention)
+    for t in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            a[t, i] = a[t, i] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-gate[t, i]))))

@@ -177,6 +177,14 @@ class MlxPrimitives:
         # MlxRunner refuses models with recurrent layers before any step: nothing reaches here
         raise BackendError("the mlx backend has no short convolution yet (issue 34's follow-up)")
 
+    def delta_net(self, proj: mx.array, ly: Any, il: int) -> mx.array:
+        # MlxRunner refuses models with recurrent layers before any step: nothing reaches here
+        raise BackendError("the mlx backend has no gated delta net yet (issue 34's follow-up)")
+
+    def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
+        # only Qwen3.5 gates its attention, and its recurrent layers are refused before any step
+        raise BackendError("the mlx backend has no gated attention yet (issue 34's follow-up)")
+
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""
         rows_wanted = self.batch.logit_rows

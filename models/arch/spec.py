@@ -57,6 +57,9 @@ class Architecture:
     moe_gating: str = "softmax"
     # gpt-oss: a learned logit per head that joins each softmax of the attention (llama.cpp's attn_sinks)
     attn_sinks: bool = False
+    # Qwen3.5: attn_q gives each head's Q and an output gate interleaved (2 head_dim per head); the
+    # attention's output is multiplied by sigmoid(gate) before attn_output
+    attn_output_gate: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)

@@ -1,8 +1,8 @@
-"""The engine on a hybrid model (lfm2: short convolutions with a per-sequence state beside the
-paged KV cache): batching, chunking and preemption change nothing a request computes, state slots
-are taken on admission and given back at every end, the memory accounting counts them, and what
-cannot work with a recurrent state (prefix reuse, speculation) is not done; and which lfm2
-metadata is refused."""
+"""The engine on a hybrid model (lfm2: short convolutions, qwen35: gated delta nets, each with a
+per-sequence state beside the paged KV cache): batching, chunking and preemption change nothing a
+request computes, state slots are taken on admission and given back at every end, the memory
+accounting counts them, and what cannot work with a recurrent state (prefix reuse, speculation)
+is not done; and which lfm2 and qwen35 metadata is refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,6 +23,11 @@ def lfm2_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("hybrid") / "tiny-lfm2.gguf", "lfm2", seed=14)
 
 
+@pytest.fixture(scope="module", params=["lfm2", "qwen35"])
+def hybrid_path(request, tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("hybrid") / f"tiny-{request.param}.gguf", request.param, seed=14)
+
+
 def _slots_all_free(eng) -> bool:
     states = eng.scheduler.states
     return states.n_free == states.n_slots and not states.held()
@@ -30,29 +35,29 @@ def _slots_all_free(eng) -> bool:
 
 @pytest.mark.slow  # a few seconds alone, longer when other work shares the two cores
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
-def test_batched_equals_alone_lfm2(lfm2_path, cache_type):
+def test_batched_equals_alone_hybrid(hybrid_path, cache_type):
     # a small token budget: prompts are chunked differently together than alone, so each sequence's
     # state is carried across chunks at other places
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, cache_type_k=cache_type,
                           cache_type_v=cache_type)
     prompts = tiny_prompts()
-    llm = LLM.load(lfm2_path, config)
+    llm = LLM.load(hybrid_path, config)
     together, widest = run_all(llm, prompts)
     assert widest == 8
-    assert together == alone(lfm2_path, prompts, config)
+    assert together == alone(hybrid_path, prompts, config)
     assert all(len(t) > 0 for t in together)
     assert _slots_all_free(llm.engine) and llm.engine.usage().blocks_used == (0,)
 
 
-def test_preemption_rebuilds_the_state(lfm2_path):
+def test_preemption_rebuilds_the_state(hybrid_path):
     roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64)
-    eng0 = LLM.load(lfm2_path, roomy).engine
+    eng0 = LLM.load(hybrid_path, roomy).engine
     per_block, state = eng0.blocks.block_bytes[0], eng0.states.nbytes
     # room for the states and little more than one full-context sequence's blocks: the newest are
     # preempted, and recomputed from their first token, state and all
     tight = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64,
                          kv_memory=state + int(1.3 * 8 * per_block))
-    eng = LLM.load(lfm2_path, tight).engine
+    eng = LLM.load(hybrid_path, tight).engine
     assert eng.states.nbytes == state
     prompts = tiny_prompts()
     params = SamplingParams(temperature=0.0, max_tokens=40)
@@ -64,7 +69,7 @@ def test_preemption_rebuilds_the_state(lfm2_path):
                 out[ev.request_id] = ev.token_ids
         assert len(eng.scheduler.states.held()) == len(eng.scheduler.running)
     assert eng.scheduler.n_preempted > 0
-    assert [out[i] for i in ids] == alone(lfm2_path, prompts, roomy, params)
+    assert [out[i] for i in ids] == alone(hybrid_path, prompts, roomy, params)
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
@@ -85,17 +90,17 @@ def test_state_slots_freed_on_finish_and_cancel(lfm2_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
-def test_second_turn_equals_fresh_run(lfm2_path):
+def test_second_turn_equals_fresh_run(hybrid_path):
     # no prefix reuse for a recurrent model (engine/state_slots.py): the next turn of a chat is
     # prefilled whole, and gives the tokens a fresh engine gives
     config = EngineConfig(n_ctx=256, n_threads=2)
-    eng = LLM.load(lfm2_path, config).engine
+    eng = LLM.load(hybrid_path, config).engine
     first = [1] + list(range(10, 60))
     ev = list(eng.generate(first, GREEDY))[-1]
     turn2 = first + ev.token_ids + [5, 6, 7]
     ev2 = list(eng.generate(turn2, GREEDY))[-1]
     assert ev2.usage.cached_tokens == 0 and eng.prefix_hit_rate() == 0.0
-    assert ev2.token_ids == alone(lfm2_path, [turn2], config)[0]
+    assert ev2.token_ids == alone(hybrid_path, [turn2], config)[0]
     again = list(eng.generate(first, GREEDY))[-1]
     assert again.usage.cached_tokens == 0 and again.token_ids == ev.token_ids
 
@@ -146,5 +151,39 @@ def test_lfm2_metadata_refused(lfm2_path, key, value, message):
         del meta[f"lfm2.{key}"]
     else:
         meta[f"lfm2.{key}"] = value
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_metadata(meta)
+
+
+def test_qwen35_state_pool_holds_conv_tails_and_delta_matrices(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", seed=14)
+    config = EngineConfig(n_ctx=128, n_threads=2, max_seqs=3)
+    eng = LLM.load(path, config).engine
+    cfg = load_model(path).config
+    # 3 gated delta net layers x ((width 4 - 1) x 256 conv channels + 4 value heads x 32 x 32), float32
+    assert cfg.recurrent_layers == (0, 1, 3) and [g.layers for g in cfg.kv_groups] == [(2,)]
+    assert cfg.state_bytes() == 3 * (3 * 256 + 4 * 32 * 32) * 4 == eng.runner.state_bytes_per_seq()
+    assert eng.states.nbytes == 3 * cfg.state_bytes()
+    assert eng.states.layer(3, "delta").shape == (3, 4, 32, 32) and eng.states.layer(3, "conv").shape == (3, 3, 256)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ssm.state_size", None, "ssm.state_size is missing"),
+    ("ssm.inner_size", 100, "must be time_step_rank 4 \\* state_size 32"),
+    ("ssm.group_count", 3, "a multiple of group_count 3"),
+    ("ssm.conv_kernel", 1, "ssm.conv_kernel 1 is out of range"),
+    ("full_attention_interval", 0, "must be positive"),
+    ("full_attention_interval", 5, "every layer recurrent"),
+    ("nextn_predict_layers", 1, "multi-token-prediction"),
+    ("rope.dimension_sections", np.array([2, 2, 1, 1], np.int32), "extra section"),
+])
+def test_qwen35_metadata_refused(tmp_path, key, value, message):
+    meta = dict(load_model(write_tiny_model(tmp_path / "q.gguf", "qwen35", seed=2)).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.layer_recurrent == (True, True, False, True) and cfg.ssm_conv_channels == 256
+    if value is None:
+        del meta[f"qwen35.{key}"]
+    else:
+        meta[f"qwen35.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)

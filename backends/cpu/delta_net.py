@@ -22,8 +22,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .elementwise import _rms_scale
-from .shortconv import _spans
+from .elementwise import rms_scale
+from .shortconv import seq_spans
 from .vexp import expf_row, fma32
 
 _SILU_WIDTH = 16  # ggml_vec_silu_f32's vector (AVX-512): the tail of a row past its last whole 16 takes expf
@@ -54,7 +54,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
     # state: (n_slots, Hv, S, S) f32 this layer's delta-rule matrices, read then updated in place
     # slots: (S_seq,) int32 the state slot of each table row's sequence
     # tok_seq, positions: (T,) int32 each token's table row and position
-    # first, count: (>= S_seq,) int32 scratch (shortconv._spans)
+    # first, count: (>= S_seq,) int32 scratch (shortconv.seq_spans)
     # xc: (T, C) f32 scratch: the convolution's output, Q and K normalized in place
     # e: (T, C) f32 scratch (SiLU's exponentials)
     # y: (T, I) f32 out: the gated norm of each head's output
@@ -63,7 +63,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
     Hk = n_k_heads
     inner = Hv * S
     key_dim = Hk * S
-    _spans(tok_seq, positions, first, count)
+    seq_spans(tok_seq, positions, first, count)
     # 1. convolution and SiLU
     for t in prange(T):
         s = tok_seq[t]
@@ -90,7 +90,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
         inv = np.float32(1.0) / np.float32(math.sqrt(np.float32(S)))
         for hh in range(2 * Hk):
             x = row[hh * S:(hh + 1) * S]
-            scale = _rms_scale(x, eps_l2)
+            scale = rms_scale(x, eps_l2)
             for i in range(S):
                 x[i] = np.float32(x[i] * scale) * inv
     # the convolution's state: each sequence's last L - 1 inputs (shortconv.py's update)
@@ -165,6 +165,6 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
         expf_row(z[:V], True, np.float32(0.0), ez[:V])
         for j in range(V, S):
             ez[j] = np.float32(math.exp(-z[j]))
-        scale = _rms_scale(o, eps)
+        scale = rms_scale(o, eps)
         for j in range(S):
             o[j] = np.float32(o[j] * scale) * norm_w[j] * (z[j] / (_ONE + ez[j]))

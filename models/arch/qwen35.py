@@ -1,6 +1,6 @@
-"""Qwen3.5 dense (llama.cpp's LLM_ARCH_QWEN35: src/models/qwen35.cpp, delta-net-base.cpp): Gated
-DeltaNet linear-attention layers interleaved with gated full-attention layers, each followed by
-the gated SiLU FFN; pre-norm, the FFN's norm named `post_attention_norm`.
+"""Qwen3.5 dense (llama.cpp's LLM_ARCH_QWEN35): Gated DeltaNet linear-attention layers
+interleaved with gated full-attention layers, each followed by the gated SiLU FFN; pre-norm, the
+FFN's norm named `post_attention_norm` (llama.cpp's src/models/qwen35.cpp, delta-net-base.cpp).
 
 Which layers are recurrent: `attention.recurrent_layers` (a flag per layer), else every layer but
 each `full_attention_interval`-th (default 4). A recurrent layer (build_layer_attn_linear): from
@@ -108,6 +108,7 @@ ARCHITECTURE = Architecture(
     ffn_norm_tensor="post_attention_norm",
     extra_biases=("ssm_dt.bias",),
     recurrent=recurrent,
+    recurrent_kind="gated delta nets",
     chat_template="chatml",
     layer=layer,
 )

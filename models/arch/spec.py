@@ -68,6 +68,7 @@ class Architecture:
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
+    recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

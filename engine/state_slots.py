@@ -4,8 +4,9 @@ A hybrid model (LFM2: short convolutions, Qwen3.5: gated delta nets, beside atte
 besides its paged K/V, a state per sequence that each step reads and updates (backends/base.py's
 StatePoolLike). The runner allocates one slot per sequence that may run at once (--parallel); the
 scheduler admits a sequence only with a free slot and gives the slot back when the sequence
-finishes, is cancelled or is preempted. A preempted sequence is recomputed from its first token, which rebuilds its state
-(the state at position 0 is zero whatever the slot held, so slots are never cleared).
+finishes, is cancelled or is preempted. A preempted sequence is recomputed from its first token,
+which rebuilds its state (the state at position 0 is zero whatever the slot held, so slots are
+never cleared).
 
 The prefix cache does not serve such a model: a cached prefix's K/V are of no use without the
 recurrent state at the prefix's end, which nothing keeps (snapshots of the state at block

@@ -187,3 +187,15 @@ def test_qwen35_metadata_refused(tmp_path, key, value, message):
         meta[f"qwen35.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)
+
+
+def test_qwen35_recurrent_layers_flags_win_over_the_interval(tmp_path):
+    # llama.cpp reads attention.recurrent_layers (a flag per layer) first, full_attention_interval
+    # only without it
+    meta = dict(load_model(write_tiny_model(tmp_path / "q.gguf", "qwen35", seed=2)).metadata)
+    meta["qwen35.attention.recurrent_layers"] = np.array([False, True, True, False])
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.recurrent_layers == (1, 2) and [g.layers for g in cfg.kv_groups] == [(0, 3)]
+    meta["qwen35.attention.recurrent_layers"] = np.array([True, False])
+    with pytest.raises(ModelConfigError, match="a flag for each of 4 layers"):
+        ModelConfig.from_metadata(meta)

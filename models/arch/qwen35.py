@@ -20,10 +20,16 @@ Multi-token-prediction layers (`nextn_predict_layers`) are refused (a follow-up)
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+from gguf import GGUFValueType as VT
+
+from ..hf_files import ConvertError, Kvs
 from ..limits import MAX_CONV_WIDTH, MAX_HEAD_DIM
 from .decoder import Primitives, ffn_block
+from .hf_keys import generic_kvs, need
 from .spec import Architecture
 
 
@@ -85,6 +91,110 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     return {"layer_recurrent": layer_recurrent, **sizes}
 
 
+# -- the HF converter (llama.cpp's Qwen3_5TextModel: Qwen3NextModel with the V heads reordered)
+
+_DEFAULT_SECTIONS = [11, 11, 10, 0]  # llama.cpp's converter writes these where the checkpoint has none
+
+
+def hf_text_hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's hyperparameters (Qwen3_5ForConditionalGeneration nests them in text_config)."""
+    if not isinstance(config.get("text_config"), dict):
+        return dict(config)
+    hp = dict(config["text_config"])
+    if "tie_word_embeddings" in config:
+        hp.setdefault("tie_word_embeddings", config["tie_word_embeddings"])
+    return hp
+
+
+def hf_text_name(name: str) -> str | None:
+    """A checkpoint tensor's text-model name: the vision tower and the multi-token-prediction block
+    dropped (llama.cpp's --no-mtp; the mmproj file has the vision part), dt_bias named as the
+    converter renames it (dt_proj.bias, gguf's ssm_dt)."""
+    if name.startswith(("model.visual.", "visual.", "mtp.", "model.mtp.")):
+        return None
+    name = name.replace("model.language_model.", "model.")
+    return name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
+
+
+def _rope_parameters(hp: dict[str, Any]) -> dict[str, Any]:
+    rp = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+    return {**({"partial_rotary_factor": hp["partial_rotary_factor"]} if "partial_rotary_factor" in hp else {}),
+            **(rp if isinstance(rp, dict) else {})}
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's converter writes for Qwen3.5: the common keys, the gated delta net's ssm.*
+    sizes, full_attention_interval, RoPE over partial_rotary_factor of each head and its sections.
+    llama.cpp also writes layer_types as attention.recurrent_layers; here a layer_types that the
+    interval does not describe is refused (infer's GGUF writers have no boolean arrays)."""
+    extra = generic_kvs(kv, hp, path)
+    n_layer = int(need(hp, "num_hidden_layers", path))
+    interval = int(hp.get("full_attention_interval", 4))
+    types = hp.get("layer_types")
+    if types is not None and list(types) != ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                             for i in range(n_layer)]:
+        raise ConvertError(f"{path}: layer_types that full_attention_interval {interval} does not describe "
+                           "are not supported")
+    hk, hv = int(need(hp, "linear_num_key_heads", path)), int(need(hp, "linear_num_value_heads", path))
+    dk, dv = int(need(hp, "linear_key_head_dim", path)), int(need(hp, "linear_value_head_dim", path))
+    if dk != dv or hk <= 0 or hv % hk:
+        raise ConvertError(f"{path}: linear attention heads {hk} x {dk} (keys) / {hv} x {dv} (values) are not "
+                           "a layout llama.cpp runs (equal head sizes, value heads a multiple of key heads)")
+    kv.u32("{arch}.ssm.conv_kernel", need(hp, "linear_conv_kernel_dim", path))
+    kv.u32("{arch}.ssm.state_size", dk)
+    kv.u32("{arch}.ssm.group_count", hk)
+    kv.u32("{arch}.ssm.time_step_rank", hv)
+    kv.u32("{arch}.ssm.inner_size", dv * hv)
+    kv.u32("{arch}.full_attention_interval", interval)
+    head_dim = int(hp.get("head_dim") or int(need(hp, "hidden_size", path)) // int(need(hp, "num_attention_heads", path)))
+    rp = _rope_parameters(hp)
+    kv.u32("{arch}.rope.dimension_count", int(head_dim * float(rp.get("partial_rotary_factor", 0.25))))
+    sections = list(rp.get("mrope_section") or _DEFAULT_SECTIONS)
+    kv.add("{arch}.rope.dimension_sections", VT.ARRAY, np.array((sections + [0] * 4)[:4], np.int32))
+    return extra
+
+
+def _v_heads_tiled(w: np.ndarray, axis: int, hk: int, per_k: int, size: int) -> np.ndarray:
+    """V heads from HF's grouped order (by key head) to ggml's tiled one (llama.cpp's
+    _reorder_v_heads): along axis, (hk, per_k, size) becomes (per_k, hk, size)."""
+    w = np.moveaxis(w, axis, 0)
+    shape = w.shape
+    w = w.reshape(hk, per_k, size, *shape[1:]).swapaxes(0, 1).reshape(shape)
+    return np.ascontiguousarray(np.moveaxis(w, 0, axis))
+
+
+def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray], np.ndarray]]:
+    """What llama.cpp's converter does to a gated delta net's tensors beyond renaming: A = -exp(A_log),
+    and where value heads outnumber key heads, the V heads reordered to ggml's tiling (Q|K|V's V
+    rows, z's rows, beta's and alpha's rows, A and dt, the convolution's V channels, out_proj's
+    columns). Applied to the tensor as stored (1-D and conv kernels as float32 already)."""
+    if ".linear_attn." not in name:
+        return []
+    steps: list[Callable[[np.ndarray], np.ndarray]] = []
+    hk, hv = int(hp.get("linear_num_key_heads", 0)), int(hp.get("linear_num_value_heads", 0))
+    if hk and hv and hk != hv:
+        dk, dv, per_k = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"]), hv // hk
+        qk = 2 * hk * dk
+
+        def v_part(axis: int, size: int) -> Callable[[np.ndarray], np.ndarray]:
+            def step(w: np.ndarray) -> np.ndarray:
+                head, v = np.split(w, [qk], axis=axis)
+                return np.concatenate([head, _v_heads_tiled(v, axis, hk, per_k, size)], axis=axis)
+            return step
+
+        if ".in_proj_qkv." in name or ".conv1d." in name:
+            steps.append(v_part(0, dv))
+        elif ".in_proj_z." in name:
+            steps.append(lambda w: _v_heads_tiled(w, 0, hk, per_k, dv))
+        elif ".in_proj_a." in name or ".in_proj_b." in name or name.endswith((".A_log", ".dt_proj.bias")):
+            steps.append(lambda w: _v_heads_tiled(w, 0, hk, per_k, 1))
+        elif ".out_proj." in name:
+            steps.append(lambda w: _v_heads_tiled(w, 1, hk, per_k, dv))
+    if name.endswith(".A_log"):
+        steps.append(lambda w: -np.exp(w.astype(np.float32)))
+    return steps
+
+
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """A gated delta net layer (a layer with ssm_in products) or a gated full-attention layer,
     then the FFN."""
@@ -103,6 +213,16 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
 ARCHITECTURE = Architecture(
     name="qwen35",
     rope_neox=True,
+    hf_model_types=("qwen3_5_text", "qwen3_5"),
+    hf_class="Qwen3_5ForCausalLM",
+    hf_kvs=hf_kvs,
+    hf_text_hparams=hf_text_hparams,
+    hf_text_name=hf_text_name,
+    hf_conv_kernels=("linear_attn.conv1d.weight",),
+    # Qwen3.5's RMSNorms scale by (1 + w), all but the delta net's gated norm
+    hf_norm_shift=True,
+    hf_norm_shift_except=("linear_attn.norm.weight",),
+    hf_tensor_steps=hf_tensor_steps,
     qk_norm="head",
     attn_output_gate=True,
     ffn_norm_tensor="post_attention_norm",

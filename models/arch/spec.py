@@ -74,6 +74,10 @@ class Architecture:
     scalars: Callable[..., dict[str, float]] = no_scalars
     hf_permute_qk: bool = False  # HF stores Q/K rows for rotate-half RoPE; GGUF (llama.cpp) interleaves them
     hf_norm_shift: bool = False  # HF stores RMSNorm weights as w - 1 (gemma); GGUF as w
+    hf_norm_shift_except: tuple[str, ...] = ()  # norms (name suffixes) stored as w all the same (qwen35's gated norm)
+    # (text-model tensor name, hyperparameters) -> steps applied to that tensor after the usual ones
+    # (llama.cpp's converter's reorders and transforms: qwen35's V heads, A = -exp(A_log)); None: none
+    hf_tensor_steps: Callable[..., list[Any]] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)

@@ -96,3 +96,13 @@ def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     print(f"qwen35: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
     assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_mlx_export_is_refused(converted):
+    # an MLX (HF-layout) checkpoint would need the V heads and A_log transformed back: refused
+    from infer.models.mlx_export import hf_config
+    from infer.models.quantize_file import QuantizeError
+
+    model = load_model(converted[2])
+    with pytest.raises(QuantizeError, match="not undone"):
+        hf_config(model.config, model.metadata, True, False, None, "float16", 4, 64)

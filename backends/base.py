@@ -7,6 +7,7 @@ Nothing here knows the scheduler, the tokenizer, a terminal or HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -77,6 +78,12 @@ class BlockKVPool:
 
     def free_sequence(self, seq_id: int) -> None:
         pass  # blocks are all such a pool knows; the engine's block manager already took them back
+
+
+# The kinds of recurrent state (models' ModelConfig.state_shapes) each backend's own kernels keep: a
+# model with another kind is refused there (MlxRunner) and auto does not send it there
+# (registry.choose_backend). llama.cpp keeps its own.
+STATE_KINDS = MappingProxyType({"cpu": frozenset({"conv", "delta"}), "mlx": frozenset({"conv"})})
 
 
 class StatePoolLike(Protocol):

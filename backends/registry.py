@@ -9,8 +9,9 @@ import importlib.util
 import os
 import platform
 from dataclasses import dataclass, field
+from typing import Iterable
 
-from .base import BackendError, Runner, RunnerOptions
+from .base import STATE_KINDS, BackendError, Runner, RunnerOptions
 
 BACKENDS = ("cpu", "mlx", "llama.cpp")
 BACKEND_CHOICES = ("auto",) + BACKENDS
@@ -97,13 +98,13 @@ def probe_all() -> list[BackendInfo]:
     return [probe(n) for n in BACKENDS]
 
 
-def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool = False) -> str:
+def choose_backend(requested: str, model_format: str = "gguf", state_kinds: Iterable[str] = ()) -> str:
     """The backend to use: `requested` checked for availability, or auto's choice.
 
-    auto: MLX-format models and Apple Silicon go to MLX (hybrid models included: it keeps their
-    per-sequence recurrent state in its own state pool, as the cpu kernels do); a llama.cpp build
-    with a GPU takes GGUF models elsewhere, except a model with recurrent layers (lfm2), which
-    stays on the cpu kernels; otherwise the cpu kernels.
+    auto: MLX-format models and Apple Silicon go to MLX (hybrid models included where MLX keeps
+    their kinds of recurrent state, STATE_KINDS: LFM2's, not yet Qwen3.5's); a llama.cpp build with
+    a GPU takes GGUF models elsewhere, except a model with recurrent layers (state_kinds: the
+    model's, ModelConfig.state_shapes), which stays on the cpu kernels; otherwise the cpu kernels.
     """
     if requested not in BACKEND_CHOICES:
         raise BackendError(f"unknown backend {requested!r} (choose from {', '.join(BACKEND_CHOICES)})")
@@ -117,9 +118,10 @@ def choose_backend(requested: str, model_format: str = "gguf", recurrent: bool =
         if not info.available:
             raise BackendError(f"this is an MLX-format model and MLX is not available: {info.reason}")
         return "mlx"
-    if is_apple_silicon() and probe("mlx").available:
+    kinds = frozenset(state_kinds)
+    if is_apple_silicon() and kinds <= STATE_KINDS["mlx"] and probe("mlx").available:
         return "mlx"
-    if not recurrent and _installed("llama_cpp") and probe("llama.cpp").gpu:
+    if not kinds and _installed("llama_cpp") and probe("llama.cpp").gpu:
         return "llama.cpp"
     return "cpu"
 

@@ -26,7 +26,7 @@ class LLM:
         self.model = model
         self.config = config
         self.tokenizer = _tokenizer(model)
-        self.backend = choose_backend(config.backend, model.format, bool(model.config.recurrent_layers))
+        self.backend = choose_backend(config.backend, model.format, model.config.state_shapes)
         options = _runner_options(config)
         self.runner = create_runner(self.backend, model, options)
         drafter = _drafter(config, self.tokenizer, self.backend, options) if config.spec.kind == "draft" else None
@@ -99,7 +99,7 @@ def load_warm(path: str | Path, config: EngineConfig = EngineConfig(),
         # the dry run loads the model for itself: uploading to the cpu backend releases the raw
         # weights of the model it is given as it repacks them
         model = load_model(path)
-        if choose_backend(config.backend, model.format, bool(model.config.recurrent_layers)) == "cpu":
+        if choose_backend(config.backend, model.format, model.config.state_shapes) == "cpu":
             compile_ahead((lambda: _tokenizer(model), lambda: create_runner("cpu", model, options).warmup()), workers,
                           on_start, lambda job, n: on_done(n))
     llm = LLM.load(path, config)

@@ -1,11 +1,12 @@
 """Which slot of the runner's recurrent state pool each running sequence of a hybrid model holds.
 
-A hybrid model (LFM2: short convolutions beside attention) keeps, besides its paged K/V, a state
-per sequence that each step reads and updates (backends/base.py's StatePoolLike). The runner
-allocates one slot per sequence that may run at once (--parallel); the scheduler admits a
-sequence only with a free slot and gives the slot back when the sequence finishes, is cancelled or
-is preempted. A preempted sequence is recomputed from its first token, which rebuilds its state
-(the state at position 0 is zero whatever the slot held, so slots are never cleared).
+A hybrid model (LFM2: short convolutions, Qwen3.5: gated delta nets, beside attention) keeps,
+besides its paged K/V, a state per sequence that each step reads and updates (backends/base.py's
+StatePoolLike). The runner allocates one slot per sequence that may run at once (--parallel); the
+scheduler admits a sequence only with a free slot and gives the slot back when the sequence
+finishes, is cancelled or is preempted. A preempted sequence is recomputed from its first token,
+which rebuilds its state (the state at position 0 is zero whatever the slot held, so slots are
+never cleared).
 
 Prefix caching (a chat's next turn). A cached prefix's K/V are of no use without the recurrent
 state at the prefix's end, so the engine keeps snapshots of states, each at a block boundary and

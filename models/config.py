@@ -105,6 +105,14 @@ class ModelConfig:
     # state instead of a KV cache: LFM2's short convolution); () where no layer is
     layer_recurrent: tuple[bool, ...] = ()
     shortconv_l_cache: int = 0  # LFM2: the short convolution's width L; its state keeps the last L - 1 inputs
+    # Qwen3.5's gated delta net (llama.cpp's ssm.* keys): the causal convolution's width over the
+    # Q|K|V projection, the size S of each head (keys and values alike), the key heads (group
+    # count) and the value heads (time-step rank); ssm_inner_size = value heads * S
+    ssm_conv_kernel: int = 0
+    ssm_state_size: int = 0
+    ssm_group_count: int = 0
+    ssm_dt_rank: int = 0
+    ssm_inner_size: int = 0
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -112,15 +120,27 @@ class ModelConfig:
         return tuple(il for il, r in enumerate(self.layer_recurrent) if r)
 
     @property
-    def state_shape(self) -> tuple[int, int]:
-        """One recurrent layer's state for one sequence: the short convolution's last L - 1 inputs
-        (B * x, n_embd wide), oldest first; (0, 0) for a model without recurrent layers."""
-        return (self.shortconv_l_cache - 1, self.n_embd) if self.recurrent_layers else (0, 0)
+    def ssm_conv_channels(self) -> int:
+        """The gated delta net's convolved channels: Q and K (key heads * S each), then V."""
+        return 2 * self.ssm_group_count * self.ssm_state_size + self.ssm_inner_size
+
+    @property
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """One recurrent layer's state for one sequence, by kind: "conv", a causal convolution's
+        last width - 1 inputs, oldest first (LFM2: B * x, n_embd wide; Qwen3.5: Q|K|V); "delta",
+        Qwen3.5's delta-rule matrix per value head, (value heads, S, S) with [h, j, i] the value
+        component j of key component i (ggml's transposed layout). {} without recurrent layers."""
+        if not self.recurrent_layers:
+            return {}
+        if self.ssm_state_size:
+            S = self.ssm_state_size
+            return {"conv": (self.ssm_conv_kernel - 1, self.ssm_conv_channels), "delta": (self.ssm_dt_rank, S, S)}
+        return {"conv": (self.shortconv_l_cache - 1, self.n_embd)}
 
     def state_bytes(self) -> int:
         """Bytes one sequence's recurrent state takes, all its layers (float32)."""
-        rows, width = self.state_shape
-        return 4 * len(self.recurrent_layers) * rows * width
+        per_layer = sum(math.prod(shape) for shape in self.state_shapes.values())
+        return 4 * len(self.recurrent_layers) * per_layer
 
     @property
     def kv_groups(self) -> tuple[KVGroup, ...]:

@@ -167,9 +167,11 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             # llama.cpp writes every 1-D tensor (norms, biases) as F32. Gemma stores its RMSNorm
             # weights as (w - 1): adding 1 here lets the runtime use the plain x * w norm; the sum is
             # rounded to the checkpoint's dtype first, as the converter's torch arithmetic does.
-            shift = spec.hf_norm_shift and name.endswith("norm.weight")
+            shift = spec.hf_norm_shift and name.endswith("norm.weight") and not name.endswith(spec.hf_norm_shift_except)
             out_type = int(GT.F32)
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
+        if spec.hf_tensor_steps is not None:
+            steps += spec.hf_tensor_steps(name, hp)
         out.append(SourceTensor(gguf_name, tuple(shape), out_type, _loader(e, hf_name, steps)))
     out += [_stacked_experts(namer, prefix, w, parts, folder) for (prefix, w), parts in experts.items()]
     if n_embd_rows is None:

@@ -117,6 +117,9 @@ def hf_config(cfg: ModelConfig, meta: dict[str, Any], tied: bool, has_qkv_bias: 
     arch = cfg.architecture
     if not arch.hf_class:
         raise QuantizeError(f"{cfg.arch}: no MLX (Hugging Face) layout is known for this architecture")
+    if arch.hf_tensor_steps is not None:  # qwen35: V heads reordered, A_log as -exp(A_log)
+        raise QuantizeError(f"{cfg.arch}: the converter's tensor transforms are not undone for an MLX "
+                            "(Hugging Face) checkpoint yet")
     out: dict[str, Any] = {
         "model_type": arch.export_type, "architectures": [arch.hf_class],
         "hidden_size": cfg.n_embd, "intermediate_size": cfg.n_ff, "num_hidden_layers": cfg.n_layer,

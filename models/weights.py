@@ -61,6 +61,22 @@ class LayerWeights:
     shortconv_in: Matrix | None = None
     shortconv: np.ndarray | None = None
     shortconv_out: Matrix | None = None
+    # Qwen3.5's gated attention (Architecture.attn_output_gate): the gate's rows of attn_q (n_head *
+    # head_dim, n_embd), taken out of the file's per-head interleaving of Q and gate
+    attn_gate: Matrix | None = None
+    # Qwen3.5's gated delta net (a recurrent layer; ModelConfig.ssm_*): Q|K|V (conv channels,
+    # n_embd), z (inner, n_embd), beta and alpha (value heads, n_embd); the convolution's kernel
+    # (conv channels, width) float32, oldest input first; dt bias, A, per value head; the output
+    # norm (S,); ssm_out (n_embd, inner)
+    ssm_qkv: Matrix | None = None
+    ssm_z: Matrix | None = None
+    ssm_beta: Matrix | None = None
+    ssm_alpha: Matrix | None = None
+    ssm_conv: np.ndarray | None = None
+    ssm_dt: np.ndarray | None = None
+    ssm_a: np.ndarray | None = None
+    ssm_norm: np.ndarray | None = None
+    ssm_out: Matrix | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,13 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
         if recurrent:
             wq = wk = wv = wo = bq = bk = bv = None
-            own = _shortconv(get, vec, p, cfg)
+            own = _gated_delta_net(get, vec, p, cfg) if cfg.ssm_state_size else _shortconv(get, vec, p, cfg)
+        elif arch.attn_output_gate:
+            wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
+            wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
+            bq = bk = bv = None
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+            own = {"attn_gate": gate}
         else:
             wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
             bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
@@ -234,6 +256,30 @@ def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
     return {"shortconv_in": get(p + "shortconv.in_proj.weight", (3 * D, D)),
             "shortconv": vec(p + "shortconv.conv.weight", (D, cfg.shortconv_l_cache)),
             "shortconv_out": get(p + "shortconv.out_proj.weight", (D, D))}
+
+
+def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[Matrix, Matrix]:
+    """Q's rows and the gate's rows of a gated attention's attn_q, whose rows are per head Q's
+    head_dim then the gate's (llama.cpp's views of Qcur_full): two matrices, rows copied once."""
+    if not isinstance(wq, QTensor):
+        raise ModelLoadError(f"{path}: {p}attn_q.weight in {type(wq).__name__} form cannot be split into Q and gate")
+    hd = wq.shape[0] // (2 * n_head)
+    per_head = wq.raw.reshape(n_head, 2, hd, -1)
+    q = np.ascontiguousarray(per_head[:, 0]).reshape(n_head * hd, -1)
+    gate = np.ascontiguousarray(per_head[:, 1]).reshape(n_head * hd, -1)
+    cols = wq.shape[1]
+    return QTensor(wq.type_id, (n_head * hd, cols), q), QTensor(wq.type_id, (n_head * hd, cols), gate)
+
+
+def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """A gated delta net layer's tensors (Qwen3.5; llama.cpp's load_block_trunk for is_recr)."""
+    D, C, inner, hv = cfg.n_embd, cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_dt_rank
+    return {"ssm_qkv": get(p + "attn_qkv.weight", (C, D)), "ssm_z": get(p + "attn_gate.weight", (inner, D)),
+            "ssm_beta": get(p + "ssm_beta.weight", (hv, D)), "ssm_alpha": get(p + "ssm_alpha.weight", (hv, D)),
+            "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
+            "ssm_dt": vec(p + "ssm_dt.bias", hv), "ssm_a": vec(p + "ssm_a", hv),
+            "ssm_norm": vec(p + "ssm_norm.weight", cfg.ssm_state_size),
+            "ssm_out": get(p + "ssm_out.weight", (D, inner))}
 
 
 def _extras(vec, p: str, cfg: ModelConfig) -> dict[str, Any]:

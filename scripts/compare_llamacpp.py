@@ -38,7 +38,10 @@ import numpy as np
 ALIASES = {"sa_out": "ffn_inp", "ffn_geglu": "ffn_act", "ffn_swiglu": "ffn_act",
            # lfm2 (llama.cpp's src/models/lfm2.cpp names them after the HF modules)
            "model.layers.{}.operator_norm": "attn_norm", "model.layers.{}.conv.in_proj": "shortconv_in_proj",
-           "model.layers.{}.conv.out_proj": "shortconv_out_proj", "model.layers.{}.ffn_norm": "ffn_norm"}
+           "model.layers.{}.conv.out_proj": "shortconv_out_proj", "model.layers.{}.ffn_norm": "ffn_norm",
+           # qwen35 (src/models/qwen35.cpp): the residual before the FFN, its norm, the attention
+           # before its output gate
+           "attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"}
 
 
 class _Tensor(ctypes.Structure):
@@ -108,7 +111,23 @@ class LlamaCppTracer:
                 arrs = [out.get(f"{n}-{il}") for n in parts]
                 if f"{name}-{il}" not in out and all(a is not None for a in arrs) and len({a.shape[0] for a in arrs}) == 1:
                     out[f"{name}-{il}"] = np.concatenate(arrs, axis=1)
+            self._qwen35(out, il)
         return out
+
+    @staticmethod
+    def _qwen35(out: dict[str, np.ndarray], il: int) -> None:
+        """qwen35's products as infer stacks them: a gated attention's "qkv" is Q|K|V|gate (llama.cpp's
+        Qcur_full interleaves each head's Q and gate), a gated delta net's "ssm_in" is Q|K|V, z,
+        beta, alpha side by side (beta's product reshaped to one value per row there)."""
+        full, k, v, q_normed = (out.get(f"{n}-{il}") for n in ("Qcur_full", "Kcur@mm", "Vcur@mm", "Qcur_normed"))
+        if full is not None and k is not None and v is not None and q_normed is not None:
+            T, hd = full.shape[0], q_normed.shape[1]
+            heads = full.reshape(T, -1, 2, hd)
+            out[f"qkv-{il}"] = np.concatenate([heads[:, :, 0].reshape(T, -1), k, v, heads[:, :, 1].reshape(T, -1)], 1)
+        parts = [out.get(f"{n}-{il}") for n in ("linear_attn_qkv_mixed", "z", "beta", "alpha")]
+        if all(a is not None for a in parts):
+            T = parts[0].shape[0]
+            out[f"ssm_in-{il}"] = np.concatenate([a.reshape(T, -1) for a in parts], axis=1)
 
 
 def compare(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> list[tuple[str, float, int, int]]:

@@ -39,7 +39,9 @@ def _layer(a) -> str:
 
     parts = []
     if a.recurrent is not None:
-        parts.append("gated short convolutions beside the attention layers, a state per sequence (cpu and mlx backends)")
+        parts.append(f"{a.recurrent_kind} beside the attention layers, a state per sequence")
+    if a.attn_output_gate:
+        parts.append("sigmoid-gated attention output")
     if a.experts == "always":
         parts.append("mixture of experts" + (", router softmax over the top experts" if a.moe_gating != "softmax" else ""))
     elif a.experts == "optional":

@@ -20,7 +20,7 @@ from helpers.logits import PROMPT, cpu_logits, mlx_logits
 from helpers.prompts import PROMPTS
 from helpers.quant_blocks import random_blocks
 from helpers.tiny_models import write_tiny_model
-from infer.backends.base import RunnerOptions
+from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.mlx import weights as mw
 from infer.backends.mlx.runner import MlxRunner
@@ -34,6 +34,10 @@ from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
 
 ARCHS = list(names())  # every registered architecture
+# architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
+NOT_ON_MLX = {"qwen35": "qwen35's gated delta nets and their per-sequence state are not on the mlx backend yet "
+                        "(issue 34's follow-up: delta_net and attn_gate in backends/mlx/primitives.py, the "
+                        "\"delta\" kind in its state pool and backends/base.py's STATE_KINDS)"}
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,
@@ -141,7 +145,16 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(params=ARCHS)
 def tiny(request, tiny_model):
+    if request.param in NOT_ON_MLX:
+        pytest.skip(NOT_ON_MLX[request.param])
     return request.param, tiny_model(request.param)
+
+
+@pytest.mark.parametrize("arch", sorted(NOT_ON_MLX))
+def test_refuses_what_it_cannot_run(arch, tiny_model):
+    model = tiny_model(arch)
+    with pytest.raises(BackendError, match="--backend cpu"):
+        MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
 
 
 def test_logits_match_exact_reference(tiny):

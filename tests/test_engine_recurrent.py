@@ -1,9 +1,9 @@
-"""The engine on a hybrid model (lfm2: short convolutions with a per-sequence state beside the
-paged KV cache): batching, chunking and preemption change nothing a request computes, state slots
-are taken on admission and given back at every end, the memory accounting counts them, the prefix
-cache serves a chat's next turn from a state snapshot (engine/state_slots.py) and speculation
-restores a state when a draft is rejected, both giving a cold run's tokens; and which lfm2
-metadata is refused."""
+"""The engine on a hybrid model (lfm2: short convolutions, qwen35: gated delta nets, each with a
+per-sequence state beside the paged KV cache), on the backends that keep such a state: batching,
+chunking and preemption change nothing a request computes, state slots are taken on admission and
+given back at every end, the memory accounting counts them, the prefix cache serves a chat's next
+turn from a state snapshot (engine/state_slots.py) and speculation restores a state when a draft
+is rejected, both giving a cold run's tokens; and which lfm2 and qwen35 metadata is refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +24,23 @@ def lfm2_path(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("hybrid") / "tiny-lfm2.gguf", "lfm2", seed=14)
 
 
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """arch -> the path of its tiny model (written once per module)."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = write_tiny_model(tmp_path_factory.mktemp("hybrid") / f"tiny-{arch}.gguf", arch, seed=14)
+        return made[arch]
+
+    return get
+
+
+# each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
+RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx")]
+
+
 def _backend(name: str) -> str:
     """A backend with a state pool, skipped where it is not installed."""
     if name == "mlx":
@@ -37,31 +54,34 @@ def _slots_all_free(eng) -> bool:
 
 
 @pytest.mark.slow  # a few seconds alone, longer when other work shares the two cores
-@pytest.mark.parametrize("backend, cache_type", [("cpu", "f16"), ("cpu", "q8_0"), ("mlx", "f16")])
-def test_batched_equals_alone_lfm2(lfm2_path, backend, cache_type):
+@pytest.mark.parametrize("arch, backend, cache_type", [(a, b, c) for a, b in RUNS for c in ("f16", "q8_0")
+                                                       if b == "cpu" or c == "f16"])
+def test_batched_equals_alone_hybrid(hybrid, arch, backend, cache_type):
+    path = hybrid(arch)
     # a small token budget: prompts are chunked differently together than alone, so each sequence's
     # state is carried across chunks at other places (mlx keeps its KV cache in f16 only)
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40, cache_type_k=cache_type,
                           cache_type_v=cache_type, backend=_backend(backend))
     prompts = tiny_prompts()
-    llm = LLM.load(lfm2_path, config)
+    llm = LLM.load(path, config)
     together, widest = run_all(llm, prompts)
     assert widest == 8
-    assert together == alone(lfm2_path, prompts, config)
+    assert together == alone(path, prompts, config)
     assert all(len(t) > 0 for t in together)
     assert _slots_all_free(llm.engine) and llm.engine.usage().blocks_used == (0,)
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("mlx", marks=pytest.mark.slow)])  # mlx: 6-9 s
-def test_preemption_rebuilds_the_state(lfm2_path, backend):
+@pytest.mark.parametrize("arch, backend", [r if r[1] == "cpu" else pytest.param(*r, marks=pytest.mark.slow) for r in RUNS])
+def test_preemption_rebuilds_the_state(hybrid, arch, backend):  # mlx: 6-9 s
+    path = hybrid(arch)
     roomy = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend=_backend(backend))
-    eng0 = LLM.load(lfm2_path, roomy).engine
+    eng0 = LLM.load(path, roomy).engine
     per_block, state = eng0.blocks.block_bytes[0], eng0.states.nbytes
     # room for the states and little more than one full-context sequence's blocks: the newest are
     # preempted, and recomputed from their first token, state and all
     tight = EngineConfig(n_ctx=128, n_threads=2, max_seqs=8, max_batch_tokens=64, backend=backend,
                          kv_memory=state + int(1.3 * 8 * per_block))
-    eng = LLM.load(lfm2_path, tight).engine
+    eng = LLM.load(path, tight).engine
     assert eng.states.nbytes == state
     prompts = tiny_prompts()
     params = SamplingParams(temperature=0.0, max_tokens=40)
@@ -73,7 +93,7 @@ def test_preemption_rebuilds_the_state(lfm2_path, backend):
                 out[ev.request_id] = ev.token_ids
         assert len(eng.scheduler.states.held()) == len(eng.scheduler.running)
     assert eng.scheduler.n_preempted > 0 and eng.scheduler.snapshots.restored > 0  # some restarts from a snapshot
-    assert [out[i] for i in ids] == alone(lfm2_path, prompts, roomy, params)
+    assert [out[i] for i in ids] == alone(path, prompts, roomy, params)
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
@@ -128,12 +148,12 @@ def _count_prefill(eng) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("backend", ["cpu", "mlx"])
-def test_second_turn_reuses_the_prefix(lfm2_path, backend):
+@pytest.mark.parametrize("arch, backend", RUNS)
+def test_second_turn_reuses_the_prefix(hybrid, arch, backend):
     # a chat's next turn starts from the state snapshot at the previous turn's last full block
     # (engine/state_slots.py): only the tail is prefilled, and the tokens and logprobs are a cold run's
     config = EngineConfig(n_ctx=256, n_threads=2, backend=_backend(backend))
-    eng = LLM.load(lfm2_path, config).engine
+    eng = LLM.load(hybrid(arch), config).engine
     bs = config.block_size
     counts = _count_prefill(eng)
     first = [1] + list(range(10, 60))  # 51 tokens: its prompt-end snapshot is at 48
@@ -145,19 +165,19 @@ def test_second_turn_reuses_the_prefix(lfm2_path, backend):
     assert eng.blocks.hit_tokens == 64 == (len(first) + 24 - 1) // bs * bs
     assert counts[0] == len(turn2) - 64 == 14  # the prefill: the tail only
     assert sum(counts) == 14 + 23
-    assert out2 == _cold(lfm2_path, [turn2], config)[0]
+    assert out2 == _cold(hybrid(arch), [turn2], config)[0]
     # the same first prompt again: its prompt-end snapshot (48)
     assert _run(eng, [first])[0] == out1 and eng.blocks.hit_tokens == 64 + 48
     # cached blocks past the newest snapshot inside them fall back to it: turn 2's blocks reach 80,
     # but its moving snapshot went on to 96 (computed 101), so the snapshot at its prompt's end, 64
     third = turn2 + out2[0][:4] + [7] * 5
     assert eng.blocks.cached_prefix(third) == 80
-    assert _run(eng, [third])[0] == _cold(lfm2_path, [third], config)[0]
+    assert _run(eng, [third])[0] == _cold(hybrid(arch), [third], config)[0]
     assert eng.blocks.hit_tokens == 64 + 48 + 64
     # a match with no snapshot at all inside it: from zero (the first prompt's blocks end at 32, its state at 48)
     fourth = first[:40] + [9] * 10
     assert eng.blocks.cached_prefix(fourth) == 32
-    assert _run(eng, [fourth])[0] == _cold(lfm2_path, [fourth], config)[0]
+    assert _run(eng, [fourth])[0] == _cold(hybrid(arch), [fourth], config)[0]
     assert eng.blocks.hit_tokens == 64 + 48 + 64
     assert eng.scheduler.snapshots.restored == 3
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
@@ -227,7 +247,8 @@ def test_memory_accounting_counts_the_state_pool(lfm2_path):
     assert fits.usage().blocks_total == (128 // config.block_size,)
 
 
-def test_spec_ngram_equals_plain(lfm2_path):
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_spec_ngram_equals_plain(hybrid, arch):
     # a draft token rejected puts the state back to before the step (engine/state_slots.py): tokens
     # and logprobs are plain decoding's; prompts that repeat make the ngram drafter (n = 1) propose,
     # and the model rejects some (without the restore, logprobs differ by up to 0.9)
@@ -236,11 +257,11 @@ def test_spec_ngram_equals_plain(lfm2_path):
                [1] + [9, 3, 14, 4] * 5]
     plain = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4)
     spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, spec=SpecConfig(kind="ngram", ngram_n=1, draft_max=4))
-    eng = LLM.load(lfm2_path, spec).engine
+    eng = LLM.load(hybrid(arch), spec).engine
     assert eng.states.n_slots == 4 + 4 + 16  # a scratch slot per running sequence
     got = _run(eng, prompts, params)
     assert eng.drafted > eng.accepted > 0  # drafts accepted, and some rejected
-    assert got == _run(LLM.load(lfm2_path, plain).engine, prompts, params)
+    assert got == _run(LLM.load(hybrid(arch), plain).engine, prompts, params)
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
@@ -270,12 +291,13 @@ def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
     real_installed = registry._installed
     monkeypatch.setattr(registry, "_installed", lambda module: module == "llama_cpp" or real_installed(module))
     monkeypatch.setattr(registry, "is_apple_silicon", lambda: False)
-    assert choose_backend("auto", "gguf", recurrent=True) == "cpu"
-    assert choose_backend("auto", "gguf", recurrent=False) == "llama.cpp"
+    assert choose_backend("auto", "gguf", ("conv",)) == "cpu"
+    assert choose_backend("auto", "gguf", ()) == "llama.cpp"
     if not real_probe("mlx").available:
         pytest.skip("MLX is not installed: auto's choice of mlx on Apple Silicon (pip install infer[mlx])")
     monkeypatch.setattr(registry, "is_apple_silicon", lambda: True)
-    assert choose_backend("auto", "gguf", recurrent=True) == "mlx"
+    assert choose_backend("auto", "gguf", ("conv",)) == "mlx"
+    assert choose_backend("auto", "gguf", ("conv", "delta")) == "cpu"  # no delta net on mlx yet
     # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
     llm = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2))
     assert llm.backend == "mlx" and llm.engine.states is not None
@@ -303,4 +325,51 @@ def test_lfm2_metadata_refused(lfm2_path, key, value, message):
     else:
         meta[f"lfm2.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_metadata(meta)
+
+
+def test_qwen35_state_pool_holds_conv_tails_and_delta_matrices(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", seed=14)
+    config = EngineConfig(n_ctx=128, n_threads=2, max_seqs=3)
+    eng = LLM.load(path, config).engine
+    cfg = load_model(path).config
+    # 3 gated delta net layers x ((width 4 - 1) x 256 conv channels + 4 value heads x 32 x 32), float32
+    assert cfg.recurrent_layers == (0, 1, 3) and [g.layers for g in cfg.kv_groups] == [(2,)]
+    assert cfg.state_bytes() == 3 * (3 * 256 + 4 * 32 * 32) * 4 == eng.runner.state_bytes_per_seq()
+    n = eng.states.n_slots  # the running sequences' and the snapshots' (engine/state_slots.py)
+    assert n > 3 and eng.states.nbytes == n * cfg.state_bytes()
+    assert eng.states.layer(3, "delta").shape == (n, 4, 32, 32) and eng.states.layer(3, "conv").shape == (n, 3, 256)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ssm.state_size", None, "ssm.state_size is missing"),
+    ("ssm.inner_size", 100, "must be time_step_rank 4 \\* state_size 32"),
+    ("ssm.group_count", 3, "a multiple of group_count 3"),
+    ("ssm.conv_kernel", 1, "ssm.conv_kernel 1 is out of range"),
+    ("full_attention_interval", 0, "must be positive"),
+    ("full_attention_interval", 5, "every layer recurrent"),
+    ("nextn_predict_layers", 1, "multi-token-prediction"),
+    ("rope.dimension_sections", np.array([2, 2, 1, 1], np.int32), "extra section"),
+])
+def test_qwen35_metadata_refused(tmp_path, key, value, message):
+    meta = dict(load_model(write_tiny_model(tmp_path / "q.gguf", "qwen35", seed=2)).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.layer_recurrent == (True, True, False, True) and cfg.ssm_conv_channels == 256
+    if value is None:
+        del meta[f"qwen35.{key}"]
+    else:
+        meta[f"qwen35.{key}"] = value
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_metadata(meta)
+
+
+def test_qwen35_recurrent_layers_flags_win_over_the_interval(tmp_path):
+    # llama.cpp reads attention.recurrent_layers (a flag per layer) first, full_attention_interval
+    # only without it
+    meta = dict(load_model(write_tiny_model(tmp_path / "q.gguf", "qwen35", seed=2)).metadata)
+    meta["qwen35.attention.recurrent_layers"] = np.array([False, True, True, False])
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.recurrent_layers == (1, 2) and [g.layers for g in cfg.kv_groups] == [(0, 3)]
+    meta["qwen35.attention.recurrent_layers"] = np.array([True, False])
+    with pytest.raises(ModelConfigError, match="a flag for each of 4 layers"):
         ModelConfig.from_metadata(meta)

@@ -40,7 +40,7 @@ def round_f16(x):
 
 
 @njit(cache=True)
-def _rms_scale(x, eps):
+def rms_scale(x, eps):
     # x: (D,) f32 -> 1/sqrt(mean(x*x) + eps) with ggml's arithmetic: float32 squares summed in double,
     # a float32 mean, float32 sqrt and division. Normalized activations reach hundreds on Gemma, so a
     # 1-ulp difference here flips a Q8 activation rounding downstream; no fastmath.
@@ -54,8 +54,8 @@ def _rms_scale(x, eps):
 
 @njit(cache=True)
 def _rmsnorm_row(x, w, eps, out):
-    # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row, with ggml's arithmetic (_rms_scale)
-    scale = _rms_scale(x, eps)
+    # x, out: (D,) f32 (out may alias x); w: (D,) f32 -- one row, with ggml's arithmetic (rms_scale)
+    scale = rms_scale(x, eps)
     for i in range(x.shape[0]):
         out[i] = np.float32(x[i] * scale) * w[i]
 
@@ -186,7 +186,7 @@ def fwht(x, n):
 PAR_ROWS_MIN = 8  # from this many rows on, residual_norm runs in parallel
 
 
-@njit(cache=True, parallel=True)  # no fastmath: numba would compile _rms_scale's sum with it
+@njit(cache=True, parallel=True)  # no fastmath: numba would compile rms_scale's sum with it
 def residual_norm(x, o, post_norm, eps, scale, next_norm, xn):
     # After a block: x += scale * norm(o) (o normalized in place by post_norm unless it is (0,)), then
     # xn = norm(x) by next_norm, the input of the next block (x itself where next_norm is (0,)).
@@ -234,3 +234,12 @@ def softcap(x, cap):
     for t in range(T):
         for i in range(V):
             x[t, i] = cap * math.tanh(x[t, i] / cap)
+
+
+@njit(cache=True)
+def sigmoid_gate(a, gate):
+    # a: (T, N) f32, multiplied in place by sigmoid(gate); gate: (T, N) f32 (a view of the Q|K|V|gate
+    # products). ggml's sigmoid, 1 / (1 + expf(-x)), then its mul (Qwen3.5's gated attention)
+    for t in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            a[t, i] = a[t, i] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-gate[t, i]))))

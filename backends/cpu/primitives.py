@@ -19,12 +19,13 @@ from infer.quant.static_type import static_type
 from .attention import attention
 from .kv_pool import KVPool
 from .kv_write import qkv_post
+from .delta_net import delta_net
 from .shortconv import shortconv
 from .state_pool import StatePool
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .glu import ACTIVATIONS, glu, glu_rows
-from .elementwise import embed, residual_norm, rmsnorm, rope_angles, softcap
+from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
 
 
 class CpuPrimitives:
@@ -56,7 +57,9 @@ class CpuPrimitives:
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
         self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
-        if cfg.recurrent_layers:
+        if cfg.recurrent_layers and cfg.ssm_state_size:
+            self.out.update(ssm_in=ws.ssm_in[:T], linear_attn_out=ws.o[:T])
+        elif cfg.recurrent_layers:
             self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
@@ -123,6 +126,23 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen("shortconv_y", il, y)
         return y
+
+    def delta_net(self, proj: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        cfg, ws, T, batch = self.cfg, self.ws, self.T, self.batch
+        y = ws.ssm_y[:T]
+        delta_net(proj, ly.ssm_conv, ly.ssm_dt, ly.ssm_a, ly.ssm_norm, self.eps, cfg.ssm_group_count,
+                  self.states.layer(il, "conv"), self.states.layer(il, "delta"), batch.state_slots, batch.tok_seq,
+                  batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], y)
+        if self.trace is not None:
+            self._seen("final_output", il, y)
+        return y
+
+    def attn_gate(self, a: np.ndarray, qkv: np.ndarray, il: int) -> np.ndarray:
+        nq = a.shape[1]
+        sigmoid_gate(a, qkv[:, qkv.shape[1] - nq:])
+        if self.trace is not None:
+            self._seen("attn_gated", il, a)
+        return a
 
     def bias(self, y: np.ndarray, b: np.ndarray, name: str, il: int) -> np.ndarray:
         if b.shape[0]:

@@ -136,13 +136,24 @@ class _Layer:
     shortconv_in: list
     shortconv_out: list
     shortconv: np.ndarray
+    # a gated delta net layer (Qwen3.5; delta_net.py): its input products Q|K|V, z, beta, alpha side
+    # by side, ssm_out ([] when absent); the convolution's kernel transposed to (L, C), oldest input
+    # first ((0, 0) when absent); dt bias, A (Hv,), the output norm (S,) ((0,) when absent)
+    ssm_in: list
+    ssm_out: list
+    ssm_conv: np.ndarray
+    ssm_dt: np.ndarray
+    ssm_a: np.ndarray
+    ssm_norm: np.ndarray
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
         dense = lw.w_gate is not None
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         return cls(
-            qkv=_products((lw.wq, lw.wk, lw.wv), mmap) if lw.wq is not None else [],
+            # a gated attention's gate after V (qkv_post reads Q|K|V off the front)
+            qkv=_products((lw.wq, lw.wk, lw.wv) + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
+            if lw.wq is not None else [],
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
@@ -157,12 +168,16 @@ class _Layer:
             shortconv_in=[(_pack(lw.shortconv_in, mmap), 0)] if lw.shortconv_in is not None else [],
             shortconv_out=[(_pack(lw.shortconv_out, mmap), 0)] if lw.shortconv_out is not None else [],
             shortconv=np.ascontiguousarray(lw.shortconv.T, np.float32) if lw.shortconv is not None else _NONE2,
+            ssm_in=_products((lw.ssm_qkv, lw.ssm_z, lw.ssm_beta, lw.ssm_alpha), mmap) if lw.ssm_qkv is not None else [],
+            ssm_out=[(_pack(lw.ssm_out, mmap), 0)] if lw.ssm_out is not None else [],
+            ssm_conv=np.ascontiguousarray(lw.ssm_conv.T, np.float32) if lw.ssm_conv is not None else _NONE2,
+            ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
         )
 
 
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
-    out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out
+    out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out + ly.ssm_in + ly.ssm_out
     for gate_up, down in ly.experts:
         out += gate_up + down
     return out
@@ -178,7 +193,8 @@ class Workspace:
         self.x = np.zeros((T, D), f32)
         self.xn = np.zeros((T, D), f32)
         nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-        self.qkv = np.zeros((T, nq + nk + nv), f32)
+        gate = nq if cfg.architecture.attn_output_gate else 0  # the gate's columns after V
+        self.qkv = np.zeros((T, nq + nk + nv + gate), f32)
         self.q = np.zeros((T, cfg.n_head, cfg.head_dim), f32)
         self.qd = np.zeros((T, nq // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
         self.kf = np.zeros((cfg.n_head_kv, cfg.head_dim), f32)
@@ -198,11 +214,18 @@ class Workspace:
         # that share a KV head (attention.py serves them together)
         self.group = cfg.n_head // cfg.n_head_kv
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v), n_chunks)
-        if cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
+        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size), n_chunks)
+        if cfg.recurrent_layers and cfg.ssm_state_size:  # gated delta nets (delta_net.py)
+            C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
+            self.ssm_in = np.zeros((T, C + inner + 2 * cfg.ssm_dt_rank), f32)
+            self.ssm_xc = np.zeros((T, C), f32)
+            self.ssm_e = np.zeros((T, C), f32)
+            self.ssm_y = np.zeros((T, inner), f32)
+        elif cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
             self.bcx = np.zeros((T, 3 * D), f32)
             self.bx = np.zeros((T, D), f32)
             self.conv_y = np.zeros((T, D), f32)
+        if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)
         if cfg.n_expert:  # a mixture of experts (moe.py): the router's output, the batch grouped by expert

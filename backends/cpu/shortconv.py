@@ -17,7 +17,7 @@ from .vexp import fma32
 
 
 @njit(cache=True)
-def _spans(tok_seq, positions, first, count):
+def seq_spans(tok_seq, positions, first, count):
     # tok_seq, positions: (T,) int32; first, count: (>= S,) int32 out: each sequence's first batch row and
     # its number of tokens. A sequence's tokens must be consecutive rows at consecutive positions (the
     # engine's batches are), else its inputs could not be found by position.
@@ -40,11 +40,11 @@ def shortconv(bcx, kernel, state, slots, tok_seq, positions, first, count, bx, y
     # state: (n_slots, L - 1, D) f32 this layer's states, read and then updated in place
     # slots: (S,) int32 the state slot of each table row's sequence
     # tok_seq, positions: (T,) int32 each token's table row and position
-    # first, count: (>= S,) int32 scratch (_spans)
+    # first, count: (>= S,) int32 scratch (seq_spans)
     # bx: (T, D) f32 scratch: B * x
     # y: (T, D) f32 out: C * conv(B * x)
     T, D, L = bcx.shape[0], y.shape[1], kernel.shape[0]
-    _spans(tok_seq, positions, first, count)
+    seq_spans(tok_seq, positions, first, count)
     for t in prange(T):
         for c in range(D):
             bx[t, c] = bcx[t, c] * bcx[t, 2 * D + c]

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.moe import route
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -180,6 +181,14 @@ class MlxPrimitives:
         # float32 whatever the products' dtype: the state is float32, as the cpu backend's
         state = self.states.conv[self.states.index(il)]
         return shortconv(as_dtype(bcx, mx.float32), ly.shortconv, state, self.conv_plan)
+
+    def delta_net(self, proj: mx.array, ly: Any, il: int) -> mx.array:
+        # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
+        raise BackendError("the mlx backend has no gated delta net yet (issue 34's follow-up)")
+
+    def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
+        # only Qwen3.5 gates its attention, and MlxRunner refuses its delta-net state before any step
+        raise BackendError("the mlx backend has no gated attention yet (issue 34's follow-up)")
 
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError, RunnerOptions
+from infer.backends.base import STATE_KINDS, BackendError, RunnerOptions
 from infer.backends.batch import Batch
 
 from .kv_pool import MlxKVPool
@@ -79,6 +79,10 @@ class MlxRunner:
         if (options.cache_type_k, options.cache_type_v) != ("f16", "f16"):
             raise BackendError("the mlx backend keeps its KV cache in f16; --cache-type-k/--cache-type-v q8_0 "
                                "run on --backend cpu or llama.cpp")
+        missing = set(config.state_shapes) - STATE_KINDS["mlx"]
+        if missing:
+            raise BackendError(f"the mlx backend does not keep {config.arch}'s recurrent state ({', '.join(sorted(missing))}) "
+                               "yet (issue 34's follow-up); use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu

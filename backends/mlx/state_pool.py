@@ -15,7 +15,7 @@ class MlxStatePool:
     def __init__(self, cfg, n_slots: int):
         if n_slots < 1:
             raise ValueError("a state pool needs at least one slot")
-        rows, width = cfg.state_shape
+        rows, width = cfg.state_shapes["conv"]
         self.n_slots = n_slots
         self.rows = rows  # L - 1: a slot's rows in each layer
         self.layer_at = {il: j for j, il in enumerate(cfg.recurrent_layers)}

@@ -63,6 +63,16 @@ class Primitives(Protocol[A]):
         L - 1 of them taken from (and the last L - 1 left in) the sequence's recurrent state
         (llama.cpp's ggml_ssm_conv between its "in_proj" and "out_proj") ("shortconv_y")."""
 
+    def delta_net(self, proj: A, ly: Any, il: int) -> A:
+        """Qwen3.5's gated delta net from its input products Q|K|V, z, beta, alpha side by side:
+        the causal convolution over Q|K|V with SiLU, its last inputs kept in (and earlier ones
+        taken from) the sequence's "conv" state; Q, K L2-normalized; the gated delta rule over the
+        sequence's "delta" state; each head's RMSNorm times SiLU(z) ("final_output")."""
+
+    def attn_gate(self, a: A, qkv: A, il: int) -> A:
+        """The attention's output times sigmoid of the gate, the last n_head * head_dim columns of
+        the Q|K|V|gate products (Qwen3.5) ("attn_gated")."""
+
     def logits(self, h: A) -> A | None:
         """The output product of the wanted rows (softcaps and logit_scale applied); None where
         a backend computes none (no row wanted)."""

@@ -28,7 +28,9 @@ def need(hp: dict[str, Any], key: str, path: Path) -> Any:
 INT_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "max_position_embeddings", "n_ctx", "n_positions", "max_length",
                "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-               "original_max_position_embeddings", "conv_L_cache", "block_ff_dim", "block_multiple_of")
+               "original_max_position_embeddings", "conv_L_cache", "block_ff_dim", "block_multiple_of",
+               "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+               "linear_num_value_heads", "full_attention_interval")
 FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_logit_softcapping",
                  "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",
                  "residual_multiplier", "logits_scaling", "norm_eps", "block_ffn_dim_multiplier")

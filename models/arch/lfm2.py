@@ -115,6 +115,7 @@ ARCHITECTURE = Architecture(
     qk_norm="head",
     output_norm_tensor="token_embd_norm",
     recurrent=recurrent,
+    recurrent_kind="gated short convolutions",
     chat_template="chatml",
     layer=layer,
 )

@@ -57,6 +57,9 @@ class Architecture:
     moe_gating: str = "softmax"
     # gpt-oss: a learned logit per head that joins each softmax of the attention (llama.cpp's attn_sinks)
     attn_sinks: bool = False
+    # Qwen3.5: attn_q gives each head's Q and an output gate interleaved (2 head_dim per head); the
+    # attention's output is multiplied by sigmoid(gate) before attn_output
+    attn_output_gate: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
@@ -65,11 +68,16 @@ class Architecture:
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
+    recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars
     hf_permute_qk: bool = False  # HF stores Q/K rows for rotate-half RoPE; GGUF (llama.cpp) interleaves them
     hf_norm_shift: bool = False  # HF stores RMSNorm weights as w - 1 (gemma); GGUF as w
+    hf_norm_shift_except: tuple[str, ...] = ()  # norms (name suffixes) stored as w all the same (qwen35's gated norm)
+    # (text-model tensor name, hyperparameters) -> steps applied to that tensor after the usual ones
+    # (llama.cpp's converter's reorders and transforms: qwen35's V heads, A = -exp(A_log)); None: none
+    hf_tensor_steps: Callable[..., list[Any]] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)

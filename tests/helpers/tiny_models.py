@@ -50,6 +50,11 @@ ARCH_TYPES = {
     "lfm2": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_1, "attn_output": GT.Q6_K,
              "shortconv.in_proj": GT.Q4_K, "shortconv.out_proj": GT.Q5_1, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q8_0,
              "ffn_down": GT.Q4_K, "token_embd": GT.Q6_K},
+    # qwen35: gated delta nets (attn_qkv, attn_gate, ssm_beta/alpha, ssm_out) around gated attention
+    "qwen35": {"attn_q": GT.Q5_K, "attn_k": GT.Q8_0, "attn_v": GT.Q4_K, "attn_output": GT.Q5_0,
+               "attn_qkv": GT.Q8_0, "attn_gate": GT.Q4_K, "ssm_beta": GT.F16, "ssm_alpha": GT.BF16,
+               "ssm_out": GT.Q5_1, "ffn_gate": GT.Q4_K, "ffn_up": GT.Q6_K, "ffn_down": GT.Q8_0,
+               "token_embd": GT.Q8_0},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
@@ -60,9 +65,14 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
+# qwen35: every 3rd layer full attention (recurrent, recurrent, attention, recurrent); the gated
+# delta net's convolution width, head size S, key heads, value heads (GQA-like: 2 value heads per
+# key head); RoPE over the first 32 of each head's 64 dims in IMROPE sections that are NeoX for text
+QWEN35_INTERVAL, QWEN35_CONV, QWEN35_S, QWEN35_HK, QWEN35_HV = 3, 4, 32, 2, 4
+QWEN35_N_ROT, QWEN35_SECTIONS = 32, (6, 5, 5, 0)
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
@@ -141,13 +151,22 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    recurrent = LFM2_RECURRENT if arch == "lfm2" else (False,) * n_layer
+    recurrent = (LFM2_RECURRENT if arch == "lfm2" else
+                 tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if arch == "qwen35" else (False,) * n_layer)
     # lfm2: head_count_kv per layer, 0 for a short convolution (as llama.cpp's converter writes it)
     add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if arch == "lfm2" else Hkv,
                    hd, n_ctx)
     if arch == "lfm2":
         w.add_shortconv_l_cache(LFM2_L_CACHE)
-    w.add_rope_dimension_count(hd)
+    if arch == "qwen35":
+        w.add_full_attention_interval(QWEN35_INTERVAL)
+        w.add_ssm_conv_kernel(QWEN35_CONV)
+        w.add_ssm_state_size(QWEN35_S)
+        w.add_ssm_group_count(QWEN35_HK)
+        w.add_ssm_time_step_rank(QWEN35_HV)
+        w.add_ssm_inner_size(QWEN35_HV * QWEN35_S)
+        w.add_rope_dimension_sections(list(QWEN35_SECTIONS))
+    w.add_rope_dimension_count(QWEN35_N_ROT if arch == "qwen35" else hd)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
@@ -203,7 +222,21 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         p = f"blk.{i}."
         if arch != "olmo2":  # olmo2 normalizes after each block only
             add(p + "attn_norm.weight", (D,))
-        if recurrent[i]:  # a short convolution in place of the attention
+        if recurrent[i] and arch == "qwen35":  # a gated delta net in place of the attention
+            S, Hk, Hv = QWEN35_S, QWEN35_HK, QWEN35_HV
+            C = 2 * Hk * S + Hv * S
+            add(p + "attn_qkv.weight", (C, D), types["attn_qkv"])
+            add(p + "attn_gate.weight", (Hv * S, D), types["attn_gate"])
+            add(p + "ssm_beta.weight", (Hv, D), types["ssm_beta"])
+            add(p + "ssm_alpha.weight", (Hv, D), types["ssm_alpha"])
+            bound = 1 / np.sqrt(QWEN35_CONV)  # nn.Conv1d's initialization, as lfm2's
+            w.add_tensor(p + "ssm_conv1d.weight", rng.uniform(-bound, bound, size=(C, QWEN35_CONV)).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", rng.uniform(0.5, 1.5, size=Hv).astype(np.float32))
+            # -exp(A_log): slow decays, so the state carries far enough for the tests to see it
+            w.add_tensor(p + "ssm_a", -rng.uniform(0.05, 1.0, size=Hv).astype(np.float32))
+            add(p + "ssm_norm.weight", (S,))
+            add(p + "ssm_out.weight", (D, Hv * S), types["ssm_out"])
+        elif recurrent[i]:  # a short convolution in place of the attention
             add(p + "shortconv.in_proj.weight", (3 * D, D), types["shortconv.in_proj"])
             # the depthwise kernel as HF initializes it (nn.Conv1d: uniform within 1/sqrt(fan_in), fan_in
             # = L), so that what the state carries moves the logits
@@ -213,6 +246,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "shortconv.out_proj.weight", (D, D), types["shortconv.out_proj"])
         elif arch == "phi3":  # Q, K, V in one matrix
             add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D), types["attn_qkv"])
+        elif arch == "qwen35":  # Q and the output gate interleaved per head
+            add(p + "attn_q.weight", (2 * H * hd, D), types["attn_q"])
+            add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
+            add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
         else:
             add(p + "attn_q.weight", (H * hd, D), types["attn_q"])
             add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
@@ -226,7 +263,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch == "lfm2" and not recurrent[i]):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch in ("lfm2", "qwen35") and not recurrent[i]):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection
@@ -235,7 +272,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch in ("gemma3", "gemma2", "olmo2"):
             add(p + "post_attention_norm.weight", (D,))
             add(p + "post_ffw_norm.weight", (D,))
-        if arch == "gpt-oss":  # its pre-FFN norm's name
+        if arch in ("gpt-oss", "qwen35"):  # their pre-FFN norm's name
             add(p + "post_attention_norm.weight", (D,))
         elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))

@@ -1,0 +1,152 @@
+"""A tiny random Hugging Face Qwen3.5 folder (Qwen3_5ForCausalLM: gated delta nets around a gated
+attention layer, more value heads than key heads) and a numpy forward pass of transformers'
+Qwen3.5 math in float64, the reference for converted logits."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .hf_models import CHAT_TEMPLATE, HD, HKV, SPECIALS, D, F, H, bf16, from_bf16, train_bpe, write_safetensors
+
+QWEN35_TYPES = ["linear_attention", "full_attention", "linear_attention"]  # full_attention_interval 2
+LIN = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+       "linear_num_key_heads": 2, "linear_num_value_heads": 4}
+PARTIAL = 0.5  # of each head's dims rotated
+EPS, THETA = 1e-6, 1000000.0
+
+
+def make_qwen35(folder: Path, seed: int) -> dict[str, np.ndarray]:
+    """The checkpoint (matrices and the conv kernel BF16; norms, A_log, dt_bias F32; tied embeddings);
+    returns the float32 weights the HF model computes with."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = train_bpe("qwen")
+    tok.save(str(folder / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
+    cfg = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": D,
+           "intermediate_size": F, "num_hidden_layers": len(QWEN35_TYPES), "num_attention_heads": H,
+           "num_key_value_heads": HKV, "head_dim": HD, "layer_types": QWEN35_TYPES, "full_attention_interval": 2,
+           **LIN, "max_position_embeddings": 256, "rms_norm_eps": EPS,
+           "rope_parameters": {"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": PARTIAL,
+                               "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+           "vocab_size": vocab, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+           "eos_token_id": ids["<|im_end|>"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
+            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
+    weights: dict[str, np.ndarray] = {}
+    stored: dict[str, tuple[np.ndarray, str]] = {}
+
+    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
+        if dtype == "BF16":
+            u = bf16(x)
+            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
+        else:
+            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
+
+    normal = lambda *s: rng.normal(0, 0.02, size=s)
+    shifted = lambda n: rng.normal(0, 0.1, size=n)  # Qwen3.5's RMSNorms scale by 1 + w
+    hk, hv, dk, dv, L = (LIN[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                          "linear_value_head_dim", "linear_conv_kernel_dim"))
+    C = 2 * hk * dk + hv * dv
+    add("model.embed_tokens.weight", normal(vocab, D))
+    add("model.norm.weight", shifted(D), "F32")
+    for i, kind in enumerate(QWEN35_TYPES):
+        p = f"model.layers.{i}."
+        add(p + "input_layernorm.weight", shifted(D), "F32")
+        add(p + "post_attention_layernorm.weight", shifted(D), "F32")
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            add(a + "in_proj_qkv.weight", normal(C, D))
+            add(a + "in_proj_z.weight", normal(hv * dv, D))
+            add(a + "in_proj_b.weight", normal(hv, D))
+            add(a + "in_proj_a.weight", normal(hv, D))
+            add(a + "conv1d.weight", rng.uniform(-L ** -0.5, L ** -0.5, size=(C, 1, L)))
+            add(a + "dt_bias", rng.uniform(0.5, 1.5, size=hv), "F32")
+            add(a + "A_log", np.log(rng.uniform(0.05, 1.0, size=hv)), "F32")
+            add(a + "norm.weight", 1.0 + rng.normal(0, 0.1, size=dv), "F32")
+            add(a + "out_proj.weight", normal(D, hv * dv))
+        else:
+            add(p + "self_attn.q_proj.weight", normal(2 * H * HD, D))  # each head's query, then its gate
+            add(p + "self_attn.k_proj.weight", normal(HKV * HD, D))
+            add(p + "self_attn.v_proj.weight", normal(HKV * HD, D))
+            add(p + "self_attn.o_proj.weight", normal(D, H * HD))
+            add(p + "self_attn.q_norm.weight", shifted(HD), "F32")
+            add(p + "self_attn.k_norm.weight", shifted(HD), "F32")
+        add(p + "mlp.gate_proj.weight", normal(F, D))
+        add(p + "mlp.up_proj.weight", normal(F, D))
+        add(p + "mlp.down_proj.weight", normal(D, F))
+    write_safetensors(folder / "model.safetensors", stored)
+    return weights
+
+
+def qwen35_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
+    """transformers' Qwen3.5 math in float64: (1 + w) RMSNorms; the gated delta net (causal
+    depthwise conv1d with SiLU; Q, K L2-normalized and repeated per value head in groups; the
+    recurrent gated delta rule; RMSNorm times SiLU(z)); the attention with its per-head query gate,
+    Q/K norms, RoPE over the first PARTIAL of each head (rotate_half); the SwiGLU MLP; tied lm_head."""
+    T = len(ids)
+    hk, hv, dk, dv, L = (LIN[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                          "linear_value_head_dim", "linear_conv_kernel_dim"))
+    rms = lambda x: x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS)
+    silu = lambda x: x / (1 + np.exp(-x))
+    rot = int(HD * PARTIAL)
+    ang = np.arange(T)[:, None] * (1.0 / THETA ** (np.arange(0, rot, 2) / rot))[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rope(x):  # x: (T, heads, HD); the first rot dims rotate
+        r, rest = x[..., :rot], x[..., rot:]
+        r = r * cos[:, None] + np.concatenate([-r[..., rot // 2:], r[..., :rot // 2]], -1) * sin[:, None]
+        return np.concatenate([r, rest], -1)
+
+    x = w["model.embed_tokens.weight"][ids].astype(np.float64)
+    for i, kind in enumerate(QWEN35_TYPES):
+        p = f"model.layers.{i}."
+        h = rms(x) * (1 + w[p + "input_layernorm.weight"])
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            qkv = h @ w[a + "in_proj_qkv.weight"].T
+            padded = np.concatenate([np.zeros((L - 1, qkv.shape[1])), qkv])
+            kern = w[a + "conv1d.weight"][:, 0, :]  # (C, L), oldest input first
+            qkv = silu(np.stack([(padded[t:t + L] * kern.T).sum(0) for t in range(T)]))
+            q, k, v = np.split(qkv, [hk * dk, 2 * hk * dk], axis=-1)
+            q, k, v = q.reshape(T, hk, dk), k.reshape(T, hk, dk), v.reshape(T, hv, dv)
+            q = np.repeat(q, hv // hk, 1)  # repeat_interleave: value head h reads key head h // (hv / hk)
+            k = np.repeat(k, hv // hk, 1)
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+            z = (h @ w[a + "in_proj_z.weight"].T).reshape(T, hv, dv)
+            beta = 1 / (1 + np.exp(-(h @ w[a + "in_proj_b.weight"].T)))
+            g = -np.exp(w[a + "A_log"]) * np.log1p(np.exp(h @ w[a + "in_proj_a.weight"].T + w[a + "dt_bias"]))
+            state = np.zeros((hv, dk, dv))
+            out = np.zeros((T, hv, dv))
+            for t in range(T):
+                state *= np.exp(g[t])[:, None, None]
+                mem = (state * k[t][:, :, None]).sum(1)
+                delta = (v[t] - mem) * beta[t][:, None]
+                state += k[t][:, :, None] * delta[:, None, :]
+                out[t] = (state * q[t][:, :, None]).sum(1)
+            o = (rms(out) * w[a + "norm.weight"] * silu(z)).reshape(T, hv * dv) @ w[a + "out_proj.weight"].T
+        else:
+            qg = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, 2 * HD)
+            q, gate = qg[..., :HD], qg[..., HD:].reshape(T, H * HD)
+            kk = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, HKV, HD)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, HKV, HD)
+            q = rope(rms(q) * (1 + w[p + "self_attn.q_norm.weight"]))
+            kk = rope(rms(kk) * (1 + w[p + "self_attn.k_norm.weight"]))
+            kk, v = np.repeat(kk, H // HKV, 1), np.repeat(v, H // HKV, 1)
+            s = np.einsum("thd,shd->hts", q, kk) * HD ** -0.5 + np.triu(np.full((T, T), -np.inf), 1)
+            att = np.exp(s - s.max(-1, keepdims=True))
+            att /= att.sum(-1, keepdims=True)
+            o = np.einsum("hts,shd->thd", att, v).reshape(T, H * HD) * (1 / (1 + np.exp(-gate)))
+            o = o @ w[p + "self_attn.o_proj.weight"].T
+        x = x + o
+        h = rms(x) * (1 + w[p + "post_attention_layernorm.weight"])
+        x = x + (silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
+            w[p + "mlp.down_proj.weight"].T
+    return (rms(x) * (1 + w["model.norm.weight"])) @ w["model.embed_tokens.weight"].T

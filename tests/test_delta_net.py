@@ -1,0 +1,103 @@
+"""The cpu backend's gated delta net kernel (backends/cpu/delta_net.py) against a float64 numpy
+reference written from llama.cpp's definition (build_layer_attn_linear and ggml's
+gated_delta_net): several sequences in one batch in uneven chunks, each continuing from its own
+state slots (conv tail and delta matrices), garbage in every slot at the start (position 0
+ignores it); and a value head's key head is h % key heads, as ggml tiles them."""
+from __future__ import annotations
+
+import numpy as np
+
+from infer.backends.cpu.delta_net import delta_net
+
+S, HK, HV, L = 16, 2, 4, 4  # head size, key heads, value heads, convolution width
+KEY, INNER = HK * S, HV * S
+C = 2 * KEY + INNER
+EPS = 1e-6
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def reference(proj, conv_w, dt, a, norm_w):
+    """One sequence's whole history (proj: (n, C + INNER + 2 HV)): its outputs (n, INNER), the last
+    L - 1 Q|K|V inputs and the delta matrices [h, j, i] after it."""
+    p = proj.astype(np.float64)
+    qkv, z = p[:, :C], p[:, C:C + INNER]
+    beta = 1 / (1 + np.exp(-p[:, C + INNER:C + INNER + HV]))
+    g = np.log1p(np.exp(p[:, C + INNER + HV:] + dt)) * a
+    padded = np.concatenate([np.zeros((L - 1, C)), qkv])
+    xc = silu(np.stack([(padded[t:t + L] * conv_w.T).sum(0) for t in range(len(p))]))
+    q = xc[:, :KEY].reshape(-1, HK, S)
+    k = xc[:, KEY:2 * KEY].reshape(-1, HK, S)
+    v = xc[:, 2 * KEY:].reshape(-1, HV, S)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + EPS)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + EPS)
+    M = np.zeros((HV, S, S))  # [h, j (value), i (key)]
+    out = np.zeros((len(p), HV, S))
+    for t in range(len(p)):
+        for h in range(HV):
+            kh = h % HK
+            M[h] *= np.exp(g[t, h])
+            d = (v[t, h] - M[h] @ k[t, kh]) * beta[t, h]
+            M[h] += np.outer(d, k[t, kh])
+            out[t, h] = M[h] @ q[t, kh] / np.sqrt(S)
+    rms = np.sqrt((out * out).mean(-1, keepdims=True) + EPS)
+    y = out / rms * norm_w * silu(z.reshape(-1, HV, S))
+    return y.reshape(len(p), INNER), padded[-(L - 1):], M
+
+
+def test_sequences_continue_from_their_slots():
+    rng = np.random.default_rng(0)
+    conv_w = rng.uniform(-0.5, 0.5, (C, L)).astype(np.float32)
+    dt = rng.uniform(0.5, 1.5, HV).astype(np.float32)
+    a = -rng.uniform(0.05, 1.0, HV).astype(np.float32)
+    norm_w = rng.uniform(0.8, 1.2, S).astype(np.float32)
+    hist = {s: rng.normal(0, 1, (n, C + INNER + 2 * HV)).astype(np.float32) for s, n in enumerate((9, 1, 6, 4))}
+    # garbage: every sequence starts at position 0, which must ignore what its slots hold
+    conv_state = rng.normal(0, 1, (5, L - 1, C)).astype(np.float32)
+    state = rng.normal(0, 1, (5, HV, S, S)).astype(np.float32)
+    slots = np.array([3, 0, 4, 1], np.int32)
+    done = {s: 0 for s in hist}
+    kernel = np.ascontiguousarray(conv_w.T)
+    for chunk in ((4, 1, 2, 0), (1, 0, 3, 4), (4, 0, 1, 0)):
+        seqs = [s for s in hist if chunk[s]]
+        tok_seq = np.concatenate([np.full(chunk[s], i, np.int32) for i, s in enumerate(seqs)])
+        positions = np.concatenate([np.arange(done[s], done[s] + chunk[s], dtype=np.int32) for s in seqs])
+        proj = np.concatenate([hist[s][done[s]:done[s] + chunk[s]] for s in seqs])
+        T = len(proj)
+        xc, e, y = np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), np.zeros((T, INNER), np.float32)
+        first, count = np.zeros(T, np.int32), np.zeros(T, np.int32)
+        delta_net(proj, kernel, dt, a, norm_w, np.float32(EPS), HK, conv_state, state, slots[seqs], tok_seq,
+                  positions, first, count, xc, e, y)
+        at = 0
+        for s in seqs:
+            want, tail, M = reference(hist[s][:done[s] + chunk[s]], conv_w, dt, a, norm_w)
+            np.testing.assert_allclose(y[at:at + chunk[s]], want[done[s]:], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(conv_state[slots[s]], tail, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state[slots[s]], M, rtol=1e-4, atol=1e-6)
+            at += chunk[s]
+            done[s] += chunk[s]
+    assert done == {s: len(h) for s, h in hist.items()}
+
+
+def test_value_heads_tile_the_key_heads():
+    # value heads 0 and 2 share key head 0 (h % HK, not h // (HV / HK)): with v, beta, g equal
+    # across value heads, heads 0 and 2 give the same output, heads 0 and 1 do not
+    rng = np.random.default_rng(1)
+    T = 5
+    proj = rng.normal(0, 1, (T, C + INNER + 2 * HV)).astype(np.float32)
+    v = proj[:, 2 * KEY:C].reshape(T, HV, S)
+    v[:] = v[:, :1]
+    proj[:, C:C + INNER] = 1.0  # z
+    proj[:, C + INNER:] = 0.3  # beta's and alpha's logits
+    conv_w = np.ascontiguousarray(np.zeros((L, C), np.float32))
+    conv_w[-1] = 1.0  # the identity convolution
+    y = np.zeros((T, INNER), np.float32)
+    delta_net(proj, conv_w, np.zeros(HV, np.float32), -np.ones(HV, np.float32), np.ones(S, np.float32),
+              np.float32(EPS), HK, np.zeros((1, L - 1, C), np.float32), np.zeros((1, HV, S, S), np.float32),
+              np.zeros(1, np.int32), np.zeros(T, np.int32), np.arange(T, dtype=np.int32), np.zeros(T, np.int32),
+              np.zeros(T, np.int32), np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), y)
+    heads = y.reshape(T, HV, S)
+    np.testing.assert_array_equal(heads[:, 0], heads[:, 2])
+    assert np.abs(heads[:, 0] - heads[:, 1]).max() > 1e-3

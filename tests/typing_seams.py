@@ -19,6 +19,7 @@ from infer.backends.llamacpp.slots import SlotPool
 from infer.backends.mlx.kv_pool import MlxKVPool
 from infer.backends.mlx.primitives import MlxPrimitives
 from infer.backends.mlx.runner import MlxRunner
+from infer.backends.mlx.state_pool import MlxStatePool
 from infer.models.arch.decoder import Primitives
 
 
@@ -26,7 +27,7 @@ def cpu_runner_is_a_runner(r: CpuRunner) -> Runner[KVPool, StatePool]:
     return r
 
 
-def mlx_runner_is_a_runner(r: MlxRunner) -> Runner[MlxKVPool, StatePoolLike]:
+def mlx_runner_is_a_runner(r: MlxRunner) -> Runner[MlxKVPool, MlxStatePool]:
     return r
 
 

@@ -6,8 +6,8 @@ import sys
 
 import typer
 
-from .errors import reported
 from .app import app
+from .errors import reported
 
 
 @app.command(name="backends", help="List the compute backends, whether each is available here, and its devices.")

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from . import options as opt
-from .errors import reported
 from .app import app
+from .errors import reported
 
 
 @app.command(help="Measure prefill and decode tok/s on MODEL (a pulled name, a .gguf path, or the embedded default).")

@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 
 from . import options as opt
-from .errors import reported, user_errors
 from .app import app
+from .errors import reported, user_errors
 
 HELP = """Commands:
   /help                 this list

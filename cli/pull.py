@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from .errors import reported
 from .app import app
+from .errors import reported
 from .sizes import format_size
 
 
@@ -38,8 +38,14 @@ class _progress:
     """A rich progress bar per file (size, speed, ETA), fed by infer.models.hub's byte counts."""
 
     def __init__(self, console):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                             TimeRemainingColumn(), console=console, transient=False)

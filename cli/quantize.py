@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .errors import reported
 from .app import app
+from .errors import reported
 
 
 @app.command(help="Quantize IN (a GGUF file or an HF safetensors folder) into OUT: a GGUF file, or with "

@@ -8,8 +8,8 @@ from typing import List, Optional
 import typer
 
 from . import options as opt
-from .errors import reported
 from .app import app
+from .errors import reported
 from .load import load_llm
 
 

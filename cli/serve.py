@@ -9,8 +9,8 @@ from typing import List, Optional
 import typer
 
 from . import options as opt
-from .errors import reported
 from .app import app
+from .errors import reported
 from .sizes import parse_size
 
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default, said in --timeout's help)

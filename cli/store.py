@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from .errors import reported
 from .app import app
+from .errors import reported
 from .sizes import format_size
 
 

@@ -18,12 +18,11 @@ import re
 from typing import Any
 
 import numpy as np
-from tokenizers import PreTokenizedString, Regex
+from tokenizers import PreTokenizedString, Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
-from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, PreTokenizer, onig_regex, split_digit_groups
 from infer.engine.pieces import encode_pieces
+from infer.engine.pretokenizers import DIGIT_GROUPS, PRE_TOKENIZERS, PreTokenizer, onig_regex, split_digit_groups
 from infer.engine.regex_split import SplitChain, Unsupported
 from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer_error import TokenizerError

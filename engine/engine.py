@@ -23,12 +23,12 @@ from infer.quant.errors import InferError
 
 from .block_manager import BlockManager, KVUsage
 from .config import EngineConfig, EngineConfigError
-from .kv_sizing import kv_pool_bytes, pool_blocks, state_slots_needed, state_snapshots
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
+from .kv_sizing import kv_pool_bytes, pool_blocks, state_slots_needed, state_snapshots
 from .pooling import Pooler, PoolingError, choose_pooling
 from .request import Event, EventSink, Request, Usage
 from .sampler import SamplingParams, TokenLogprob, token_logprob
-from .scheduler import Scheduler, ScheduledStep, Sequence
+from .scheduler import ScheduledStep, Scheduler, Sequence
 from .speculative import SpeculationError, ngram_draft
 from .state_slots import StateSlots, StateSnapshots
 

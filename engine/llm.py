@@ -7,7 +7,6 @@ from typing import Callable, Iterator
 
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.registry import choose_backend, create_runner, probe_all
-
 from infer.models.loader import load_model
 from infer.models.weights import Model
 

@@ -15,7 +15,6 @@ from numba import njit
 from infer.engine.token_table import hash_cps, same_cps
 
 
-
 def encode_pieces(text: str, cps: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                   encode: Callable[[list[str]], tuple[list[int], list[int]]]) -> tuple[np.ndarray, np.ndarray]:
     """The ids of text's pieces (spans of cps, text's code points, in order): (ids, offsets),

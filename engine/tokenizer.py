@@ -14,7 +14,17 @@ import numpy as np
 
 from infer.engine.bpe import ByteLevelBPE
 from infer.engine.detokenizer import IncrementalDetokenizer, clean_up_spaces
-from infer.engine.special_tokens import BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, UNUSED, USER_DEFINED, SpecialTokens
+from infer.engine.special_tokens import (
+    BYTE,
+    CONTROL,
+    LSTRIP,
+    NORMAL,
+    RSTRIP,
+    UNKNOWN,
+    UNUSED,
+    USER_DEFINED,
+    SpecialTokens,
+)
 from infer.engine.spm import SentencePieceModel
 from infer.engine.tokenizer_error import TokenizerError
 

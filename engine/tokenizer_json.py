@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken
+from tokenizers import AddedToken, decoders, models, normalizers, processors
 from tokenizers import Tokenizer as HFTokenizerCore
-from tokenizers import decoders, models, normalizers, processors
 
 from infer.engine.bpe import ByteLevelBPE
-from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.chat_template import builtin_template
+from infer.engine.pretokenizers import PRE_TOKENIZERS
 from infer.engine.spm import ESCAPED_SPACE
 from infer.engine.tokenizer import Tokenizer, TokenizerError
 

@@ -18,11 +18,19 @@ import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf import GGUFValueType as VT
 
-from .hf_files import (ST_DTYPES, ConvertError, ConvertWarning, Kvs, StEntry, read_json, read_safetensors_header,
-                       st_array)
-from .hf_vocab import UNUSED, bpe_vocab, detect_pre_tokenizer, special_kvs, spm_vocab
 from .arch import architecture, for_hf_model_type
 from .arch.hf_keys import check_hparams, generic_kvs
+from .hf_files import (
+    ST_DTYPES,
+    ConvertError,
+    ConvertWarning,
+    Kvs,
+    StEntry,
+    read_json,
+    read_safetensors_header,
+    st_array,
+)
+from .hf_vocab import UNUSED, bpe_vocab, detect_pre_tokenizer, special_kvs, spm_vocab
 from .source import SourceModel, SourceTensor
 
 __all__ = ["ConvertError", "ConvertWarning", "TensorNamer", "detect_pre_tokenizer",

@@ -381,8 +381,13 @@ def _network_error(e: BaseException, repo: str, endpoint: str) -> PullError | No
 @contextmanager
 def _hub_errors(repo: str, revision: str | None, endpoint: str, token: str | None) -> Iterator[None]:
     """Turn huggingface_hub's and the network's failures into one-line PullErrors."""
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RemoteEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         yield

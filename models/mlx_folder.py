@@ -23,8 +23,8 @@ from gguf import GGUFValueType as VT
 from infer.quant.affine import BITS, GROUP_SIZES, AffineTensor
 from infer.quant.tensor import QTensor
 
-from .config import ModelConfig, ModelConfigError
 from .arch import architecture
+from .config import ModelConfig, ModelConfigError
 from .convert_hf import TensorNamer, hparam_kvs, permute_rope_rows, permuted_heads, text_hparams, to_f32
 from .hf_files import ST_DTYPES, ConvertError, StEntry, read_json, read_safetensors_header, st_view
 from .weights import Model, ModelLoadError, collect_weights

@@ -40,9 +40,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from infer.quant import types as qt
-from infer.quant.static_type import StaticTypeType
 from infer.quant.halves import F16_TO_F32, f16_at
-from infer.quant.lanes import int_to_f32, opaque32, shr, u32_at
 from infer.quant.kquants import (
     dequant_row_q2_k,
     dequant_row_q3_k,
@@ -50,6 +48,8 @@ from infer.quant.kquants import (
     dequant_row_q5_k,
     dequant_row_q6_k,
 )
+from infer.quant.lanes import int_to_f32, opaque32, shr, u32_at
+from infer.quant.static_type import StaticTypeType
 
 __all__ = [
     "dequant_row",

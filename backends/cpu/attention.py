@@ -39,11 +39,11 @@ from numba.extending import intrinsic, overload
 
 from infer.quant.halves import F16_TO_F32
 
-from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .elementwise import fwht, round_f16
+from .kv_pool import Q8_0_BLOCK as Q8
+from .kv_pool import Q8_0_BYTES as Q8_BYTES
 from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, splat
 from .vexp import fma32, softmax_exp
-
 
 W = VECTOR_WIDTH  # float32 lanes per vector
 _VF = ir.VectorType(ir.FloatType(), W)

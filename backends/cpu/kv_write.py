@@ -16,8 +16,9 @@ from numba.extending import overload
 from infer.quant.halves import f32_to_f16
 
 from .activations import ACT_Q8_0, quantize_row
-from .kv_pool import Q8_0_BLOCK as Q8, Q8_0_BYTES as Q8_BYTES
 from .elementwise import fwht, heads_post, round_f16
+from .kv_pool import Q8_0_BLOCK as Q8
+from .kv_pool import Q8_0_BYTES as Q8_BYTES
 
 
 def kv_store(x, dxb, bsum, dst):

@@ -17,15 +17,15 @@ from infer.backends.batch import Batch
 from infer.quant.static_type import static_type
 
 from .attention import attention
+from .delta_net import delta_net
+from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
+from .glu import ACTIVATIONS, glu, glu_rows
 from .kv_pool import KVPool
 from .kv_write import qkv_post
-from .delta_net import delta_net
-from .shortconv import shortconv
-from .state_pool import StatePool
 from .matmul import qmatmul
 from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
-from .glu import ACTIVATIONS, glu, glu_rows
-from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
+from .shortconv import shortconv
+from .state_pool import StatePool
 
 
 class CpuPrimitives:

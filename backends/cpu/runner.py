@@ -24,9 +24,9 @@ from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
-from .state_pool import StatePool
 from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
 from .rows import RowReader
+from .state_pool import StatePool
 from .target import CHUNKS_PER_THREAD, ISA
 
 DEFAULT_CHUNK = 512  # most tokens one forward call takes; longer prompts are fed in chunks

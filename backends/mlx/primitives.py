@@ -15,9 +15,9 @@ import numpy as np
 
 from infer.backends.base import BackendError
 from infer.backends.batch import Batch
-from infer.backends.cpu.moe import route
-from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
 from infer.backends.cpu.elementwise import rope_angles
+from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
+from infer.backends.cpu.moe import route
 
 from .attention import AttentionPlan, as_dtype
 from .kv_pool import KV_DTYPE, MlxKVPool

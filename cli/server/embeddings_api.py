@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from infer.engine.engine import PromptError
-from infer.engine.request import Event
 from infer.engine.pooling import PoolingError, normalize
+from infer.engine.request import Event
 
 from .ollama_api import OllamaAPI
 from .openai_request import APIError, ClientGone, disconnected, kind

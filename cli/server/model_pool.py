@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-
 FOREVER = 10 * 365 * 86400.0  # a keep_alive longer than this (or negative) keeps the model loaded
 
 

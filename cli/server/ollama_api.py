@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, AsyncIterator
 

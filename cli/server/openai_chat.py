@@ -8,10 +8,21 @@ from typing import Mapping
 
 from infer.engine.chat_template import ChatTemplateError
 from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, style
-from infer.engine.tool_calls import ReplyStream, Tool, ToolCall, ToolError, family, grammar, parse_tool_choice
-from infer.engine.tool_calls import parse_tools, prepare, with_text_arguments
+from infer.engine.tool_calls import (
+    ReplyStream,
+    Tool,
+    ToolCall,
+    ToolError,
+    family,
+    grammar,
+    parse_tool_choice,
+    parse_tools,
+    prepare,
+    with_text_arguments,
+)
 
 from .openai_request import APIError, Job, kind
+
 
 @dataclass(frozen=True)
 class ChatPlan:

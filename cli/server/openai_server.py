@@ -31,13 +31,12 @@ from . import openai_chat, openapi
 from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
-from .tokenize_api import TokenizeAPI
-from .webui import page_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
-from .openai_request import (APIError, ClientGone, bool_field, chat_messages, int_field, parse_job,
-                             text_field)
+from .openai_request import APIError, ClientGone, bool_field, chat_messages, int_field, parse_job, text_field
 from .server_metrics import Metrics
 from .service import ChatPrompt, EngineService, Generation, ServerConfig, Service, Stream, TextPrompt, TokenPrompt
+from .tokenize_api import TokenizeAPI
+from .webui import page_routes
 
 __all__ = ["FrontDoor", "OpenAIAPI", "ServerConfig", "create_app"]
 

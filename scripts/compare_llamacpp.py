@@ -38,10 +38,13 @@ import numpy as np
 ALIASES = {"sa_out": "ffn_inp", "ffn_geglu": "ffn_act", "ffn_swiglu": "ffn_act",
            # lfm2 (llama.cpp's src/models/lfm2.cpp names them after the HF modules)
            "model.layers.{}.operator_norm": "attn_norm", "model.layers.{}.conv.in_proj": "shortconv_in_proj",
-           "model.layers.{}.conv.out_proj": "shortconv_out_proj", "model.layers.{}.ffn_norm": "ffn_norm",
-           # qwen35 (src/models/qwen35.cpp): the residual before the FFN, its norm, the attention
-           # before its output gate
-           "attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"}
+           "model.layers.{}.conv.out_proj": "shortconv_out_proj", "model.layers.{}.ffn_norm": "ffn_norm"}
+# names that mean another thing in another architecture's graph: olmo2's "attn_post_norm" is the
+# attention output's norm, qwen35's the FFN's input norm
+ARCH_ALIASES = {
+    # qwen35 (src/models/qwen35.cpp): the residual before the FFN, its norm, the attention before its output gate
+    "qwen35": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
+}
 
 
 class _Tensor(ctypes.Structure):
@@ -69,6 +72,9 @@ class LlamaCppTracer:
         cp.cb_eval = self._cb
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        arch = ctypes.create_string_buffer(64)
+        L.llama_model_meta_val_str(self.model, b"general.architecture", arch, len(arch))
+        self.aliases = {**ALIASES, **ARCH_ALIASES.get(arch.value.decode(), {})}
 
     def _on_tensor(self, t, ask, _user):
         if ask:
@@ -79,8 +85,8 @@ class LlamaCppTracer:
             return True  # only contiguous float32 tensors
         name = tt.name.decode()
         m = re.fullmatch(r"(.+)-(\d+)", name)
-        if m and m.group(1) in ALIASES:
-            name = f"{ALIASES[m.group(1)]}-{m.group(2)}"
+        if m and m.group(1) in self.aliases:
+            name = f"{self.aliases[m.group(1)]}-{m.group(2)}"
         n = ne[0] * ne[1] * ne[2] * ne[3]
         a = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float)), shape=(n,))
         rows = n // ne[0]

@@ -90,15 +90,23 @@ def _in_cache(disp: Dispatcher, sig: tuple) -> bool:
     return cache._index_key(sig, disp.targetctx.codegen()) in cache._cache_file._load_index()
 
 
-def _importable(disp: Dispatcher) -> bool:
-    fn = disp.py_func
+def _resolve(module: str, qualname: str):
+    # the object a module's dotted name holds (how a worker finds the kernel it is sent)
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _worker_can_compile(disp: Dispatcher, sig: tuple) -> bool:
+    # numba's disk cache lacks this signature of disp, and a worker process can find disp by name
+    # (a kernel made inside a function cannot be)
+    if _in_cache(disp, sig):
+        return False
     try:
-        obj = importlib.import_module(fn.__module__)
-        for part in fn.__qualname__.split("."):
-            obj = getattr(obj, part)
+        return _resolve(disp.py_func.__module__, disp.py_func.__qualname__) is disp
     except (ImportError, AttributeError):
         return False
-    return obj is disp
 
 
 def _nothing(*args):
@@ -149,7 +157,7 @@ def dry_run() -> Iterator[list[KernelJob]]:
                         bool(disp.targetoptions.get("parallel")))
         if job not in seen:
             seen.add(job)
-            if not _in_cache(disp, sig) and _importable(disp):
+            if _worker_can_compile(disp, sig):
                 jobs.append(job)
         return _nothing
 
@@ -170,7 +178,7 @@ def stop_before_compiling() -> Iterator[None]:
     compile_for_args = Dispatcher._compile_for_args
 
     def check(disp: Dispatcher, args: tuple):
-        if not _in_cache(disp, _signature(disp, args)) and _importable(disp):
+        if _worker_can_compile(disp, _signature(disp, args)):
             raise WouldCompile(disp.py_func.__qualname__)
         return compile_for_args(disp, *args)
 
@@ -181,10 +189,7 @@ def stop_before_compiling() -> Iterator[None]:
 def compile_job(job: KernelJob) -> float:
     """Compile one kernel into numba's disk cache (in a worker process); the seconds it took."""
     t0 = time.perf_counter()
-    disp = importlib.import_module(job.module)
-    for part in job.qualname.split("."):
-        disp = getattr(disp, part)
-    disp.compile(job.sig)
+    _resolve(job.module, job.qualname).compile(job.sig)
     return time.perf_counter() - t0
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from .elementwise import rms_scale
-from .shortconv import seq_spans
+from .shortconv import keep_last_inputs, seq_spans
 from .vexp import expf_row, fma32
 
 _SILU_WIDTH = 16  # ggml_vec_silu_f32's vector (AVX-512): the tail of a row past its last whole 16 takes expf
@@ -93,27 +93,11 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
             scale = rms_scale(x, eps_l2)
             for i in range(S):
                 x[i] = np.float32(x[i] * scale) * inv
-    # the convolution's state: each sequence's last L - 1 inputs (shortconv.py's update)
+    # the convolution's state: each sequence's last L - 1 inputs
     n_seq = slots.shape[0]
     for s in prange(n_seq):
-        n = count[s]
-        if n == 0:
-            continue
-        f = first[s]
-        p0 = positions[f]
-        end = p0 + n
-        slot = slots[s]
-        for r in range(L - 1):
-            q = end - (L - 1) + r
-            if q >= p0:
-                for c in range(C):
-                    conv_state[slot, r, c] = proj[f + q - p0, c]
-            elif q >= 0:
-                for c in range(C):
-                    conv_state[slot, r, c] = conv_state[slot, r + n, c]
-            else:
-                for c in range(C):
-                    conv_state[slot, r, c] = 0.0
+        if count[s]:
+            keep_last_inputs(proj, first[s], positions[first[s]], count[s], conv_state[slots[s]])
     # 3. the delta rule, per (sequence, value head), its tokens in order
     q_scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(S)))
     for sh in prange(n_seq * Hv):

@@ -70,25 +70,29 @@ def shortconv(bcx, kernel, state, slots, tok_seq, positions, first, count, bx, y
                 y[t, c] = fma32(src[c], w[c], y[t, c])
         for c in range(D):
             y[t, c] *= bcx[t, D + c]
-    # each sequence's state becomes its last L - 1 inputs (rows move towards the front, so reading
-    # row r + n before row r + n is overwritten is safe in ascending r)
-    S = slots.shape[0]
-    for s in prange(S):
-        n = count[s]
-        if n == 0:
-            continue
-        f = first[s]
-        p0 = positions[f]
-        end = p0 + n
-        slot = slots[s]
-        for r in range(L - 1):
-            q = end - (L - 1) + r
-            if q >= p0:
-                for c in range(D):
-                    state[slot, r, c] = bx[f + q - p0, c]
-            elif q >= 0:
-                for c in range(D):
-                    state[slot, r, c] = state[slot, r + n, c]
-            else:
-                for c in range(D):
-                    state[slot, r, c] = 0.0
+    # each sequence's state becomes its last L - 1 inputs
+    for s in prange(slots.shape[0]):
+        if count[s]:
+            keep_last_inputs(bx, first[s], positions[first[s]], count[s], state[slots[s]])
+
+
+@njit(cache=True)
+def keep_last_inputs(src, f, p0, n, state):
+    # A causal convolution's state after a batch: state (L - 1, C) f32, one sequence's inputs before
+    # the batch, oldest first, becomes its last L - 1 inputs; src (T, >= C) f32 holds the batch's
+    # inputs, the sequence's n at positions p0.. in rows f..; zero before position 0. Rows move
+    # towards the front, so reading row r + n before it is overwritten is safe in ascending r.
+    # (shortconv here, delta_net.py's convolution)
+    L1, C = state.shape
+    end = p0 + n
+    for r in range(L1):
+        q = end - L1 + r
+        if q >= p0:
+            for c in range(C):
+                state[r, c] = src[f + q - p0, c]
+        elif q >= 0:
+            for c in range(C):
+                state[r, c] = state[r + n, c]
+        else:
+            for c in range(C):
+                state[r, c] = 0.0

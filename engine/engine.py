@@ -68,7 +68,7 @@ class Engine:
                                    naming=config.prefix_cache and (self.states is not None or not recurrent))
         budget = min(config.max_batch_tokens, runner.max_tokens)
         n_snap = state_snapshots(config) if self.states is not None else 0
-        first_snap = config.max_seqs * (2 if config.spec.kind else 1)
+        first_snap = state_slots_needed(config) - state_snapshots(config)  # the snapshots come last
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
                                    StateSlots(config.max_seqs) if self.states is not None else None,
                                    StateSnapshots(first_snap, n_snap) if n_snap else None,

@@ -47,6 +47,7 @@ def pool_blocks(n_ctx: int, windows: list[int], per_block: tuple[int, ...], conf
     scale = (config.kv_memory - states) / seq_bytes
     return [max(n, int(n * scale)) for n in per_seq]
 
+
 def kv_pool_bytes(model_config, config: EngineConfig) -> int:
     """Bytes of the KV pool (and a hybrid model's recurrent state pool) an engine of this config
     allocates for this model on a block-pool backend (cpu, mlx): what a server counts before

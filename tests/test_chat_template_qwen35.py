@@ -6,10 +6,9 @@ preambles shortened, the logic as it is); where llama-cpp-python's vendored tree
 (models/templates/Qwen3.5-4B.jinja) it renders the same conversations the same way."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from helpers.llama_vocab import chat_template
 from infer.engine.chat_template import ChatTemplate, ChatTemplateError
 from infer.engine.reasoning import opened_in_prompt, thinks
 
@@ -143,7 +142,6 @@ FIXTURE = """{%- macro render_content(content, do_vision_count, is_system_conten
     {%- endif %}
 {%- endif %}"""
 
-REAL = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja")
 
 CONVO = [
     {"role": "system", "content": "Be brief."},
@@ -193,11 +191,12 @@ def test_no_user_query_is_a_template_error():
         ChatTemplate(FIXTURE).render([{"role": "system", "content": "x"}])
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="llama-cpp-python's vendored sources (Qwen3.5-4B.jinja) are not here")
+@pytest.mark.reference
 @pytest.mark.parametrize("thinking", [None, False])
 def test_real_template_renders_as_the_fixture(thinking):
     kw = {} if thinking is None else {"enable_thinking": thinking}
-    real, ours = ChatTemplate(REAL.read_text(), "", "<|im_end|>"), ChatTemplate(FIXTURE, "", "<|im_end|>")
+    text = chat_template("Qwen3.5-4B.jinja").read_text()  # llama.cpp's, from the installed llama-cpp-python's sources
+    real, ours = ChatTemplate(text, "", "<|im_end|>"), ChatTemplate(FIXTURE, "", "<|im_end|>")
     assert real.render(CONVO, **kw) == ours.render(CONVO, **kw)
     # with tools the real one's preamble is longer; what follows it is the same
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

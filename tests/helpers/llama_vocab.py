@@ -1,11 +1,13 @@
 """llama.cpp's own tokenizer test data: its vocabulary-only GGUFs (models/ggml-vocab-*.gguf) and the
 test vectors beside them (.inp: texts separated by a marker line, .out: each text's ids, the files
-llama.cpp's tests/test-tokenizer-0 reads), taken from the llama.cpp that the installed
-llama-cpp-python vendors: its source distribution, fetched once with pip into a cache folder."""
+llama.cpp's tests/test-tokenizer-0 reads), and its real chat templates (models/templates/*.jinja),
+taken from the llama.cpp that the installed llama-cpp-python vendors: its source distribution,
+fetched once with pip into a cache folder."""
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,11 +18,11 @@ SEPARATOR = "\n__ggml_vocab_test__\n"  # between the texts of a .inp file
 
 
 def vocab_dir() -> Path:
-    """The folder holding ggml-vocab-*.gguf{,.inp,.out}, fetched on first use (INFER_TEST_CACHE,
-    default ~/.cache/infer-tests, keeps it)."""
+    """The folder holding ggml-vocab-*.gguf{,.inp,.out} (and templates/, llama.cpp's
+    models/templates), fetched on first use (INFER_TEST_CACHE, default ~/.cache/infer-tests, keeps it)."""
     version = importlib.metadata.version("llama-cpp-python")
     root = Path(os.environ.get("INFER_TEST_CACHE") or Path.home() / ".cache" / "infer-tests")
-    out = root / f"llama-cpp-python-{version}-vocab"
+    out = root / f"llama-cpp-python-{version}-models"
     if (out / ".complete").exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
@@ -28,21 +30,31 @@ def vocab_dir() -> Path:
                         "--no-binary", ":all:", "-q", "-d", tmp], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         part = Path(tmp) / "vocab"
-        part.mkdir()
+        (part / "templates").mkdir(parents=True)
         with tarfile.open(sdist) as tf:
             for member in tf.getmembers():
                 name = member.name.rsplit("/", 1)[-1]
-                if member.isfile() and "/vendor/llama.cpp/models/" in member.name and name.startswith("ggml-vocab-"):
-                    with tf.extractfile(member) as src:
-                        (part / name).write_bytes(src.read())
+                if not member.isfile():
+                    continue
+                if "/vendor/llama.cpp/models/templates/" in member.name and name.endswith(".jinja"):
+                    dest = part / "templates" / name
+                elif "/vendor/llama.cpp/models/" in member.name and name.startswith("ggml-vocab-"):
+                    dest = part / name
+                else:
+                    continue
+                with tf.extractfile(member) as src:
+                    dest.write_bytes(src.read())
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():  # a partial copy of an interrupted run
-            for f in out.iterdir():
-                f.unlink()
-            out.rmdir()
+            shutil.rmtree(out)
         part.rename(out)
     (out / ".complete").touch()
     return out
+
+
+def chat_template(name: str) -> Path:
+    """One of llama.cpp's real chat templates (models/templates/NAME)."""
+    return vocab_dir() / "templates" / name
 
 
 def vocab_files() -> list[Path]:

@@ -12,7 +12,7 @@ Modules, by what they are for:
   stream), `grammar.py` (structured output through llguidance), `speculative.py` (prompt-lookup
   drafts), `draft.py` (a draft model's drafts), `pooling.py` (embeddings).
 - Chat: `chat_template.py` (Jinja templates, sandboxed), `conversation.py` (messages fitted to the
-  context), `tool_calls.py` (tools through the template, replies parsed back), `reasoning.py`
+  context), `tool_calls.py` (tools through the template, replies parsed back; `xml_tool_calls.py` its XML family), `reasoning.py`
   (thinking kept apart from the answer).
 - Tokenizing, the same ids and text as llama.cpp for every vocabulary type it reads:
   `tokenizer.py` (the GGUF tokenizer and VOCAB_TYPES), `spm.py`, `bpe.py`, `wpm.py`, `ugm.py`,
@@ -70,9 +70,10 @@ nothing of others takes no others, and an integer without bounds has at most 16 
 
 Tool calls (tool_calls.py): the tools reach the model through its own chat template (its `tools`
 variable) and the reply is read in the syntax of the template's family: Qwen2.5/Qwen3/Hermes
-`<tool_call>` JSON, Llama 3.x JSON, Mistral `[TOOL_CALLS]`, DeepSeek-R1's tool-call tokens. A
-template that knows no tools (the embedded Gemma's), or writes a syntax not read here (Mistral
-Small 3.2's `[ARGS]`, Qwen3-Coder's XML, DeepSeek V3.1's), gets llama.cpp's generic format: the
+`<tool_call>` JSON, Llama 3.x JSON, Mistral `[TOOL_CALLS]`, DeepSeek-R1's tool-call tokens,
+Qwen3-Coder's and Qwen3.5's XML (`<function=...><parameter=...>`, xml_tool_calls.py: values are
+text, typed back by the tool's schema). A template that knows no tools (the embedded Gemma's), or
+writes a syntax not read here (Mistral Small 3.2's `[ARGS]`, DeepSeek V3.1's), gets llama.cpp's generic format: the
 tools described in the system turn and the reply held to `{"tool_calls": [...]}` or
 `{"response": "..."}`. `required` and a named function are enforced with a grammar, so the call
 always parses; `auto` leaves a native family's model free until it starts a call (its marker), and

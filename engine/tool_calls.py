@@ -7,6 +7,8 @@ Models write tool calls in their family's syntax, which their chat template also
 - mistral (Mistral Nemo, Small): [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]
 - deepseek (DeepSeek-R1 distills, V3): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+- qwen3coder (Qwen3-Coder, Qwen3.5, Nemotron Nano 3): <tool_call>\n<function=NAME>\n<parameter=P>\n
+  VALUE\n</parameter>\n</function>\n</tool_call>, values as text (xml_tool_calls.py)
 - generic, for templates that know no tools (llama.cpp's generic format): the tools are described
   in the system prompt and the whole reply is JSON, {"tool_calls": [{"name", "arguments"}]} or
   {"response": "..."}, held to that schema by a grammar, so it always parses.
@@ -27,15 +29,16 @@ from typing import Any
 
 from infer.quant.errors import InferError
 
+from . import xml_tool_calls
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
-FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "generic")
+FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "qwen3coder", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply ("^text": only as the answer's first text, after
 # whitespace): the stream holds text back from there, and tool_choice "auto" starts its grammar there
 CALL_STARTS = MappingProxyType({
-    "hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+    "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
@@ -112,6 +115,9 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
 
 def family(template_source: str) -> str:
     """The tool-call syntax a chat template writes (generic: none, or one not read here)."""
+    if ("<tool_call>" in template_source and "<function=" in template_source and "<parameter=" in template_source
+            and "'<tool_call><function=' ~" not in template_source):  # llama.cpp's test: newlines between the tags
+        return "qwen3coder"
     if "<tool_call>" in template_source and "<function=" not in template_source:  # not Qwen3-Coder's XML
         return "hermes"
     if "[TOOL_CALLS]" in template_source and "[ARGS]" not in template_source:  # not Mistral Small 3.2's
@@ -256,6 +262,15 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
     if mode == "none" or not tools:
         return None, ()
     chosen = [t for t in tools if name is None or t.name == name]
+    triggers = () if mode == "required" else CALL_STARTS[fam]
+
+    def lit(text: str) -> str:
+        tid = token_id(text)
+        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+    if fam == "qwen3coder":
+        return Grammar("lark", xml_tool_calls.grammar_body(
+            chosen, parallel, lit, lambda s, d: _lark_json(_with_defs(s, d)), _own_defs)), triggers
     call, defs = _call_schema(chosen, fam)
     if fam == "generic":
         calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
@@ -267,11 +282,6 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
                   "additionalProperties": False}
         return Grammar.json_schema(_with_defs({"anyOf": [calls, answer]}, defs)), ()
     one = _lark_json(_with_defs(call, defs))
-
-    def lit(text: str) -> str:
-        tid = token_id(text)
-        return f"<[{tid}]>" if tid is not None else json.dumps(text)
-
     if fam == "hermes":
         more = ' ("\\n" call)*' if parallel else ""
         body = f'start: call{more}\ncall: {lit("<tool_call>")} "\\n" args "\\n" {lit("</tool_call>")}\nargs: {one}'
@@ -287,7 +297,6 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
                 f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
     else:  # llama3
         body = f'start: {lit("<|python_tag|>")}? args\nargs: {one}'
-    triggers = () if mode == "required" else CALL_STARTS[fam]
     return Grammar("lark", body), triggers
 
 
@@ -324,8 +333,9 @@ def _calls(items: Any, key: str = "arguments", fam: str = "") -> list[ToolCall] 
     return out
 
 
-def parse_reply(fam: str, text: str) -> tuple[str, list[ToolCall]]:
-    """(content, tool calls) of a whole reply; a reply that does not parse as calls is content."""
+def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply; a reply that does not parse as calls is content.
+    tools: what the request offered (qwen3coder's values are typed by their schemas)."""
     if fam == "generic":
         got = _json_at(text.strip(), 0)
         value = got[0] if got else None
@@ -346,6 +356,12 @@ def parse_reply(fam: str, text: str) -> tuple[str, list[ToolCall]]:
         if calls:
             content = text[:text.index("<tool_call>")].strip()
         return content, calls
+    if fam == "qwen3coder":
+        found = xml_tool_calls.parse(text, list(tools))
+        if not found:
+            return text, []
+        return text[:text.index(xml_tool_calls.OPEN)].strip(), [
+            ToolCall(n, json.dumps(a, ensure_ascii=False), new_id()) for n, a in found]
     if fam == "mistral":
         i = text.find("[TOOL_CALLS]")
         j = i + len("[TOOL_CALLS]")
@@ -375,8 +391,9 @@ class ReplyStream:
     """A streamed reply split as it arrives: text is passed on until something that may start a
     tool call shows up; from there it is held, and parsed when the reply ends."""
 
-    def __init__(self, fam: str):
+    def __init__(self, fam: str, tools: list[Tool] | tuple = ()):
         self.fam = fam
+        self.tools = tools
         self.sent = ""  # content passed on
         self.held = ""  # text held back: a call from its marker on, or a tail that may begin a marker
         self.in_call = False
@@ -402,7 +419,7 @@ class ReplyStream:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(content not yet passed on, tool calls) at the end of the reply."""
-        content, calls = parse_reply(self.fam, self.sent + self.held)
+        content, calls = parse_reply(self.fam, self.sent + self.held, self.tools)
         if calls:
             return "", calls
         if self.fam == "generic" and not self.sent.strip():  # all held: the answer inside {"response": ...}

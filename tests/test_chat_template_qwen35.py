@@ -6,11 +6,14 @@ preambles shortened, the logic as it is); where llama-cpp-python's vendored tree
 (models/templates/Qwen3.5-4B.jinja) it renders the same conversations the same way."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers.llama_vocab import chat_template
 from infer.engine.chat_template import ChatTemplate, ChatTemplateError
 from infer.engine.reasoning import opened_in_prompt, thinks
+from infer.engine.tool_calls import family, parse_reply, parse_tools, prepare
 
 FIXTURE = """{%- macro render_content(content, do_vision_count, is_system_content=false) %}
     {%- if content is string %}
@@ -158,6 +161,26 @@ TOOL_TURN = CONVO + [
                                                       "arguments": {"city": "Paris", "days": [1, 2]}}}]},
     {"role": "tool", "content": "22C"},
 ]
+
+
+def test_tool_calls_round_trip_through_the_template():
+    """The calls Qwen3.5's template writes for an earlier turn are the calls read back from a reply
+    written the same way (qwen3coder's XML): values typed by the tools' schemas, a string parameter
+    that looks like a number kept as text."""
+    assert family(FIXTURE) == "qwen3coder"
+    tools = parse_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "array"},
+                                         "zip": {"type": "string"}, "metric": {"type": "boolean"}}}}}])
+    args = {"city": "New York\nNY", "days": [1, 2], "zip": "10001", "metric": True}
+    turn = CONVO + [{"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": args}}]}]
+    msgs, variables = prepare(turn, tools, "qwen3coder", "auto")
+    text = ChatTemplate(FIXTURE, "", "<|im_end|>").render(msgs, tools=variables["tools"])
+    reply = text.split("<|im_start|>assistant\n")[-2].split("<|im_end|>")[0]
+    reply = reply.split("</think>\n\n")[-1]  # the turn's (empty) thought, which the reasoning splitter takes
+    assert "<parameter=metric>\nTrue\n</parameter>" in reply  # Python's str(): read back as JSON's true
+    content, calls = parse_reply("qwen3coder", reply, tools)
+    assert content == "Let me look." and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", args)]
 
 
 def test_thinking_on_by_default():

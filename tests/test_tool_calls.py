@@ -45,6 +45,9 @@ REPLIES = {
                 '{"name": "add", "arguments": {"a": 1, "b": 2}}]', ""),
     "deepseek": (f'{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Paris"}}\n```{DS_CALL_END}'
                  f'{DS_CALL}function{DS_SEP}add\n```json\n{{"a": 1, "b": 2}}\n```{DS_CALL_END}{DS_END}', ""),
+    "qwen3coder": ('Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
+                   '</function>\n</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n'
+                   '<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>', "Let me check."),
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "add", "arguments": {"a": 1, "b": 2}}]}', ""),
 }
@@ -90,7 +93,8 @@ def test_family_from_the_template():
     assert family("<｜tool▁calls▁begin｜>function<｜tool▁sep｜>{{ name }}\n```json\n") == "deepseek"
     # formats not read here fall back to the generic one
     assert family("[TOOL_CALLS]{{ name }}[ARGS]{{ args }}") == "generic"  # Mistral Small 3.2
-    assert family("<tool_call>\n<function={{ name }}>") == "generic"  # Qwen3-Coder
+    assert family("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>") == "qwen3coder"  # Qwen3-Coder, 3.5
+    assert family("'<tool_call><function=' ~ name ~ '>' <parameter=") == "generic"  # no newlines between tags
     assert family("<｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}") == "generic"  # DeepSeek V3.1
     assert family('<|start_header_id|>{{ tools }} "parameters"') == "llama3"
     assert family("{{ '<start_of_turn>' }}") == "generic"
@@ -144,7 +148,8 @@ def test_parallel_grammars_take_several_calls(llm, fam):
     """With parallel_tool_calls the forcing grammar takes the family's two-call reply; without,
     it refuses the second call."""
     tools = parse_tools([WEATHER, ADD])
-    text = REPLIES[fam][0].split("\n", 1)[1] if fam == "hermes" else REPLIES[fam][0]  # no content first
+    text = REPLIES[fam][0]
+    text = text[text.index("<tool_call>"):] if fam in ("hermes", "qwen3coder") else text  # no content first
     for parallel in (True, False):
         g, _ = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
         compiled = llm.engine.grammars.compile(g)
@@ -323,6 +328,7 @@ def test_mistral_space_before_the_array():
     ("hermes", "Let me look that up. ", '<tool_call>\n{"name": "add", "arguments": {"a": 1'),
     ("mistral", "", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1'),
     ("llama3", "  ", '{"name": "add", "parameters": {"a": 1'),
+    ("qwen3coder", "Sure. ", '<tool_call>\n<function=add>\n<parameter=a>\n1'),
 ])
 def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     """tool_choice "auto": no grammar until the reply shows the family's call marker; from there the
@@ -336,10 +342,12 @@ def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     assert not lazy.seen(before)  # still free
     assert lazy.seen(call)
     allowed = {llm.tokenizer.token_to_piece(int(i), special=True) for i in lazy.started.allowed_ids()}
-    # after {"a": 1 only digits, a separator, whitespace or the end of the object can follow
-    assert allowed and all(p.strip(b" \t\n")[:1] in b"0123456789,}" for p in allowed), allowed
+    # after {"a": 1 only digits, a separator, whitespace or the end of the object can follow (XML: the close)
+    follow = b"0123456789<" if fam == "qwen3coder" else b"0123456789,}"
+    assert allowed and all(p.strip(b" \t\n")[:1] in follow for p in allowed), allowed
     near_miss = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
-    assert not near_miss.seen((before + call).replace('"name"', '"nom"'))  # a marker, then no call: free
+    miss = (before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=")
+    assert not near_miss.seen(miss)  # a marker, then no call: free
     assert not near_miss.seen('{"name": "add"}') and near_miss.started is None
 
 

@@ -119,7 +119,7 @@ class ChatReply:
 
     def __init__(self, plan: ChatPlan, opened: bool):
         self.think = reply_stream(plan.reasoning, opened) if plan.reasoning else None
-        self.calls = ReplyStream(plan.family) if plan.family else None
+        self.calls = ReplyStream(plan.family, plan.tools) if plan.family else None
 
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, content) that can go out now."""

@@ -1,0 +1,109 @@
+"""Tool calls in XML, as Qwen3-Coder, Qwen3.5 and Nemotron Nano 3 write them (llama.cpp's
+"Qwen3-Coder" format):
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+A parameter's value is raw text, not JSON: a string is written as it is (over several lines if it
+has them), anything else as JSON (the templates write mappings and lists with tojson, the rest
+with Python's str()).  Reading a value back therefore needs the tool's schema: a string parameter
+keeps its text ("42" stays a string), another parses as JSON.  The grammar holds each call to one
+tool's parameters, required ones first in the schema's order and then any optional ones (llama.cpp
+lets the required ones come in any order; a forced order is as valid and keeps the grammar small).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from .grammar import as_llama_cpp
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# a string value: any text up to the first parameter close (lazy: the value cannot contain it)
+STRING_VALUE = 'xml_string[lazy]: /(?s:.*?)\\n<\\/parameter>\\n/'
+_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>\s*</tool_call>", re.S)
+_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def types_of(schema: Any) -> set[str] | None:
+    """The JSON types a parameter's schema allows (None: it does not say, so any)."""
+    if not isinstance(schema, dict):
+        return None
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        return set(t)
+    if "enum" in schema and all(isinstance(x, str) for x in schema["enum"]):
+        return {"string"}
+    if isinstance(schema.get("const"), str):
+        return {"string"}
+    return None
+
+
+def grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
+                 json_rule: Callable[[dict, dict], str], own_defs: Callable[[dict, str], tuple[dict, dict]]) -> str:
+    """The Lark grammar of one call (or several, parallel) of any of the tools. lit(text): a marker as
+    a token where the vocabulary has it; json_rule(schema, defs): a %json rule; own_defs: a tool's
+    parameters with its definitions apart (the same renaming the JSON families use)."""
+    rules, calls = [STRING_VALUE], []
+    for i, tool in enumerate(tools):
+        params, defs = own_defs(tool.parameters, f"t{i}_")
+        props = params.get("properties", {}) if isinstance(params, dict) else {}
+        required = [p for p in params.get("required", []) if p in props] if isinstance(params, dict) else []
+        args = []
+        for j, (pname, pschema) in enumerate(props.items()):
+            types = types_of(pschema)
+            head = json.dumps(f"<parameter={pname}>\n")
+            if types is not None and "string" not in types:
+                value = f'{json_rule(as_llama_cpp(pschema), as_llama_cpp(defs))} "\\n</parameter>\\n"'
+            else:  # text (also where a string is one of several types: the text is what a model writes)
+                value = "xml_string"
+            rules.append(f"arg_{i}_{j}: {head} {value}")
+            args.append((pname, f"arg_{i}_{j}"))
+        order = [rule for name, rule in args if name in required]
+        optional = [rule for name, rule in args if name not in required]
+        body = " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
+        rules.append(f'call_{i}: {lit(OPEN)} {json.dumps(chr(10) + f"<function={tool.name}>" + chr(10))} '
+                     f'{body} "</function>\\n" {lit(CLOSE)}')
+        calls.append(f"call_{i}")
+    more = ' ("\\n" call)*' if parallel else ""
+    return "\n".join([f"start: call{more}", f'call: {" | ".join(calls)}', *rules])
+
+
+def value(text: str, schema: Any) -> Any:
+    """A parameter's text as the tool's schema types it: a string stays text, anything else is
+    JSON (Python's True/False/None, which the templates' str() writes, read as JSON's)."""
+    types = types_of(schema)
+    if types == {"string"}:
+        return text
+    word = {"True": "true", "False": "false", "None": "null"}.get(text.strip(), text)
+    try:
+        return json.loads(word)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
+    """(name, arguments) of each call in a reply, or None if its calls are not well formed; the
+    content before the first call is the caller's to keep."""
+    found = list(_CALL.finditer(text))
+    if not found or text.count(OPEN) != len(found):
+        return None
+    schemas = {t.name: t.parameters.get("properties", {}) if isinstance(t.parameters, dict) else {} for t in tools}
+    out = []
+    for m in found:
+        name = m.group(1).strip()
+        body = m.group(2)
+        args = {p.group(1).strip(): value(p.group(2), schemas.get(name, {}).get(p.group(1).strip()))
+                for p in _PARAM.finditer(body)}
+        if _PARAM.sub("", body).strip():  # text between parameters: not a call this format writes
+            return None
+        out.append((name, args))
+    return out

@@ -63,7 +63,10 @@ def grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
             head = json.dumps(f"<parameter={pname}>\n")
             if types is not None and "string" not in types:
                 value = f'{json_rule(as_llama_cpp(pschema), as_llama_cpp(defs))} "\\n</parameter>\\n"'
-            else:  # text (also where a string is one of several types: the text is what a model writes)
+            elif types == {"string"}:
+                value, text_rule = string_rule(pschema, f"text_{i}_{j}")
+                rules += [text_rule] if text_rule else []
+            else:  # text, where a string is one of several types: the text is what a model writes
                 value = "xml_string"
             rules.append(f"arg_{i}_{j}: {head} {value}")
             args.append((pname, f"arg_{i}_{j}"))
@@ -75,6 +78,19 @@ def grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
         calls.append(f"call_{i}")
     more = ' ("\\n" call)*' if parallel else ""
     return "\n".join([f"start: call{more}", f'call: {" | ".join(calls)}', *rules])
+
+
+def string_rule(schema: dict, name: str) -> tuple[str, str]:
+    """A string parameter's value and close, and the rule that holds it (none: the shared one):
+    an enum's (or const's) words as they are; a length bound as a bounded lazy match."""
+    words = schema.get("enum") if "enum" in schema else [schema["const"]] if "const" in schema else None
+    if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
+        return f'({" | ".join(json.dumps(w) for w in words)}) "\\n</parameter>\\n"', ""
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    bounded = isinstance(lo, int) and lo >= 0 and (hi is None or isinstance(hi, int) and hi >= lo)
+    if not bounded or (lo == 0 and hi is None):  # no bound (or one that cannot hold: left to the text)
+        return "xml_string", ""
+    return name, f'{name}[lazy]: /(?s:.{{{lo},{"" if hi is None else hi}}}?)\\n<\\/parameter>\\n/'
 
 
 def value(text: str, schema: Any) -> Any:

@@ -45,3 +45,15 @@ def test_tool_errors_name_the_field_that_failed():
     assert err.param == "tools"
     err = refused(plan, {"tool_choice": "required"}, MSGS, "", "deepseek", job, lambda text: None)
     assert err.param == "tool_choice"
+
+
+def test_chat_template_kwargs_reach_the_template():
+    """llama-server's and vLLM's chat_template_kwargs become template variables (Qwen3.5's
+    enable_thinking); the renderer's own variables and non-objects are 400s naming the field."""
+    job = parse_job({}, None)
+    p, _ = plan({"chat_template_kwargs": {"enable_thinking": False}}, MSGS, "", "deepseek", job, lambda text: None)
+    assert p.variables == {"enable_thinking": False}
+    for bad, code in (([1], "invalid_type"), ({"messages": []}, "invalid_value"),
+                      ({"add_generation_prompt": False}, "invalid_value")):
+        err = refused(plan, {"chat_template_kwargs": bad}, MSGS, "", "deepseek", job, lambda text: None)
+        assert (err.status, err.param, err.code) == (400, "chat_template_kwargs", code)

@@ -396,3 +396,20 @@ def test_lazy_grammars_wait_past_thinking_and_plain_json(llm):
     assert not lazy.seen('{"answer": 5}') and not lazy.given_up  # JSON that is no call stays free
     lazy = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
     assert lazy.seen(' {"name": "add", "parameters": {')
+
+
+def test_xml_values_typed_by_schema():
+    """qwen3coder's values are text: a string parameter keeps it (even "42"), others parse as JSON,
+    Python's True/None as JSON's; an unknown tool's values are JSON where they parse."""
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "number"}, "b": {"type": "boolean"}, "o": {"type": "object"},
+        "e": {"enum": ["x", "y"]}, "u": {"type": ["string", "null"]}}}}}])
+    reply = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in (
+        ("s", "42"), ("n", "1.5"), ("b", "True"), ("o", '{"k": [1]}'), ("e", "y"), ("u", "None"))) + "</function>\n</tool_call>"
+    content, calls = parse_reply("qwen3coder", reply, tools)
+    assert content == "" and json.loads(calls[0].arguments) == {"s": "42", "n": 1.5, "b": True, "o": {"k": [1]},
+                                                                 "e": "y", "u": None}
+    _, calls = parse_reply("qwen3coder", reply.replace("=f>", "=g>"), tools)
+    assert json.loads(calls[0].arguments)["s"] == 42
+    for broken in (reply.replace("</function>", ""), reply.replace("<parameter=n>", "stray <parameter=n>")):
+        assert parse_reply("qwen3coder", broken, tools) == (broken, [])

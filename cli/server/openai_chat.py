@@ -40,7 +40,9 @@ class ChatPlan:
 
 
 # the request fields plan() reads (OpenAI's spelling; ollama's is the same)
-PLAN_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "reasoning_effort")
+PLAN_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "reasoning_effort", "chat_template_kwargs")
+# template variables the renderer sets itself: a request's chat_template_kwargs cannot name them
+RENDERER_VARIABLES = ("messages", "add_generation_prompt")
 
 
 def plan_fields(body: dict) -> dict:
@@ -74,6 +76,16 @@ def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_fo
                        job.grammar_param, "invalid_value")
     reasoning_style = style(template_source)
     reasoning = reasoning_style if reasoning_format == "deepseek" else ""
+    extra = body.get("chat_template_kwargs")  # llama-server's and vLLM's: e.g. {"enable_thinking": false}
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise APIError(400, f"'chat_template_kwargs' must be an object, got {kind(extra)}",
+                           "chat_template_kwargs", "invalid_type")
+        taken = [k for k in extra if k in RENDERER_VARIABLES]
+        if taken:
+            raise APIError(400, f"'chat_template_kwargs' cannot set {taken[0]!r}", "chat_template_kwargs",
+                           "invalid_value")
+        variables = {**extra, **variables}  # the request's tools win over a variable of the same name
     effort = body.get("reasoning_effort")  # OpenAI's field; gpt-oss's template takes it as a variable
     if effort is not None:
         if effort not in EFFORTS:

@@ -164,6 +164,10 @@ def _openai_requests() -> dict:
             "parallel_tool_calls": {"type": "boolean", "default": True},
             "reasoning_effort": nullable({"enum": list(EFFORTS),
                                           "description": "gpt-oss: how much it reasons (its template's variable)."}),
+            "chat_template_kwargs": nullable({"type": "object", "not": {"anyOf": [
+                {"required": ["messages"]}, {"required": ["add_generation_prompt"]}]},
+                "description": "Variables for the chat template, e.g. {\"enable_thinking\": false} (Qwen3, "
+                               "Qwen3.5)."}),
             "functions": ref("Unset"),
         }, ("messages",), "The chat template must accept the conversation.")]},
         "CompletionRequest": {"allOf": [ref("GenerationOptions"), obj({

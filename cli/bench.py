@@ -18,6 +18,7 @@ def bench(
     prompt_tokens: int = typer.Option(512, "--prompt-tokens", "-p", help="Prompt length of the prefill test."),
     gen_tokens: int = typer.Option(128, "--gen-tokens", "-n", help="Tokens each stream generates."),
     parallel: int = typer.Option(1, "--parallel", help="Concurrent streams in the decode test."),
+    depth: int = typer.Option(0, "--depth", "-d", help="Tokens of context both tests run after (llama-bench's -d)."),
     repetitions: int = typer.Option(3, "--repetitions", "-r", help="Runs per test (mean ± sd)."),
     ctx: int = typer.Option(4096, "--ctx", "-c", help="Context size in tokens."),
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
@@ -28,6 +29,7 @@ def bench(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    state_snapshots: int = opt.STATE_SNAPSHOTS,
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,
@@ -42,9 +44,9 @@ def bench(
 
         from .load import load_llm
 
-        config = load.engine_config(max_seqs=max(parallel, 1), n_ctx=max(ctx, prompt_tokens + 1))
+        config = load.engine_config(max_seqs=max(parallel, 1), n_ctx=max(ctx, depth + prompt_tokens + 1, depth + gen_tokens + 8))
         llm = load_llm(model, config, quiet=True)
-        res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions)
+        res = run_bench(llm, prompt_tokens, gen_tokens, parallel, repetitions, depth)
         ms = BenchResult.mean_sd
         kv = llm.engine.usage()
         name = llm.model.config.name or llm.model.path.name
@@ -57,6 +59,7 @@ def bench(
             "parallel": parallel,
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,
+            "depth": depth,
             "repetitions": repetitions,
             "prefill_tok_s": round(ms(res.prefill_tok_s)[0], 2),
             "prefill_tok_s_sd": round(ms(res.prefill_tok_s)[1], 2),
@@ -87,10 +90,11 @@ def bench(
             m, sd = ms(xs)
             out.write(f"| {test:<22} | {m:>9.2f} ± {sd:<6.2f} |\n")
 
-        line(f"pp{prompt_tokens}", res.prefill_tok_s)
-        line(f"tg{gen_tokens}" + (f" per stream x{parallel}" if parallel > 1 else ""), res.decode_tok_s)
+        at = f" @ d{depth}" if depth else ""  # llama-bench's label
+        line(f"pp{prompt_tokens}{at}", res.prefill_tok_s)
+        line(f"tg{gen_tokens}{at}" + (f" per stream x{parallel}" if parallel > 1 else ""), res.decode_tok_s)
         if parallel > 1:
-            line(f"tg{gen_tokens} aggregate x{parallel}", res.aggregate_decode_tok_s)
+            line(f"tg{gen_tokens}{at} aggregate x{parallel}", res.aggregate_decode_tok_s)
         out.write(f"\nttft (pp{prompt_tokens}): {row['ttft_ms']:.1f} ms\n")
         if spec:
             out.write(f"speculation ({spec}): {row['accepted_tokens']} of {row['drafted_tokens']} drafted tokens "

@@ -53,6 +53,7 @@ def chat(
     mlock: bool = opt.MLOCK,
     cache_type_k: str = opt.CACHE_TYPE_K,
     cache_type_v: str = opt.CACHE_TYPE_V,
+    state_snapshots: int = opt.STATE_SNAPSHOTS,
     spec: Optional[str] = opt.SPEC,
     spec_ngram_n: int = opt.SPEC_NGRAM_N,
     draft_max: int = opt.DRAFT_MAX,

@@ -25,6 +25,10 @@ MMAP = typer.Option(True, "--mmap/--no-mmap",
 MLOCK = typer.Option(False, "--mlock", help="Pin the weights in RAM so the OS never pages them out.")
 CACHE_TYPE_K = typer.Option("f16", "--cache-type-k", "-ctk", help="KV cache type for K: f16 or q8_0 (half the memory).")
 CACHE_TYPE_V = typer.Option("f16", "--cache-type-v", "-ctv", help="KV cache type for V: f16 or q8_0 (half the memory).")
+STATE_SNAPSHOTS = typer.Option(-1, "--state-snapshots",
+                               help="Hybrid models (Qwen3.5, LFM2): recurrent states kept at prompt ends so "
+                                    "the prefix cache serves a chat's next turn (-1: 4 per sequence, 0: none; "
+                                    "llama-server's --ctx-checkpoints).")
 FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object (as ollama's --format json).")
 JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
@@ -89,6 +93,7 @@ class LoadOptions:
     cache_type_k: str = CACHE_TYPE_K.default
     cache_type_v: str = CACHE_TYPE_V.default
     kv_memory: str | None = None  # --kv-memory as typed (512M); serve and bench only
+    state_snapshots: int = STATE_SNAPSHOTS.default
     spec: str | None = SPEC.default
     spec_ngram_n: int = SPEC_NGRAM_N.default
     draft_max: int = DRAFT_MAX.default
@@ -114,4 +119,5 @@ class LoadOptions:
             backend=self.backend, gpu_layers=self.gpu_layers, mmap=self.mmap, mlock=self.mlock,
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
             spec=spec(self.spec, self.spec_ngram_n, self.draft_max, self.draft, self.draft_min, self.draft_p_min),
-            kv_memory=parse_size(self.kv_memory) if self.kv_memory else 0, pooling=pooling)
+            kv_memory=parse_size(self.kv_memory) if self.kv_memory else 0, pooling=pooling,
+            state_snapshots=self.state_snapshots)

@@ -110,6 +110,23 @@ def test_bench_json_on_tiny_model(tmp_path: Path):
     assert out["aggregate_decode_tok_s"] > out["decode_tok_s"]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_bench_at_depth(tmp_path: Path, arch: str):
+    """-d: both tests after a context, served from the prefix cache (a hybrid model's by its state
+    snapshot; run_bench refuses a context the cache did not serve)."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, seed=3)
+    r = infer("bench", str(path), "-d", "64", "-p", "16", "-n", "4", "-r", "2", "--threads", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["depth"] == 64 and out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0
+    r = infer("bench", str(path), "-d", "40", "-p", "16", "-n", "4", "-r", "1", "--threads", "2")
+    assert r.returncode == 0 and "pp16 @ d40" in r.stdout and "tg4 @ d40" in r.stdout, r.stderr
+    assert_one_line_error(infer("bench", str(path), "-d", "-1"), "-d >= 0")
+    if arch == "qwen35":  # no snapshot of the state: the context cannot be served, and bench says so
+        assert_one_line_error(infer("bench", str(path), "-d", "64", "-p", "16", "-n", "4", "-r", "1", "--threads", "2",
+                                    "--state-snapshots", "0"), "served 0 of the depth's 64", "--state-snapshots")
+
+
 def test_cache_types(tmp_path: Path):
     path = write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=3)
     r = infer("bench", str(path), "-p", "16", "-n", "4", "-r", "1", "--threads", "2", "--json",

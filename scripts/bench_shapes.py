@@ -18,8 +18,9 @@ Results are appended to a JSON-lines file as they come and printed as one table 
 
     python scripts/bench_shapes.py [--shapes deepseek-r1-qwen-1.5b,...] [--types Q4_K_M,Q8_0]
         [--threads 2] [--repetitions 2] [--rounds 2] [--no-load] [--embedded] [--out FILE]
-        [--cache-type q8_0]
+        [--cache-type q8_0] [--depth 16384]
 
+--depth N adds tg128 after N tokens of context (llama-bench -d, infer bench -d) for both programs.
 --cache-type sets both programs' K and V cache types (-ctk/-ctv; llama.cpp picks flash attention
 itself, which a quantized V needs).
 """
@@ -57,6 +58,15 @@ class Shape:
     n_expert: int = 0  # a mixture of experts (qwen3moe): experts, used per token, each one's width
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0  # qwen35moe: a shared expert's width, scaled by a sigmoid gate
+    # qwen35 / qwen35moe: every attn_interval-th layer gated attention (Q and its output gate), the
+    # others gated delta nets with ssm_hk key heads and ssm_hv value heads of ssm_s dims, a
+    # convolution of width 4; RoPE over n_rot dims of each head (IMROPE sections, NeoX for text)
+    attn_interval: int = 0
+    ssm_hk: int = 16
+    ssm_hv: int = 32
+    ssm_s: int = 128
+    n_rot: int = 0
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -71,6 +81,12 @@ SHAPES = {
     # gpt-oss-20b's layers (32 experts of width 2880, 4 per token; sinks, biases, a 128-token window
     # every other layer, YaRN), 4 of its 24; its files are MXFP4_MOE (2880 is no multiple of 256)
     "gpt-oss-20b-4l": Shape("gpt-oss", 2880, 2880, 4, 64, 8, 201088, False, 150000, 64, 32, 4, 2880),
+    # Qwen3.5-4B: 32 layers, every 4th gated attention (16 heads of 256, 4 KV heads), the rest gated
+    # delta nets (16 key heads, 32 value heads of 128); tied embeddings, a 248k vocabulary
+    "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, True, 1e7, 256, attn_interval=4, n_rot=64),
+    # Qwen3.5-35B-A3B's layers (256 experts of width 512, 8 per token, a shared expert of 512), 4 of its 40
+    "qwen3.5-35b-a3b-4l": Shape("qwen35moe", 2048, 512, 4, 16, 2, 248320, False, 1e7, 256, 256, 8, 512,
+                                n_ff_shexp=512, attn_interval=4, n_rot=64),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
@@ -92,11 +108,21 @@ def write_f16(shape: Shape, path: Path) -> None:
     oss = shape.arch == "gpt-oss"
     for i in range(shape.n_layer):
         p = f"blk.{i}."
-        tensors += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
-                    (p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
-                    (p + "attn_output.weight", (D, H * hd), True),
-                    (p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (D,), False)]
-        if E:  # the router and the experts' 3-D tensors; qwen3's Q/K norms
+        if shape.attn_interval:
+            tensors += qwen35_mixer(shape, p, (i + 1) % shape.attn_interval == 0)
+        else:
+            tensors += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
+                        (p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
+                        (p + "attn_output.weight", (D, H * hd), True),
+                        (p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", (D,), False)]
+        if shape.n_ff_shexp:  # qwen35moe's shared expert and its gate
+            Fs = shape.n_ff_shexp
+            tensors += [(p + "ffn_gate_inp_shexp.weight", (D,), False), (p + "ffn_gate_shexp.weight", (Fs, D), True),
+                        (p + "ffn_up_shexp.weight", (Fs, D), True), (p + "ffn_down_shexp.weight", (D, Fs), True)]
+        if E and shape.attn_interval:
+            tensors += [(p + "ffn_gate_inp.weight", (E, D), True), (p + "ffn_gate_exps.weight", (E, Fe, D), True),
+                        (p + "ffn_up_exps.weight", (E, Fe, D), True), (p + "ffn_down_exps.weight", (E, D, Fe), True)]
+        elif E:  # the router and the experts' 3-D tensors; qwen3's Q/K norms
             tensors += [] if oss else [(p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False)]
             tensors += [(p + "ffn_gate_inp.weight", (E, D), True), (p + "ffn_gate_exps.weight", (E, Fe, D), True),
                         (p + "ffn_up_exps.weight", (E, Fe, D), True), (p + "ffn_down_exps.weight", (E, D, Fe), True)]
@@ -104,7 +130,7 @@ def write_f16(shape: Shape, path: Path) -> None:
             tensors += [(p + "attn_sinks.weight", (H,), False), (p + "attn_output.bias", (D,), False),
                         (p + "ffn_gate_inp.bias", (E,), False), (p + "ffn_gate_exps.bias", (E, Fe), False),
                         (p + "ffn_up_exps.bias", (E, Fe), False), (p + "ffn_down_exps.bias", (E, D), False)]
-        else:
+        elif not (E and shape.attn_interval):  # qwen35moe's layers have no dense FFN
             tensors += [(p + "ffn_gate.weight", (F, D), True), (p + "ffn_up.weight", (F, D), True),
                         (p + "ffn_down.weight", (D, F), True)]
         if shape.arch in ("qwen2", "gpt-oss"):
@@ -127,6 +153,17 @@ def write_f16(shape: Shape, path: Path) -> None:
         w.add_expert_used_count(shape.n_expert_used)
         w.add_expert_feed_forward_length(Fe)
     w.add_rope_freq_base(shape.rope_base)
+    if shape.attn_interval:
+        w.add_full_attention_interval(shape.attn_interval)
+        w.add_ssm_conv_kernel(4)
+        w.add_ssm_state_size(shape.ssm_s)
+        w.add_ssm_group_count(shape.ssm_hk)
+        w.add_ssm_time_step_rank(shape.ssm_hv)
+        w.add_ssm_inner_size(shape.ssm_hv * shape.ssm_s)
+        w.add_rope_dimension_count(shape.n_rot)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+    if shape.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(shape.n_ff_shexp)
     if oss:
         w.add_sliding_window(128)
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -143,7 +180,9 @@ def write_f16(shape: Shape, path: Path) -> None:
     w.write_ti_data_to_file()
     for name, shp, matrix in tensors:
         n = int(np.prod(shp))
-        if not matrix:
+        if name.endswith((".ssm_a", "ssm_conv1d.weight")):  # decays -exp(A_log) < 0; a short random kernel
+            a = (-rng.uniform(0.05, 1.0, n) if name.endswith(".ssm_a") else rng.uniform(-0.5, 0.5, n)).astype(np.float32)
+        elif not matrix:
             a = np.ones(n, np.float32) if name.endswith("norm.weight") else np.zeros(n, np.float32)
         else:
             a = np.empty(n, np.float16)
@@ -154,6 +193,24 @@ def write_f16(shape: Shape, path: Path) -> None:
         w.write_tensor_data(a.reshape(shp))
     w.close()
     tmp.rename(path)
+
+
+def qwen35_mixer(shape: Shape, p: str, attention: bool) -> list[tuple[str, tuple[int, ...], bool]]:
+    """One qwen35 layer's tensors before its FFN: gated attention (Q with its output gate, Q/K
+    norms) or a gated delta net (QKV, gate, beta, alpha, the convolution, decays, norm, out)."""
+    D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
+    out = [(p + "attn_norm.weight", (D,), False), (p + "post_attention_norm.weight", (D,), False)]
+    if attention:
+        return out + [(p + "attn_q.weight", (2 * H * hd, D), True), (p + "attn_k.weight", (Hkv * hd, D), True),
+                      (p + "attn_v.weight", (Hkv * hd, D), True), (p + "attn_output.weight", (D, H * hd), True),
+                      (p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False)]
+    S, Hk, Hv = shape.ssm_s, shape.ssm_hk, shape.ssm_hv
+    C = 2 * Hk * S + Hv * S
+    return out + [(p + "attn_qkv.weight", (C, D), True), (p + "attn_gate.weight", (Hv * S, D), True),
+                  (p + "ssm_beta.weight", (Hv, D), True), (p + "ssm_alpha.weight", (Hv, D), True),
+                  (p + "ssm_conv1d.weight", (C, 4), False), (p + "ssm_dt.bias", (Hv,), False),
+                  (p + "ssm_a", (Hv,), False), (p + "ssm_norm.weight", (S,), False),
+                  (p + "ssm_out.weight", (D, Hv * S), True)]
 
 
 def add_vocab(w, n_vocab: int) -> None:
@@ -231,6 +288,22 @@ def llama_bench(binary: Path, model: Path, threads: int, reps: int, cache_type: 
     pp = next(r for r in rows if r["n_prompt"] == 512 and r["n_gen"] == 0)
     tg = next(r for r in rows if r["n_gen"] == 128 and r["n_prompt"] == 0)
     return {"pp512": pp["avg_ts"], "tg128": tg["avg_ts"], "rss_mb": rss}
+
+
+def llama_bench_depth(binary: Path, model: Path, threads: int, reps: int, cache_type: str, depth: int) -> float:
+    """tg128 after `depth` tokens of context (llama-bench -d: the context computed once, then its
+    saved state restored for each repetition)."""
+    out, _ = measured([str(binary), "-m", str(model), "-p", "0", "-n", "128", "-d", str(depth), "-t", str(threads),
+                       "-r", str(reps), "-ctk", cache_type, "-ctv", cache_type, "-o", "json"])
+    return next(r for r in json.loads(out) if r["n_gen"] == 128)["avg_ts"]
+
+
+def infer_bench_depth(model: Path, threads: int, reps: int, cache_type: str, depth: int) -> float:
+    """tg128 after `depth` tokens of context (infer bench -d: computed once, then from the prefix cache)."""
+    out, _ = measured([sys.executable, "-m", "infer.cli", "bench", str(model), "-p", "16", "-n", "128",
+                       "-d", str(depth), "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
+                       "-ctv", cache_type, "--json"])
+    return json.loads(out.strip().splitlines()[-1])["decode_tok_s"]
 
 
 def infer_bench(model: Path, threads: int, reps: int, cache_type: str) -> dict:
@@ -340,6 +413,8 @@ def main(argv=None) -> None:
     ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
     ap.add_argument("--out", default=str(CACHE / "results.jsonl"), help="JSON lines, appended")
     ap.add_argument("--cache-type", default="f16", choices=["f16", "q8_0"], help="K and V cache type of both")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="also tg128 after this many tokens of context (llama-bench -d), one round each")
     a = ap.parse_args(argv)
     bins = Path(subprocess.run(["bash", str(ROOT / "scripts" / "build_llama_bench.sh")], check=True,
                                capture_output=True, text=True).stdout.strip().splitlines()[-1])
@@ -372,6 +447,12 @@ def main(argv=None) -> None:
         for k, rs in rounds.items():
             row[k] = {**max(rs, key=lambda r: r["tg128"]), "pp512": max(r["pp512"] for r in rs),
                       "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs}
+        if a.depth:
+            print(f"{name} {qtype}: tg128 @ d{a.depth}: llama-bench, infer bench ...", file=sys.stderr, flush=True)
+            row["depth"] = a.depth
+            row["llama"]["tg128_depth"] = llama_bench_depth(bins / "llama-bench", path, a.threads, a.repetitions,
+                                                            a.cache_type, a.depth)
+            row["infer"]["tg128_depth"] = infer_bench_depth(path, a.threads, a.repetitions, a.cache_type, a.depth)
         if not a.no_load:
             print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
             row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads, a.cache_type)
@@ -379,6 +460,9 @@ def main(argv=None) -> None:
         with open(a.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(table([row]), file=sys.stderr, flush=True)
+        if a.depth:
+            lt, it = row["llama"]["tg128_depth"], row["infer"]["tg128_depth"]
+            print(f"tg128 @ d{a.depth}: llama.cpp {lt:.2f}, infer {it:.2f} tok/s ({it / lt:.2f}x)", flush=True)
     print(f"memory read bandwidth, {a.threads} threads: {bandwidth:.1f} GB/s")
     print(table(results))
 

@@ -69,6 +69,8 @@ def bench(
             "aggregate_decode_tok_s_sd": round(ms(res.aggregate_decode_tok_s)[1], 2),
             "ttft_ms": round(ms(res.ttft_ms)[0], 2),
             "kv_pool_bytes": kv.bytes_total,
+            # a hybrid model's recurrent states (its sequences' and the prefix cache's snapshots)
+            "state_pool_bytes": llm.engine.states.nbytes if llm.engine.states is not None else 0,
             "cache_type_k": cache_type_k,
             "cache_type_v": cache_type_v,
             "spec": spec or "",
@@ -83,7 +85,8 @@ def bench(
         out = sys.stdout
         out.write(f"model: {name} ({llm.model.path})\n")
         out.write(f"backend {llm.backend} ({', '.join(llm.runner.devices())}), threads {row['threads']}, KV pool {kv.bytes_total / 2**20:.1f} MiB "
-                  f"(K {cache_type_k}, V {cache_type_v}, {' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)\n\n")
+                  f"(K {cache_type_k}, V {cache_type_v}, {' + '.join(str(n) for n in kv.blocks_total)} blocks of {kv.block_size} tokens)"
+                  + (f", state pool {row['state_pool_bytes'] / 2**20:.1f} MiB" if row["state_pool_bytes"] else "") + "\n\n")
         out.write(f"| {'test':<22} | {'t/s':>18} |\n|{'-' * 24}|{'-' * 20}|\n")
 
         def line(test, xs):

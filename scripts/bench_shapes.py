@@ -312,7 +312,7 @@ def infer_bench(model: Path, threads: int, reps: int, cache_type: str) -> dict:
                          "-ctv", cache_type, "--json"])
     row = json.loads(out.strip().splitlines()[-1])
     return {"pp512": row["prefill_tok_s"], "tg128": row["decode_tok_s"], "rss_mb": rss,
-            "kv_mb": row["kv_pool_bytes"] / 2**20}
+            "kv_mb": (row["kv_pool_bytes"] + row.get("state_pool_bytes", 0)) / 2**20}
 
 
 def _free_port() -> int:
@@ -469,7 +469,7 @@ def main(argv=None) -> None:
 
 def table(rows: list[dict]) -> str:
     head = ("| model | file MiB | pp512 llama.cpp | pp512 infer | ratio | tg128 llama.cpp | tg128 infer | ratio "
-            "| decode GB/s llama.cpp / infer | bench RSS MiB llama.cpp / infer (KV) | serve RSS MiB llama.cpp / infer "
+            "| decode GB/s llama.cpp / infer | bench RSS MiB llama.cpp / infer (KV + state) | serve RSS MiB llama.cpp / infer "
             "| first token s llama.cpp / infer |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:

@@ -119,6 +119,7 @@ def test_bench_at_depth(tmp_path: Path, arch: str):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["depth"] == 64 and out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0
+    assert (out["state_pool_bytes"] > 0) == (arch == "qwen35")  # the hybrid's recurrent states, beside its KV
     r = infer("bench", str(path), "-d", "40", "-p", "16", "-n", "4", "-r", "1", "--threads", "2")
     assert r.returncode == 0 and "pp16 @ d40" in r.stdout and "tg4 @ d40" in r.stdout, r.stderr
     assert_one_line_error(infer("bench", str(path), "-d", "-1"), "-d >= 0")

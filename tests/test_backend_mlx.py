@@ -243,10 +243,16 @@ def tiny_lfm2(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("eng") / "tiny-lfm2.gguf", "lfm2", seed=14)
 
 
-@pytest.fixture(params=["gemma3", "lfm2"])
+@pytest.fixture(scope="module")
+def tiny_qwen35(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("eng") / "tiny-qwen35.gguf", "qwen35", seed=14)
+
+
+@pytest.fixture(params=["gemma3", "lfm2", "qwen35"])
 def engine_model(request):
-    """A model the engine tests run on MLX: gemma3 (two KV groups, a sliding window) and lfm2 (short
-    convolutions with a per-sequence state beside the KV cache)."""
+    """A model the engine tests run on MLX: gemma3 (two KV groups, a sliding window), lfm2 (short
+    convolutions with a per-sequence state beside the KV cache) and qwen35 (gated delta nets: two
+    kinds of state per layer)."""
     return request.getfixturevalue(f"tiny_{request.param}")
 
 
@@ -409,7 +415,7 @@ def test_engine_cancel_frees_blocks(engine_model):
 
 def test_engine_background_thread(engine_model):
     # MLX streams belong to a thread: the runner must work from the engine's loop thread too (the
-    # KV pool and lfm2's states are evaluated after each pass: nothing lazy crosses threads)
+    # KV pool and lfm2's and qwen35's states are evaluated after each pass: nothing lazy crosses threads)
     params = SamplingParams(temperature=0.0, max_tokens=10)
     eng = LLM.load(engine_model, EngineConfig(n_ctx=128, n_threads=2, backend="mlx")).engine
     eng.start()

@@ -40,7 +40,8 @@ class DeltaPlan:
     The batch's sequences sorted by their token count, most first, so the sequences still
     stepping at step t are the first n_t of them; rows (or None: token order already) puts the
     batch's tokens in step order, step t's n_t tokens at offset off_t; perm (or None) puts the
-    outputs, produced in step order, back in token order."""
+    outputs, produced in step order, back in token order; slots / slot_list: each sequence's
+    state slot, in that sorted order (for the gather, and the slice updates that write it back)."""
 
     def __init__(self, batch: Batch):
         tok_seq, pos = batch.tok_seq, batch.positions

@@ -280,7 +280,7 @@ def test_spec_draft_model_equals_plain(lfm2_path, tmp_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
-def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
+def test_auto_backend_for_recurrent_models(monkeypatch, hybrid):
     # the backends with a state pool: mlx where auto picks it (Apple Silicon), else the cpu kernels,
     # even where a llama.cpp build with a GPU would take the same model without recurrent layers
     from infer.backends import registry
@@ -300,11 +300,13 @@ def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
     assert choose_backend("auto", "gguf", ("conv",)) == "mlx"
     assert choose_backend("auto", "gguf", ("conv", "delta")) == "mlx"  # qwen35's gated delta nets too
     # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
-    llm = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2))
-    assert llm.backend == "mlx" and llm.engine.states is not None
     few = SamplingParams(temperature=0.0, max_tokens=8)
-    got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
-    assert got == alone(lfm2_path, [[1, 5, 6, 7]], EngineConfig(n_ctx=128, n_threads=2, backend="cpu"), few)[0]
+    for arch in ("lfm2", "qwen35"):
+        llm = LLM.load(hybrid(arch), EngineConfig(n_ctx=128, n_threads=2))
+        assert llm.backend == "mlx" and llm.engine.states is not None
+        got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
+        cpu = EngineConfig(n_ctx=128, n_threads=2, backend="cpu")
+        assert got == alone(hybrid(arch), [[1, 5, 6, 7]], cpu, few)[0], arch
 
 
 @pytest.mark.parametrize("key, value, message", [

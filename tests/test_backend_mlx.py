@@ -34,18 +34,18 @@ from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
 
 ARCHS = list(names())  # every registered architecture
-# architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
-NOT_ON_MLX = {"qwen35": "qwen35's gated delta nets and their per-sequence state are not on the mlx backend yet "
-                        "(issue 34's follow-up: delta_net and attn_gate in backends/mlx/primitives.py, the "
-                        "\"delta\" kind in its state pool and backends/base.py's STATE_KINDS)"}
+# architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the
+# refusal); none at present, so test_refuses_a_state_it_does_not_keep checks the refusal itself
+NOT_ON_MLX: dict[str, str] = {}
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,
 # 1.81%, 0.02%, 0.06%, 0.05%, 0.71%, gpt-oss 0.50%; most of it is the Q6_K weights re-quantized to 8 bits;
 # lfm2 2.13%: its short convolutions multiply B * x * C, cubic in the hidden state, and amplify the Q6_K
-# token embedding's 8-bit copy (with the embedding uploaded as F32 it is 0.33%)
+# token embedding's 8-bit copy (with the embedding uploaded as F32 it is 0.33%); qwen35 0.16%
 EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
-               "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008, "lfm2": 0.03}
+               "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008, "lfm2": 0.03,
+               "qwen35": 0.004}
 # max |MLX - cpu backend| / max |logit| (measured 1.06% (1.13% with the softcaps below), 0.10%, 0.68%,
 # 3.57%, 1.72%, 0.39%, 2.6%, 4.5%: tiny gemma2, olmo2, phi3 and qwen3moe amplify the cpu backend's
 # 8-bit activations, 3.0%, 1.7%, 2.6% and 4.1% from exact; llama.cpp's two attention paths differ by
@@ -53,9 +53,11 @@ EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, 
 # puts the cpu backend 0.92% from exact, as far as llama.cpp's default path (0.92%; its flash-attention
 # path 1.20%) and 0.46% from it); tiny gemma3: see the test; gpt-oss 0.85%; lfm2 8.3%: the same cubic
 # gating amplifies the cpu backend's 8-bit activations, 5.97% from exact, where llama.cpp is too (the
-# cpu backend is 0.26% from llama.cpp; MLX is 2.13% from exact, 8.29% from llama.cpp)
+# cpu backend is 0.26% from llama.cpp; MLX is 2.13% from exact, 8.29% from llama.cpp); qwen35 0.74%,
+# nearly all the cpu backend's 8-bit activations (0.73% from exact; llama.cpp 0.81%, MLX 0.83% from it)
 CPU_BOUND = {"llama": 0.013, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
-             "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015, "lfm2": 0.11}
+             "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015, "lfm2": 0.11,
+             "qwen35": 0.015}
 
 
 # ------------------------------------------------------------------------------ exact reference
@@ -157,6 +159,17 @@ def test_refuses_what_it_cannot_run(arch, tiny_model):
         MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
 
 
+def test_refuses_a_state_it_does_not_keep(tiny_model, monkeypatch):
+    # every registered architecture runs on mlx now: the refusal of a recurrent state the backend's
+    # kernels do not keep (base.STATE_KINDS), on qwen35 with "delta" taken out of mlx's kinds
+    from infer.backends.mlx import runner as mlx_runner
+
+    monkeypatch.setattr(mlx_runner, "STATE_KINDS", {"mlx": frozenset({"conv"})})
+    model = tiny_model("qwen35")
+    with pytest.raises(BackendError, match=r"recurrent state \(delta\).*--backend cpu"):
+        MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
+
+
 def test_logits_match_exact_reference(tiny):
     arch, model = tiny
     ours = mlx_logits(model)
@@ -230,10 +243,16 @@ def tiny_lfm2(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("eng") / "tiny-lfm2.gguf", "lfm2", seed=14)
 
 
-@pytest.fixture(params=["gemma3", "lfm2"])
+@pytest.fixture(scope="module")
+def tiny_qwen35(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("eng") / "tiny-qwen35.gguf", "qwen35", seed=14)
+
+
+@pytest.fixture(params=["gemma3", "lfm2", "qwen35"])
 def engine_model(request):
-    """A model the engine tests run on MLX: gemma3 (two KV groups, a sliding window) and lfm2 (short
-    convolutions with a per-sequence state beside the KV cache)."""
+    """A model the engine tests run on MLX: gemma3 (two KV groups, a sliding window), lfm2 (short
+    convolutions with a per-sequence state beside the KV cache) and qwen35 (gated delta nets: two
+    kinds of state per layer)."""
     return request.getfixturevalue(f"tiny_{request.param}")
 
 
@@ -274,19 +293,23 @@ def test_batched_rows_equal_alone(tiny_gemma3):
     np.testing.assert_array_equal(together, solo)
 
 
-def _lfm2_batch(steps, bs, nb) -> Batch:
-    """_batch for the tiny lfm2 (one KV group; sequence s owns blocks nb s .. nb s + nb - 1, state
-    slot 3 - s: slots need not follow table rows)."""
+HYBRID = ["lfm2", "qwen35"]  # the hybrid architectures (a recurrent state per sequence)
+
+
+def _hybrid_batch(steps, bs, nb) -> Batch:
+    """_batch for the tiny lfm2 and qwen35 (one KV group; sequence s owns blocks nb s .. nb s + nb - 1,
+    state slot 3 - s: slots need not follow table rows)."""
     tables = [np.arange(4 * nb, dtype=np.int32).reshape(4, nb)]
     b = _batch(steps, tables, bs)
     b.state_slots = np.array([3, 2, 1, 0], np.int32)
     return b
 
 
-def test_lfm2_batched_rows_equal_alone(tiny_model):
+@pytest.mark.parametrize("arch", HYBRID)
+def test_hybrid_batched_rows_equal_alone(arch, tiny_model):
     """Decode steps and prefill chunks that continue from each sequence's state, in one pass, give
-    each row bit for bit what it gets alone, and leave each sequence's state as alone."""
-    model = tiny_model("lfm2")
+    each row bit for bit what it gets alone, and leave each sequence's state (every kind) as alone."""
+    model = tiny_model(arch)
     r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
     bs, nb = 4, 12
     rng = np.random.default_rng(1)
@@ -296,27 +319,28 @@ def test_lfm2_batched_rows_equal_alone(tiny_model):
 
     def prefilled():
         pool, states = r.new_kv_pool([4 * nb], bs), r.new_state_pool(4)
-        r.forward_batch(_lfm2_batch([(s, p, 0) for s, p in enumerate(prompts)], bs, nb), pool, states)
+        r.forward_batch(_hybrid_batch([(s, p, 0) for s, p in enumerate(prompts)], bs, nb), pool, states)
         return pool, states
 
     pool, states = prefilled()
-    together = r.forward_batch(_lfm2_batch(nxt, bs, nb), pool, states)
+    together = r.forward_batch(_hybrid_batch(nxt, bs, nb), pool, states)
     solo, solo_states = [], []
     for step in nxt:
         p, st = prefilled()
-        solo.append(r.forward_batch(_lfm2_batch([step], bs, nb), p, st))
-        solo_states.append([np.array(a).reshape(4, -1)[3 - step[0]] for a in st.conv])
+        solo.append(r.forward_batch(_hybrid_batch([step], bs, nb), p, st))
+        solo_states.append([np.array(a).reshape(4, -1)[3 - step[0]] for a in st.arrays()])
     np.testing.assert_array_equal(together, np.concatenate(solo))
     for s, rows in enumerate(solo_states):
-        for a, b in zip(states.conv, rows):
+        for a, b in zip(states.arrays(), rows):
             np.testing.assert_array_equal(np.array(a).reshape(4, -1)[3 - s], b)
 
 
-def test_lfm2_decode_with_state_matches_recompute(tiny_model):
+@pytest.mark.parametrize("arch", HYBRID)
+def test_hybrid_decode_with_state_matches_recompute(arch, tiny_model):
     """A prompt, then tokens one at a time through the state (and a chunk of three), give the logits
     a single pass over the whole sequence gives, to float32 rounding; the state pool is what
     state_bytes_per_seq says, and a sequence restarted at position 0 ignores what its slot held."""
-    model = tiny_model("lfm2")
+    model = tiny_model(arch)
     r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
     assert r.state_bytes_per_seq() == model.config.state_bytes() > 0
     assert r.new_state_pool(3).nbytes == 3 * r.state_bytes_per_seq()
@@ -334,10 +358,12 @@ def test_lfm2_decode_with_state_matches_recompute(tiny_model):
     whole = run([toks], r.new_state_pool(1))
     parts = [toks[:8]] + [toks[i:i + 1] for i in range(8, 13)] + [toks[13:]]
     dirty = r.new_state_pool(1)
-    dirty.conv = [a + 5.0 for a in dirty.conv]  # garbage from a previous sequence: position 0 ignores it
+    # garbage from a previous sequence (NaN in qwen35's delta-rule matrices): position 0 ignores it
+    dirty.conv = [a + 5.0 for a in dirty.conv]
+    dirty.delta = [a + np.nan for a in dirty.delta]
     steps = run(parts, dirty)
     scale = np.abs(whole).max()
-    print(f"lfm2: max |stepwise - whole| = {np.abs(steps - whole).max() / scale:.2e} of max |logit|")
+    print(f"{arch}: max |stepwise - whole| = {np.abs(steps - whole).max() / scale:.2e} of max |logit|")
     np.testing.assert_allclose(steps, whole, rtol=0, atol=1e-5 * scale)
     np.testing.assert_array_equal(steps.argmax(-1), whole.argmax(-1))
 
@@ -345,12 +371,12 @@ def test_lfm2_decode_with_state_matches_recompute(tiny_model):
 def test_lfm2_tokens_out_of_order_refused(tiny_model):
     model = tiny_model("lfm2")
     r = MlxRunner(model.config, model.weights, RunnerOptions(max_tokens=64))
-    b = _lfm2_batch([(0, [5, 6, 7], 0)], 4, 4)
+    b = _hybrid_batch([(0, [5, 6, 7], 0)], 4, 4)
     b.positions = np.array([0, 2, 1], np.int32)  # not consecutive: its inputs cannot be found by position
     with pytest.raises(ValueError, match="consecutive"):
         r.forward_batch(b, r.new_kv_pool([16], 4), r.new_state_pool(4))
     with pytest.raises(ValueError, match="state pool"):
-        r.forward_batch(_lfm2_batch([(0, [5], 0)], 4, 4), r.new_kv_pool([16], 4))
+        r.forward_batch(_hybrid_batch([(0, [5], 0)], 4, 4), r.new_kv_pool([16], 4))
 
 
 def test_pool_sizes_and_copy_block(tiny_model):
@@ -389,7 +415,7 @@ def test_engine_cancel_frees_blocks(engine_model):
 
 def test_engine_background_thread(engine_model):
     # MLX streams belong to a thread: the runner must work from the engine's loop thread too (the
-    # KV pool and lfm2's states are evaluated after each pass: nothing lazy crosses threads)
+    # KV pool and lfm2's and qwen35's states are evaluated after each pass: nothing lazy crosses threads)
     params = SamplingParams(temperature=0.0, max_tokens=10)
     eng = LLM.load(engine_model, EngineConfig(n_ctx=128, n_threads=2, backend="mlx")).engine
     eng.start()

@@ -1,11 +1,15 @@
-"""The cpu backend's gated delta net kernel (backends/cpu/delta_net.py) against a float64 numpy
+"""The cpu backend's gated delta net kernel (backends/cpu/delta_net.py), and the mlx backend's
+(backends/mlx/delta_net.py) where MLX is installed, against a float64 numpy
 reference written from llama.cpp's definition (build_layer_attn_linear and ggml's
 gated_delta_net): several sequences in one batch in uneven chunks, each continuing from its own
 state slots (conv tail and delta matrices), garbage in every slot at the start (position 0
 ignores it); and a value head's key head is h % key heads, as ggml tiles them."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
 
 from infer.backends.cpu.delta_net import delta_net
 
@@ -47,7 +51,39 @@ def reference(proj, conv_w, dt, a, norm_w):
     return y.reshape(len(p), INNER), padded[-(L - 1):], M
 
 
-def test_sequences_continue_from_their_slots():
+def _cpu_kernel(kernel, dt, a, norm_w, conv_state, state):
+    """The cpu kernel as fn(proj, slots, tok_seq, positions) -> y, over the given states in place."""
+    def run(proj, slots, tok_seq, positions):
+        T = len(proj)
+        xc, e, y = np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), np.zeros((T, INNER), np.float32)
+        first, count = np.zeros(T, np.int32), np.zeros(T, np.int32)
+        delta_net(proj, kernel, dt, a, norm_w, np.float32(EPS), HK, conv_state, state, slots, tok_seq,
+                  positions, first, count, xc, e, y)
+        return y
+    return run, lambda: (conv_state, state)
+
+
+def _mlx_kernel(kernel, dt, a, norm_w, conv_state, state):
+    """The mlx backend's delta_net the same way, its states in MlxStatePool's layout (conv rows flat)."""
+    mx = pytest.importorskip("mlx.core", reason="the mlx backend needs MLX (pip install infer[mlx])")
+    from infer.backends.mlx.delta_net import DeltaPlan
+    from infer.backends.mlx.delta_net import delta_net as mlx_delta_net
+    from infer.backends.mlx.shortconv import ConvPlan
+
+    n_slots = len(state)
+    ly = SimpleNamespace(ssm_conv=mx.array(kernel), ssm_dt=mx.array(dt), ssm_a=mx.array(a), ssm_norm=mx.array(norm_w))
+    arrays = [mx.array(conv_state.reshape(n_slots * (L - 1), C)), mx.array(state)]
+
+    def run(proj, slots, tok_seq, positions):
+        batch = SimpleNamespace(tok_seq=tok_seq, positions=positions, state_slots=slots)
+        y = mlx_delta_net(mx.array(proj), ly, HK, EPS, arrays[0], arrays[1], ConvPlan(batch, L), DeltaPlan(batch))
+        mx.eval(y, arrays)
+        return np.array(y)
+    return run, lambda: (np.array(arrays[0]).reshape(n_slots, L - 1, C), np.array(arrays[1]))
+
+
+@pytest.mark.parametrize("make", [_cpu_kernel, _mlx_kernel], ids=["cpu", "mlx"])
+def test_sequences_continue_from_their_slots(make):
     rng = np.random.default_rng(0)
     conv_w = rng.uniform(-0.5, 0.5, (C, L)).astype(np.float32)
     dt = rng.uniform(0.5, 1.5, HV).astype(np.float32)
@@ -59,23 +95,20 @@ def test_sequences_continue_from_their_slots():
     state = rng.normal(0, 1, (5, HV, S, S)).astype(np.float32)
     slots = np.array([3, 0, 4, 1], np.int32)
     done = {s: 0 for s in hist}
-    kernel = np.ascontiguousarray(conv_w.T)
+    run, states = make(np.ascontiguousarray(conv_w.T), dt, a, norm_w, conv_state, state)
     for chunk in ((4, 1, 2, 0), (1, 0, 3, 4), (4, 0, 1, 0)):
         seqs = [s for s in hist if chunk[s]]
         tok_seq = np.concatenate([np.full(chunk[s], i, np.int32) for i, s in enumerate(seqs)])
         positions = np.concatenate([np.arange(done[s], done[s] + chunk[s], dtype=np.int32) for s in seqs])
         proj = np.concatenate([hist[s][done[s]:done[s] + chunk[s]] for s in seqs])
-        T = len(proj)
-        xc, e, y = np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), np.zeros((T, INNER), np.float32)
-        first, count = np.zeros(T, np.int32), np.zeros(T, np.int32)
-        delta_net(proj, kernel, dt, a, norm_w, np.float32(EPS), HK, conv_state, state, slots[seqs], tok_seq,
-                  positions, first, count, xc, e, y)
+        y = run(proj, slots[seqs], tok_seq, positions)
+        conv_now, state_now = states()
         at = 0
         for s in seqs:
             want, tail, M = reference(hist[s][:done[s] + chunk[s]], conv_w, dt, a, norm_w)
             np.testing.assert_allclose(y[at:at + chunk[s]], want[done[s]:], rtol=1e-4, atol=1e-5)
-            np.testing.assert_allclose(conv_state[slots[s]], tail, rtol=1e-6, atol=1e-7)
-            np.testing.assert_allclose(state[slots[s]], M, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(conv_now[slots[s]], tail, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(state_now[slots[s]], M, rtol=1e-4, atol=1e-6)
             at += chunk[s]
             done[s] += chunk[s]
     assert done == {s: len(h) for s, h in hist.items()}

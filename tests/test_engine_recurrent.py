@@ -38,7 +38,7 @@ def hybrid(tmp_path_factory):
 
 
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
-RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx")]
+RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx")]
 
 
 def _backend(name: str) -> str:
@@ -247,16 +247,17 @@ def test_memory_accounting_counts_the_state_pool(lfm2_path):
     assert fits.usage().blocks_total == (128 // config.block_size,)
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
-def test_spec_ngram_equals_plain(hybrid, arch):
+@pytest.mark.parametrize("arch, backend", RUNS)
+def test_spec_ngram_equals_plain(hybrid, arch, backend):
     # a draft token rejected puts the state back to before the step (engine/state_slots.py): tokens
     # and logprobs are plain decoding's; prompts that repeat make the ngram drafter (n = 1) propose,
     # and the model rejects some (without the restore, logprobs differ by up to 0.9)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
     prompts = [[1] + [10, 11, 12, 13, 14] * 8, [1] + list(range(20, 40)) * 3, [1] + [62, 5, 224, 6] * 6,
                [1] + [9, 3, 14, 4] * 5]
-    plain = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4)
-    spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, spec=SpecConfig(kind="ngram", ngram_n=1, draft_max=4))
+    plain = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, backend=_backend(backend))
+    spec = EngineConfig(n_ctx=256, n_threads=2, max_seqs=4, backend=backend,
+                        spec=SpecConfig(kind="ngram", ngram_n=1, draft_max=4))
     eng = LLM.load(hybrid(arch), spec).engine
     assert eng.states.n_slots == 4 + 4 + 16  # a scratch slot per running sequence
     got = _run(eng, prompts, params)
@@ -279,7 +280,7 @@ def test_spec_draft_model_equals_plain(lfm2_path, tmp_path):
     assert _slots_all_free(eng) and eng.usage().blocks_used == (0,)
 
 
-def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
+def test_auto_backend_for_recurrent_models(monkeypatch, hybrid):
     # the backends with a state pool: mlx where auto picks it (Apple Silicon), else the cpu kernels,
     # even where a llama.cpp build with a GPU would take the same model without recurrent layers
     from infer.backends import registry
@@ -297,13 +298,15 @@ def test_auto_backend_for_recurrent_models(monkeypatch, lfm2_path):
         pytest.skip("MLX is not installed: auto's choice of mlx on Apple Silicon (pip install infer[mlx])")
     monkeypatch.setattr(registry, "is_apple_silicon", lambda: True)
     assert choose_backend("auto", "gguf", ("conv",)) == "mlx"
-    assert choose_backend("auto", "gguf", ("conv", "delta")) == "cpu"  # no delta net on mlx yet
+    assert choose_backend("auto", "gguf", ("conv", "delta")) == "mlx"  # qwen35's gated delta nets too
     # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
-    llm = LLM.load(lfm2_path, EngineConfig(n_ctx=128, n_threads=2))
-    assert llm.backend == "mlx" and llm.engine.states is not None
     few = SamplingParams(temperature=0.0, max_tokens=8)
-    got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
-    assert got == alone(lfm2_path, [[1, 5, 6, 7]], EngineConfig(n_ctx=128, n_threads=2, backend="cpu"), few)[0]
+    for arch in ("lfm2", "qwen35"):
+        llm = LLM.load(hybrid(arch), EngineConfig(n_ctx=128, n_threads=2))
+        assert llm.backend == "mlx" and llm.engine.states is not None
+        got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids
+        cpu = EngineConfig(n_ctx=128, n_threads=2, backend="cpu")
+        assert got == alone(hybrid(arch), [[1, 5, 6, 7]], cpu, few)[0], arch
 
 
 @pytest.mark.parametrize("key, value, message", [

@@ -7,6 +7,7 @@ sub-blocks, which MLX cannot express, and are re-quantized (errors stated in wei
 are `mx.quantized_matmul`; attention runs over a paged KV pool in MLX (attention.py, kv_pool.py);
 the decoder's primitives are primitives.py, MlxRunner in runner.py. A mixture of experts takes
 the cpu backend's router choice on the evaluated router output and runs each used expert once on
-its tokens. A hybrid model's short convolutions (lfm2) read and update a per-sequence state in
-state_pool.py, with the cpu backend's semantics (shortconv.py). MLX-format folders run only here.
+its tokens. A hybrid model's short convolutions (lfm2, shortconv.py) and gated delta nets (qwen35,
+delta_net.py) read and update a per-sequence state in state_pool.py, with the cpu backend's
+semantics. MLX-format folders run only here.
 """

@@ -13,13 +13,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
 from infer.backends.cpu.moe import route
 
 from .attention import AttentionPlan, as_dtype
+from .delta_net import DeltaPlan, delta_net
 from .kv_pool import KV_DTYPE, MlxKVPool
 from .shortconv import ConvPlan, shortconv
 from .state_pool import MlxStatePool
@@ -61,8 +61,11 @@ class MlxPrimitives:
         cfg = runner.cfg
         arch = cfg.architecture
         self.runner, self.cfg, self.batch, self.pool, self.states = runner, cfg, batch, pool, states
-        # a hybrid model's short convolutions: which inputs each token reads (shortconv.py)
-        self.conv_plan = ConvPlan(batch, cfg.shortconv_l_cache) if cfg.recurrent_layers else None
+        # a hybrid model's causal convolutions: which inputs each token reads (shortconv.py; the
+        # "conv" state keeps L - 1 inputs); its gated delta nets' steps (delta_net.py)
+        shapes = cfg.state_shapes
+        self.conv_plan = ConvPlan(batch, shapes["conv"][0] + 1) if cfg.recurrent_layers else None
+        self.delta_plan = DeltaPlan(batch) if "delta" in shapes else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
         self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
@@ -103,7 +106,8 @@ class MlxPrimitives:
         nq, nk = H * D, Hkv * D
         if ly.bqkv is not None:
             qkv = qkv + ly.bqkv
-        q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
+        # a gated attention's gate follows V (attn_gate)
+        q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:nq + nk + Hkv * Dv]
         whole = ly.q_norm is not None and ly.q_norm.shape[0] == nq and H > 1
         if whole:  # over the whole projection (olmo2)
             q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
@@ -183,12 +187,14 @@ class MlxPrimitives:
         return shortconv(as_dtype(bcx, mx.float32), ly.shortconv, state, self.conv_plan)
 
     def delta_net(self, proj: mx.array, ly: Any, il: int) -> mx.array:
-        # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
-        raise BackendError("the mlx backend has no gated delta net yet (issue 34's follow-up)")
+        # float32 whatever the products' dtype: the states are float32, as the cpu backend's
+        j = self.states.index(il)
+        return delta_net(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count, self.cfg.norm_eps,
+                         self.states.conv[j], self.states.delta[j], self.conv_plan, self.delta_plan)
 
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
-        # only Qwen3.5 gates its attention, and MlxRunner refuses its delta-net state before any step
-        raise BackendError("the mlx backend has no gated attention yet (issue 34's follow-up)")
+        gate = qkv[:, qkv.shape[1] - a.shape[1]:]
+        return a * (1.0 / (1.0 + mx.exp(-gate)))
 
     def logits(self, h: mx.array) -> mx.array | None:
         """The logits of batch.logit_rows (lazy), or None when no row is wanted."""

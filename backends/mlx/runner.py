@@ -55,11 +55,20 @@ class _Layer:
     shortconv_in: list[Matrix] = field(default_factory=list)
     shortconv_out: list[Matrix] = field(default_factory=list)
     shortconv: mx.array | None = None
+    # a gated delta net layer (Qwen3.5; models/weights.py), in place of the attention: Q|K|V, z,
+    # beta, alpha products side by side and ssm_out ([] in an attention layer), the convolution's
+    # kernel (L, C) f32 oldest input first, dt_bias and A (Hv,), the gated norm's weight (S,)
+    ssm_in: list[Matrix] = field(default_factory=list)
+    ssm_out: list[Matrix] = field(default_factory=list)
+    ssm_conv: mx.array | None = None
+    ssm_dt: mx.array | None = None
+    ssm_a: mx.array | None = None
+    ssm_norm: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts,
-                            *self.shortconv_in, *self.shortconv_out)
+                            *self.shortconv_in, *self.shortconv_out, *self.ssm_in, *self.ssm_out)
                 for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
@@ -109,9 +118,13 @@ class MlxRunner:
                 bqkv = mx.array(np.concatenate([np.zeros(n, np.float32) if b is None else np.asarray(b, np.float32)
                                                 for b, n in zip(biases, sizes)]))
             dense = lw.w_gate is not None
-            conv = lw.shortconv_in is not None  # a recurrent layer: no attention matrices
+            conv = lw.shortconv_in is not None
+            delta = lw.ssm_qkv is not None
+            recurrent = conv or delta  # a recurrent layer: no attention matrices
+            # a gated attention's gate rows after V (primitives.attn_gate reads them off the end)
+            attn = [lw.wq, lw.wk, lw.wv] + ([lw.attn_gate] if lw.attn_gate is not None else [])
             self.layers.append(_Layer(
-                qkv=[] if conv else _products([up(lw.wq), up(lw.wk), up(lw.wv)]), wo=[] if conv else [up(lw.wo)],
+                qkv=[] if recurrent else _products([up(t) for t in attn]), wo=[] if recurrent else [up(lw.wo)],
                 gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
                 down=[up(lw.w_down)] if dense else [],
                 router=[] if dense else [up(lw.router)],
@@ -125,6 +138,10 @@ class MlxRunner:
                 shortconv_in=[up(lw.shortconv_in)] if conv else [],
                 shortconv_out=[up(lw.shortconv_out)] if conv else [],
                 shortconv=mx.array(np.ascontiguousarray(np.asarray(lw.shortconv, np.float32).T)) if conv else None,
+                ssm_in=_products([up(lw.ssm_qkv), up(lw.ssm_z), up(lw.ssm_beta), up(lw.ssm_alpha)]) if delta else [],
+                ssm_out=[up(lw.ssm_out)] if delta else [],
+                ssm_conv=mx.array(np.ascontiguousarray(np.asarray(lw.ssm_conv, np.float32).T)) if delta else None,
+                ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

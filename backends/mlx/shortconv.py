@@ -3,7 +3,8 @@ semantics): B * x, a depthwise causal convolution of width L over each sequence'
 its output, and each sequence's state (its last L - 1 inputs B * x) updated in place.
 
 Which input precedes a token is decided on the host, once per batch (ConvPlan), as index arrays
-into one source of rows: the batch's B * x (rows 0 .. T-1), then each batch sequence's L - 1
+into one source of rows: the batch's inputs (rows 0 .. T-1: B * x here, Q|K|V for the gated
+delta nets' convolution, delta_net.py), then each batch sequence's L - 1
 state rows as they were before the batch, then a zero row. The input at position q of a token's
 sequence is its batch row when q is at or after the sequence's first position in the batch (p0),
 its state row q - p0 + L - 1 when 0 <= q < p0, and zero before position 0 (llama.cpp's zeroed
@@ -19,7 +20,7 @@ from infer.backends.batch import Batch
 
 
 class ConvPlan:
-    """The host-side indices of one batch's short convolutions (the same for every layer)."""
+    """The host-side indices of one batch's causal convolutions (the same for every layer)."""
 
     def __init__(self, batch: Batch, L: int):
         tok_seq, pos = batch.tok_seq, batch.positions.astype(np.int64)
@@ -57,18 +58,26 @@ class ConvPlan:
         self.L = L
 
 
-def shortconv(bcx: mx.array, kernel: mx.array, state: mx.array, plan: ConvPlan) -> mx.array:
-    """bcx: (T, 3D) f32 in_proj's output, B | C | x; kernel: (L, D) f32, oldest input first;
-    state: (n_slots (L - 1), D) f32 one layer's states (MlxStatePool.conv), its batch sequences'
-    rows replaced in place (lazily: the gather above reads the old rows). Returns y (T, D) =
-    C * conv(B * x)."""
-    D = bcx.shape[1] // 3
-    bx = bcx[:, :D] * bcx[:, 2 * D:]
-    src = mx.concatenate([bx, state[plan.state_rows], mx.zeros((1, D), mx.float32)])
-    win = src[plan.window]  # (T, L, D)
+def causal_conv(inputs: mx.array, kernel: mx.array, state: mx.array, plan: ConvPlan) -> mx.array:
+    """The depthwise causal convolution of each sequence's inputs (ggml_ssm_conv), shared by LFM2's
+    short convolutions and Qwen3.5's gated delta nets (delta_net.py). inputs: (T, C) f32 the
+    batch's; kernel: (L, C) f32, oldest input first; state: (n_slots (L - 1), C) f32 one layer's
+    states (MlxStatePool.conv), its batch sequences' rows replaced in place by their last L - 1
+    inputs (lazily: the gather below reads the old rows). Returns (T, C)."""
+    C = inputs.shape[1]
+    src = mx.concatenate([inputs, state[plan.state_rows], mx.zeros((1, C), mx.float32)])
+    win = src[plan.window]  # (T, L, C)
     # oldest input first, one multiply-add per step: ggml_ssm_conv's order of summation
     y = win[:, 0] * kernel[0]
     for i in range(1, plan.L):
         y = y + win[:, i] * kernel[i]
     state[plan.state_rows] = src[plan.update]
-    return y * bcx[:, D:2 * D]
+    return y
+
+
+def shortconv(bcx: mx.array, kernel: mx.array, state: mx.array, plan: ConvPlan) -> mx.array:
+    """bcx: (T, 3D) f32 in_proj's output, B | C | x; kernel: (L, D) f32, oldest input first;
+    state: (n_slots (L - 1), D) f32 one layer's states, updated in place (causal_conv). Returns
+    y (T, D) = C * conv(B * x)."""
+    D = bcx.shape[1] // 3
+    return causal_conv(bcx[:, :D] * bcx[:, 2 * D:], kernel, state, plan) * bcx[:, D:2 * D]

@@ -46,8 +46,12 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
     ends = np.cumsum([len(s) for s in seqs])[:-1]
     x = _dense(w.token_embd, np.concatenate(seqs)) * cfg.embed_scale
     for il, lw in enumerate(w.layers):
-        if lw.shortconv_in is not None:  # LFM2's short convolution in place of the attention
-            o = _exact_shortconv(_rms(x, lw.attn_norm, eps), lw, ends) @ _dense(lw.shortconv_out).T
+        if lw.shortconv_in is not None or lw.ssm_qkv is not None:  # a recurrent layer in place of the attention
+            h = _rms(x, lw.attn_norm, eps)
+            if lw.shortconv_in is not None:  # LFM2's short convolution
+                o = _exact_shortconv(h, lw, ends) @ _dense(lw.shortconv_out).T
+            else:  # Qwen3.5's gated delta net
+                o = _exact_delta_net(cfg, h, lw, ends) @ _dense(lw.ssm_out).T
             x = x + o
             h = _rms(x, lw.ffn_norm, eps)
             x = x + _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
@@ -56,6 +60,8 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
         h = _rms(x, lw.attn_norm, eps)
         q, k, v = h @ _dense(lw.wq).T, h @ _dense(lw.wk).T, h @ _dense(lw.wv).T
+        # Qwen3.5's gated attention: the gate's rows of attn_q (models/weights.py split them out)
+        gate = None if lw.attn_gate is None else h @ _dense(lw.attn_gate).T
         if lw.bq is not None:
             q, k, v = q + lw.bq, k + lw.bk, v + lw.bv
         whole = lw.q_norm is not None and len(lw.q_norm) == H * hd  # olmo2: over the whole projection
@@ -84,7 +90,10 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
                 sink = np.exp(lw.sinks[:, None, None] - top)
             p = np.exp(sc - top)
             outs.append(np.einsum("hts,shd->thd", p / (p.sum(-1, keepdims=True) + sink), vs).reshape(T, -1))
-        o = np.concatenate(outs) @ _dense(lw.wo).T
+        a = np.concatenate(outs)
+        if gate is not None:  # times sigmoid(gate) before attn_output
+            a = a / (1 + np.exp(-gate))
+        o = a @ _dense(lw.wo).T
         if lw.bo is not None:
             o = o + lw.bo
         x = x + _rms(o, lw.post_attn_norm, eps) * cfg.residual_scale
@@ -109,6 +118,50 @@ def _exact_shortconv(h, lw, ends):
         padded = np.concatenate([np.zeros((L - 1, D)), bs * xss])
         outs.append(sum(padded[i:i + len(bs)] * kernel[:, i] for i in range(L)))
     return c * np.concatenate(outs)
+
+
+def _exact_delta_net(cfg, h, lw, ends):
+    """llama.cpp's build_layer_attn_linear (qwen35.cpp, delta-net-base.cpp) between the input
+    products and ssm_out, each sequence from a zero state, read from ggml's graph rather than from
+    any backend: qkv_mixed = attn_qkv h; ggml_ssm_conv over it with L - 1 zero columns before the
+    sequence, SiLU; the Q, K, V views (Hk key heads of S, Hk again, Hv value heads of S);
+    build_gdn_l2_norm (rms_norm with eps / S, times 1 / sqrt(S)) of Q and K; Q and K repeated
+    (ggml_repeat_4d) to Hv heads, so value head h reads key head h % Hk; gate g = softplus(alpha h +
+    ssm_dt) * ssm_a, beta = sigmoid(ssm_beta h); then per token build_delta_net_autoregressive on
+    the state s (ne: [S, S, Hv], s[i0, i1] with i0 along the key, i1 along the value): q scaled by
+    1 / sqrt(S); s *= exp(g); sk = sum_i0 s k; d = (v - sk) beta; s += k d^T; o = sum_i0 s q;
+    last build_norm_gated: RMSNorm of each head's o times ssm_norm, times SiLU(attn_gate h)."""
+    S, Hk, Hv, eps = cfg.ssm_state_size, cfg.ssm_group_count, cfg.ssm_dt_rank, cfg.norm_eps
+    qkv = h @ _dense(lw.ssm_qkv).T
+    z = (h @ _dense(lw.ssm_z).T).reshape(len(h), Hv, S)
+    beta = 1 / (1 + np.exp(-(h @ _dense(lw.ssm_beta).T)))
+    g = np.logaddexp(0, h @ _dense(lw.ssm_alpha).T + lw.ssm_dt) * lw.ssm_a  # softplus
+    kernel = np.asarray(lw.ssm_conv, np.float64)  # (C, L), as in the GGUF
+    L = kernel.shape[1]
+    outs = []
+    for lo, hi in zip([0, *ends], [*ends, len(h)]):
+        padded = np.concatenate([np.zeros((L - 1, qkv.shape[1])), qkv[lo:hi]])
+        conv = sum(padded[i:i + hi - lo] * kernel[:, i] for i in range(L))
+        conv = conv / (1 + np.exp(-conv))
+        n = hi - lo
+        q = conv[:, :Hk * S].reshape(n, Hk, S)
+        k = conv[:, Hk * S:2 * Hk * S].reshape(n, Hk, S)
+        v = conv[:, 2 * Hk * S:].reshape(n, Hv, S)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.sqrt(S)  # l2 norm, then the 1/sqrt(S) scale
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+        q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+        s = np.zeros((Hv, S, S))  # s[h, i1, i0]: value component i1, key component i0
+        o = np.empty((n, Hv, S))
+        for t in range(n):
+            s *= np.exp(g[lo + t])[:, None, None]
+            sk = (s * k[t][:, None, :]).sum(-1)
+            d = (v[t] - sk) * beta[lo + t][:, None]
+            s += d[:, :, None] * k[t][:, None, :]
+            o[t] = (s * q[t][:, None, :]).sum(-1)
+        outs.append(o)
+    o = np.concatenate(outs)
+    o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + eps) * lw.ssm_norm
+    return (o * (z / (1 + np.exp(-z)))).reshape(len(h), Hv * S)
 
 
 def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):

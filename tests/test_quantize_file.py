@@ -182,19 +182,20 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
-    tied embeddings too; a model without experts is all Q8_0."""
+    tied embeddings too (lfm2moe's convolution kernels stay F32); a model without experts is all Q8_0."""
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_model(models[arch], ours, QuantizeOptions(type="MXFP4_MOE", threads=2))
     llama_quantize(models[arch], ref, "MXFP4_MOE")
     assert_same_file(ours, ref)
     g = read_gguf(ours)
-    types = {n: t.type_name for n, t in g.tensors.items() if len(t.shape) > 1 and "gate_inp" not in n}
+    types = {n: t.type_name for n, t in g.tensors.items()
+             if len(t.shape) > 1 and "gate_inp" not in n and "shortconv.conv" not in n}
     want = {n: "MXFP4" if n.endswith("_exps.weight") else "Q8_0" for n in types}
     assert types == want and g.metadata["general.file_type"] == 38
-    assert ("MXFP4" in types.values()) == (arch == "qwen3moe")
+    assert ("MXFP4" in types.values()) == (arch != "llama")
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "MXFP4_MOE"])

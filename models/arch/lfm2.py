@@ -9,7 +9,7 @@ convolution of width L (`lfm2.shortconv.l_cache`) over time, the previous L - 1 
 sequence being its recurrent state; C times that; out_proj. The final norm's tensor is named
 `token_embd_norm` (llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2). llama.cpp's sliding-window variant
 (`attention.sliding_window` > 0) and its bidirectional models (`attention.causal` false) are
-refused here; the mixture of experts (lfm2moe) is an architecture of its own.
+refused here; the mixture of experts (lfm2moe) is an architecture of its own (lfm2moe.py).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """LiquidAI LFM2-MoE (LFM2-8B-A1B; llama.cpp's LLM_ARCH_LFM2MOE): lfm2's layers (lfm2.py: gated
-short convolutions beside GQA attention, which from attention.head_count_kv per layer) with a
-mixture of experts for the FFN after the first `leading_dense_block_count` layers, which keep
+short convolutions beside GQA attention, which is which read from attention.head_count_kv per
+layer) with a mixture of experts for the FFN after the first `leading_dense_block_count` layers, which keep
 lfm2's dense SiLU FFN. The router (llama.cpp's build_moe_ffn with the file's
 expert_gating_func, sigmoid for every converted file): each expert's sigmoid of its logit; the top
 expert_used_count experts chosen by that plus the layer's selection bias (`exp_probs_b`, which
@@ -30,8 +30,9 @@ _SIGMOID = 2
 
 
 def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
-    """lfm2's layer kinds (lfm2.recurrent); ValueError for a router gating other than sigmoid
-    (llama.cpp takes the key as required; the converter writes sigmoid)."""
+    """lfm2's layer kinds (lfm2.recurrent), and the router's gating checked here, where the raw
+    metadata is read: ValueError unless it is sigmoid (llama.cpp requires the key; its converter
+    writes sigmoid), the gating this architecture's moe_gating runs."""
     gating = get("expert_gating_func", None)
     if gating is None:
         raise ValueError("expert_gating_func is missing")

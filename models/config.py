@@ -94,6 +94,7 @@ class ModelConfig:
     n_expert: int = 0  # mixture of experts: experts per layer (0: a dense FFN)
     n_expert_used: int = 0  # experts each token runs
     n_ff_exp: int = 0  # each expert's FFN width
+    n_layer_dense_lead: int = 0  # the first layers of a mixture of experts keep a dense FFN (LFM2-MoE's first 2)
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
@@ -228,6 +229,9 @@ class ModelConfig:
         n_ff_exp = int(get("expert_feed_forward_length", 0)) or (
             n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
         _check_widths(arch, n_embd, n_ff, n_ff_exp)
+        dense_lead = int(get("leading_dense_block_count", 0)) if n_expert else 0
+        if not 0 <= dense_lead <= n_layer:
+            raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
@@ -260,6 +264,7 @@ class ModelConfig:
             n_expert=n_expert,
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
+            n_layer_dense_lead=dense_lead,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             **hybrid,
             **{k: float(v) for k, v in own.items()},

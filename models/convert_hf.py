@@ -190,8 +190,9 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
 
 
 # One expert's matrix in a mixture-of-experts checkpoint (qwen3moe: mlp.experts.E.gate_proj; Mixtral:
-# block_sparse_moe.experts.E.w1): llama.cpp's converter stacks each layer's into one 3-D tensor.
-_EXPERT = re.compile(r"^(model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts)\.(\d+)\.(\w+)\.weight$")
+# block_sparse_moe.experts.E.w1; lfm2moe: feed_forward.experts.E.w1, without model. as its
+# hf_text_name gives it): llama.cpp's converter stacks each layer's into one 3-D tensor.
+_EXPERT = re.compile(r"^((?:model\.)?layers\.\d+\.(?:mlp|block_sparse_moe|feed_forward)\.experts)\.(\d+)\.(\w+)\.weight$")
 
 
 def _stacked_experts(namer: TensorNamer, prefix: str, w: str, parts: dict[int, tuple[str, StEntry]],

@@ -56,6 +56,9 @@ class LayerWeights:
     sinks: np.ndarray | None = None
     router_bias: np.ndarray | None = None
     expert_biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # the experts' selection bias (n_expert,), added to the router's probabilities for the choice
+    # alone (llama.cpp's exp_probs_b: LFM2-MoE); None where absent
+    exp_probs_b: np.ndarray | None = None
     # LFM2's short convolution (a recurrent layer): in_proj (3 n_embd, n_embd) to B | C | x, the
     # depthwise kernel (n_embd, L) float32 (oldest input first), out_proj (n_embd, n_embd)
     shortconv_in: Matrix | None = None
@@ -149,6 +152,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
+        moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
         if recurrent:
             wq = wk = wv = wo = bq = bk = bv = None
             own = _gated_delta_net(get, vec, p, cfg) if cfg.ssm_state_size else _shortconv(get, vec, p, cfg)
@@ -171,10 +175,10 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] and not recurrent else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
-            **(_experts(get, p, cfg) if cfg.n_expert else {**_gate_up(tensors, get, p, D, F),
-                                                        "w_down": get(p + "ffn_down.weight", (D, F))}),
+            **(_experts(get, p, cfg) if moe else {**_gate_up(tensors, get, p, D, F),
+                                                 "w_down": get(p + "ffn_down.weight", (D, F))}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
-            **_extras(vec, p, cfg), **own,
+            **_extras(vec, p, cfg, moe), **own,
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -282,9 +286,10 @@ def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
             "ssm_out": get(p + "ssm_out.weight", (D, inner))}
 
 
-def _extras(vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:
     """The attention sinks and the biases beyond Q/K/V's of the architectures that have them
-    (Architecture.attn_sinks, extra_biases: gpt-oss), as float32; absent, nothing."""
+    (Architecture.attn_sinks, extra_biases: gpt-oss; the experts' selection bias: LFM2-MoE), as
+    float32; absent, nothing. moe: the layer has experts (the router's and experts' biases)."""
     arch, D, E, F = cfg.architecture, cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
     has = set(arch.extra_biases)
     out: dict[str, Any] = {}
@@ -292,9 +297,11 @@ def _extras(vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
         out["sinks"] = vec(p + "attn_sinks.weight", cfg.n_head)
     if "attn_output.bias" in has:
         out["bo"] = vec(p + "attn_output.bias", D)
-    if "ffn_gate_inp.bias" in has:
+    if "ffn_gate_inp.bias" in has and moe:
         out["router_bias"] = vec(p + "ffn_gate_inp.bias", E)
-    if "ffn_gate_exps.bias" in has:
+    if "exp_probs_b.bias" in has and moe:
+        out["exp_probs_b"] = vec(p + "exp_probs_b.bias", E)
+    if "ffn_gate_exps.bias" in has and moe:
         out["expert_biases"] = (vec(p + "ffn_gate_exps.bias", (E, F)), vec(p + "ffn_up_exps.bias", (E, F)),
                                 vec(p + "ffn_down_exps.bias", (E, D)))
     return out

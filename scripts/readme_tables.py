@@ -43,7 +43,8 @@ def _layer(a) -> str:
     if a.attn_output_gate:
         parts.append("sigmoid-gated attention output")
     if a.experts == "always":
-        parts.append("mixture of experts" + (", router softmax over the top experts" if a.moe_gating != "softmax" else ""))
+        gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router"}
+        parts.append("mixture of experts" + gating.get(a.moe_gating, ""))
     elif a.experts == "optional":
         parts.append("dense, or experts where the file has them")
     if a.qk_norm:

@@ -1,6 +1,7 @@
-"""HF checkpoint -> GGUF for lfm2 (tests/helpers/hf_lfm2.py's tiny folder): the keys and tensors
-llama.cpp's converter writes (head_count_kv per layer, shortconv.l_cache, the adjusted FFN width,
-the conv kernels squeezed to F32), and logits of the HF math, llama.cpp and infer agreeing."""
+"""HF checkpoint -> GGUF for lfm2 and lfm2moe (tests/helpers/hf_lfm2.py's tiny folders): the keys
+and tensors llama.cpp's converter writes (head_count_kv per layer, shortconv.l_cache, the adjusted
+FFN width, the conv kernels squeezed to F32; lfm2moe's experts stacked, its expert bias, the
+leading dense layer and sigmoid gating), and logits of the HF math, llama.cpp and infer agreeing."""
 from __future__ import annotations
 
 import gguf
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from helpers.hf_lfm2 import LFM2_L, LFM2_TYPES, lfm2_forward, make_lfm2
+from helpers.hf_lfm2 import LFM2_L, LFM2_TYPES, LFM2MOE, lfm2_forward, make_lfm2
 from helpers.hf_models import HKV, D, F
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.convert_hf import write_gguf_unquantized
@@ -22,6 +23,13 @@ def converted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lfm2") / "Tiny-lfm2"
     weights = make_lfm2(folder, seed=21)
     return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-lfm2.gguf")
+
+
+@pytest.fixture(scope="module")
+def converted_moe(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lfm2moe") / "Tiny-lfm2moe"
+    weights = make_lfm2(folder, seed=22, moe=True)
+    return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-lfm2moe.gguf")
 
 
 def test_metadata_and_tensors(converted):
@@ -42,9 +50,36 @@ def test_metadata_and_tensors(converted):
     assert gguf.GGMLQuantizationType(names["blk.0.shortconv.in_proj.weight"].tensor_type).name == "BF16"
 
 
+def test_moe_metadata_and_tensors(converted_moe):
+    folder, weights, out = converted_moe
+    r = gguf.GGUFReader(out)
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    assert kv["general.architecture"] == "lfm2moe"
+    assert kv["lfm2moe.attention.head_count_kv"] == [0 if t == "conv" else HKV for t in LFM2_TYPES]
+    assert kv["lfm2moe.feed_forward_length"] == F and kv["lfm2moe.shortconv.l_cache"] == LFM2_L
+    assert kv["lfm2moe.expert_count"] == LFM2MOE["num_experts"]
+    assert kv["lfm2moe.expert_used_count"] == LFM2MOE["num_experts_per_tok"]
+    assert kv["lfm2moe.expert_feed_forward_length"] == LFM2MOE["moe_intermediate_size"]
+    assert kv["lfm2moe.leading_dense_block_count"] == 1 and kv["lfm2moe.expert_gating_func"] == 2  # sigmoid
+    assert kv["lfm2moe.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    names = {t.name: t for t in r.tensors}
+    assert "blk.0.ffn_gate.weight" in names and "blk.0.ffn_gate_inp.weight" not in names  # the dense layer
+    E, Fe = LFM2MOE["num_experts"], LFM2MOE["moe_intermediate_size"]
+    up = names["blk.1.ffn_up_exps.weight"]
+    assert up.shape.tolist()[::-1] == [E, Fe, D] and "blk.1.ffn_up.weight" not in names
+    bias = names["blk.2.exp_probs_b.bias"]
+    assert gguf.GGMLQuantizationType(bias.tensor_type).name == "F32"
+    np.testing.assert_array_equal(np.asarray(bias.data), weights["model.layers.2.feed_forward.expert_bias"])
+    # expert 3's w3 (up) is the fourth slice of the stacked tensor (BF16 bits as stored)
+    stored = np.asarray(up.data).view(np.uint16).reshape(E, Fe, D)[3]
+    want = weights["model.layers.1.feed_forward.experts.3.w3.weight"]
+    np.testing.assert_array_equal((stored.astype(np.uint32) << 16).view(np.float32), want)
+
+
 @pytest.mark.reference
-def test_logits_match_hf_math_llama_cpp_and_infer(converted):
-    folder, weights, out = converted
+@pytest.mark.parametrize("which", ["converted", "converted_moe"])
+def test_logits_match_hf_math_llama_cpp_and_infer(which, request):
+    folder, weights, out = request.getfixturevalue(which)
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
     llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
@@ -54,12 +89,12 @@ def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     want = lfm2_forward(weights, ids)
     # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
     tol = 0.02 * np.abs(want).max()
-    print(f"lfm2: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
+    print(f"{which}: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
     assert np.abs(ref - want).max() <= tol
     np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
     model = load_model(out)
     runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
-    print(f"lfm2: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
+    print(f"{which}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
     assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))

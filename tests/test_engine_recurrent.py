@@ -1,9 +1,9 @@
-"""The engine on a hybrid model (lfm2: short convolutions, qwen35: gated delta nets, each with a
+"""The engine on a hybrid model (lfm2: short convolutions, lfm2moe: with experts, qwen35: gated delta nets, each with a
 per-sequence state beside the paged KV cache), on the backends that keep such a state: batching,
 chunking and preemption change nothing a request computes, state slots are taken on admission and
 given back at every end, the memory accounting counts them, the prefix cache serves a chat's next
 turn from a state snapshot (engine/state_slots.py) and speculation restores a state when a draft
-is rejected, both giving a cold run's tokens; and which lfm2 and qwen35 metadata is refused."""
+is rejected, both giving a cold run's tokens; and which lfm2, lfm2moe and qwen35 metadata is refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,7 +38,8 @@ def hybrid(tmp_path_factory):
 
 
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
-RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx")]
+RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx"), ("lfm2moe", "cpu"),
+        ("lfm2moe", "mlx")]
 
 
 def _backend(name: str) -> str:
@@ -327,6 +328,27 @@ def test_lfm2_metadata_refused(lfm2_path, key, value, message):
         del meta[f"lfm2.{key}"]
     else:
         meta[f"lfm2.{key}"] = value
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_metadata(meta)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("expert_gating_func", 1, "expert_gating_func 1 is not supported"),
+    ("expert_gating_func", None, "expert_gating_func is missing"),
+    ("leading_dense_block_count", 5, "leading_dense_block_count 5 is out of range"),
+    ("attention.head_count_kv", np.array([0, 2, 2], np.uint32), "3 values for 4 layers"),
+])
+def test_lfm2moe_metadata_refused(hybrid, key, value, message):
+    # lfm2's layer kinds, a dense first layer, then experts under a sigmoid router (the only gating
+    # llama.cpp's converter writes for it)
+    meta = dict(load_model(hybrid("lfm2moe")).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.recurrent_layers == (0, 1, 3) and cfg.n_layer_dense_lead == 1
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp) == (6, 2, 256)
+    if value is None:
+        del meta[f"lfm2moe.{key}"]
+    else:
+        meta[f"lfm2moe.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)
 

@@ -31,9 +31,10 @@ TINY_PROMPT = [1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7, 
 # residual adds; RoPE, the Q/K norms, the softmax and the f16 roundings sit inside kqv_out, whose
 # every input is forced too, so a change there shows as more than a product's last-bit spread)
 EXACT = ("inp_scaled", "attn_norm", "ffn_act", "l_out", "result_norm")
-# llama.cpp names no residual between phi3's (and lfm2's) attention or convolution and the FFN: what
-# follows it starts from ours
-UNFORCED = {"phi3": {"attn_norm", "l_out", "result_norm"}, "lfm2": {"attn_norm", "l_out", "result_norm"}}
+# llama.cpp names no residual between phi3's (and lfm2's, lfm2moe's) attention or convolution and the
+# FFN: what follows it starts from ours
+UNFORCED = {"phi3": {"attn_norm", "l_out", "result_norm"}, "lfm2": {"attn_norm", "l_out", "result_norm"},
+            "lfm2moe": {"attn_norm", "l_out", "result_norm"}}
 LAST_BITS = 1e-6  # of max |llama.cpp|: products and attention differ by a few float32 ulps (measured <= 6e-7)
 
 

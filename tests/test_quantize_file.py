@@ -20,8 +20,8 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
-              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16}
-N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's experts (3-D tensors)
+              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32}
+N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's and lfm2moe's experts (3-D tensors)
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
@@ -31,13 +31,15 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     H, Hkv, hd, n_vocab = 4, 2, 64, 320
     n_layer = n_layer or (6 if arch == "gemma3" else 3)
     w = gguf.GGUFWriter(str(path), arch)
-    # lfm2: short convolutions around an attention layer, head_count_kv per layer (0: a convolution)
+    # lfm2: short convolutions around an attention layer, head_count_kv per layer (0: a convolution);
+    # lfm2moe: the same layers, the first with a dense FFN, the others with experts and their selection bias
     # qwen35: gated delta nets around a gated attention layer (full_attention_interval 2)
-    recurrent = [i % 2 == 0 for i in range(n_layer)] if arch in ("lfm2", "qwen35") else [False] * n_layer
+    lfm = arch in ("lfm2", "lfm2moe")
+    recurrent = [i % 2 == 0 for i in range(n_layer)] if lfm or arch == "qwen35" else [False] * n_layer
     S, Hk, Hv = 64, 2, 4  # qwen35's delta net: head size, key heads, value heads
     C = 2 * Hk * S + Hv * S
-    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if arch == "lfm2" else Hkv, hd)
-    if arch == "lfm2":
+    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if lfm else Hkv, hd)
+    if lfm:
         w.add_shortconv_l_cache(3)
     if arch == "qwen35":
         w.add_full_attention_interval(2)
@@ -45,10 +47,13 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "lfm2moe"):
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
         w.add_expert_feed_forward_length(N_FF_EXP)
+    if arch == "lfm2moe":
+        w.add_leading_dense_block_count(1)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
@@ -71,7 +76,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             w.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=GT.BF16)  # shape in bytes
 
     add("token_embd.weight", (n_vocab, D))
-    add("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", (D,))
+    add("token_embd_norm.weight" if lfm else "output_norm.weight", (D,))
     if arch in ("llama", "olmo2"):
         add("output.weight", (n_vocab, D))
     for i in range(n_layer):
@@ -106,7 +111,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch in ("lfm2", "qwen35") and not recurrent[i]):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or ((lfm or arch == "qwen35") and not recurrent[i]):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "qwen35":
@@ -118,8 +123,10 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "post_ffw_norm.weight", (D,))
         else:
             add(p + "ffn_norm.weight", (D,))
-        if arch == "qwen3moe":  # the router and the experts' 3-D tensors
+        if arch == "qwen3moe" or (arch == "lfm2moe" and i > 0):  # the router and the experts' 3-D tensors
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
+            if arch == "lfm2moe":
+                add(p + "exp_probs_b.bias", (N_EXPERT,))
             add(p + "ffn_gate_exps.weight", (N_EXPERT, N_FF_EXP, D))
             add(p + "ffn_up_exps.weight", (N_EXPERT, N_FF_EXP, D))
             add(p + "ffn_down_exps.weight", (N_EXPERT, D, N_FF_EXP))
@@ -175,19 +182,20 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
-    tied embeddings too; a model without experts is all Q8_0."""
+    tied embeddings too (lfm2moe's convolution kernels stay F32); a model without experts is all Q8_0."""
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_model(models[arch], ours, QuantizeOptions(type="MXFP4_MOE", threads=2))
     llama_quantize(models[arch], ref, "MXFP4_MOE")
     assert_same_file(ours, ref)
     g = read_gguf(ours)
-    types = {n: t.type_name for n, t in g.tensors.items() if len(t.shape) > 1 and "gate_inp" not in n}
+    types = {n: t.type_name for n, t in g.tensors.items()
+             if len(t.shape) > 1 and "gate_inp" not in n and "shortconv.conv" not in n}
     want = {n: "MXFP4" if n.endswith("_exps.weight") else "Q8_0" for n in types}
     assert types == want and g.metadata["general.file_type"] == 38
-    assert ("MXFP4" in types.values()) == (arch == "qwen3moe")
+    assert ("MXFP4" in types.values()) == (arch != "llama")
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "MXFP4_MOE"])

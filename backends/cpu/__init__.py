@@ -95,7 +95,8 @@ same.
 Mixtures of experts (moe.py) run as llama.cpp's `build_moe_ffn` computes them: the router's
 softmax, the top `expert_used_count` experts, their weights renormalized, each expert's SwiGLU, the
 weighted outputs added in order (gpt-oss: the top router logits, then a softmax over those
-alone, with biases; models/arch/gpt_oss.py). The batch's tokens are grouped by expert, so a prefill or a batch
+alone, with biases; models/arch/gpt_oss.py; lfm2moe: each logit's sigmoid, the top ones chosen
+with a selection bias added). The batch's tokens are grouped by expert, so a prefill or a batch
 of streams runs each expert it uses once, on all of its tokens; every row comes out as it would
 alone. Each expert's matrices are row ranges of the file's 3-D tensors, packed per expert at load.
 The mlx backend makes the same choice (this backend's router kernel on the evaluated router output)

@@ -1,4 +1,5 @@
-"""Mixture-of-experts kernels: the router's choice and weights, the batch's tokens grouped by
+"""Mixture-of-experts kernels: the router's choice and weights (softmax or sigmoid gating, with
+DeepSeek-V3's selection bias where a layer has one), the batch's tokens grouped by
 expert, and the weighted sum, each with the arithmetic of llama.cpp's build_moe_ffn.
 
 The experts' products run between these on the grouped rows, one product per expert used by the
@@ -35,31 +36,47 @@ def _softmax(x, out):
         out[e] = out[e] * inv
 
 
+# The router's gating (Architecture.moe_gating), as route takes it (llama.cpp's
+# LLAMA_EXPERT_GATING_FUNC_TYPE_*): a softmax over all experts; the top logits, then a softmax over
+# those alone (gpt-oss); a sigmoid of each logit (LFM2-MoE)
+GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
+
+
 @njit(cache=True)
-def route(logits, k, norm, after, sel, w, p):
+def route(logits, k, norm, gating, select_bias, sel, w, p):
     # logits: (T, E) f32, the router's product (its bias added); p: (E,) f32 scratch
-    # sel: (T, k) int32 out, the k experts of each token, most probable first (ggml_argsort_top_k)
-    # w: (T, k) f32 out: their softmax probabilities over all experts, or with after (gpt-oss's
-    # SOFTMAX_WEIGHT) the softmax of their k logits alone; renormalized to sum 1 if norm (ggml:
-    # the f32 sum clamped at 2^-14, then divided)
+    # gating: GATING's code; select_bias: (E,) f32 added to the probabilities for the choice only
+    # (llama.cpp's exp_probs_b, DeepSeek-V3's selection bias), or (0,)
+    # sel: (T, k) int32 out, the k experts of each token, highest first (ggml_argsort_top_k)
+    # w: (T, k) f32 out: their probabilities (softmax over all experts, or sigmoid), or for
+    # SOFTMAX_WEIGHT the softmax of their k logits alone; renormalized to sum 1 if norm (ggml: the
+    # f32 sum clamped at 2^-14, then divided)
     T, E = logits.shape
+    biased = select_bias.shape[0] > 0
     for t in range(T):
-        if after:
+        if gating == 1:
             p[:] = logits[t]
+        elif gating == 2:
+            for e in range(E):  # ggml_vec_sigmoid_f32
+                p[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-logits[t, e])))
         else:
             _softmax(logits[t], p)
         for j in range(k):
             best = -1
+            best_score = np.float32(0.0)
             for e in range(E):
                 taken = False
                 for i in range(j):
                     if sel[t, i] == e:
                         taken = True
-                if not taken and (best < 0 or p[e] > p[best]):
-                    best = e
+                if taken:
+                    continue
+                score = p[e] + select_bias[e] if biased else p[e]  # f32, as ggml_add's
+                if best < 0 or score > best_score:
+                    best, best_score = e, score
             sel[t, j] = best
             w[t, j] = p[best]
-        if after:
+        if gating == 1:
             _softmax(w[t], w[t])
         if norm:
             s = 0.0

@@ -23,7 +23,7 @@ from .glu import ACTIVATIONS, glu, glu_rows
 from .kv_pool import KVPool
 from .kv_write import qkv_post
 from .matmul import qmatmul
-from .moe import add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
+from .moe import GATING, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .shortconv import shortconv
 from .state_pool import StatePool
 
@@ -40,7 +40,7 @@ class CpuPrimitives:
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
         self.act = ACTIVATIONS[arch.activation]
-        self.gating_after = arch.moe_gating == "softmax_weight"
+        self.gating = GATING[arch.moe_gating]
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
         self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
         self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
@@ -174,7 +174,7 @@ class CpuPrimitives:
         for w, col in ly.router:
             qmatmul(w, h, logits, mm, col)
         add_row(logits, ly.router_bias)
-        route(logits, k, cfg.architecture.moe_norm_weights, self.gating_after, sel, wts, ws.probs)
+        route(logits, k, cfg.architecture.moe_norm_weights, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped

@@ -129,6 +129,7 @@ class _Layer:
     bo: np.ndarray  # (D,) the attention output's bias
     sinks: np.ndarray  # (n_head,) attention sink logits
     router_bias: np.ndarray  # (E,)
+    exp_probs_b: np.ndarray  # (E,) the experts' selection bias (LFM2-MoE), (0,) when absent
     gu_bias: np.ndarray  # (E, 2F): each expert's gate and up biases side by side, as its gate_up product
     down_bias: np.ndarray  # (E, D)
     # a short-convolution layer (LFM2; models/weights.py): in_proj and out_proj products ([] when
@@ -162,7 +163,7 @@ class _Layer:
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
-            bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
+            bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias), exp_probs_b=_vec(lw.exp_probs_b),
             gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
             down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
             shortconv_in=[(_pack(lw.shortconv_in, mmap), 0)] if lw.shortconv_in is not None else [],

@@ -16,7 +16,7 @@ import numpy as np
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
-from infer.backends.cpu.moe import route
+from infer.backends.cpu.moe import GATING, route
 
 from .attention import AttentionPlan, as_dtype
 from .delta_net import DeltaPlan, delta_net
@@ -159,7 +159,7 @@ class MlxPrimitives:
         logits = np.ascontiguousarray(np.array(logits), np.float32)
         sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
         arch = cfg.architecture
-        route(logits, k, arch.moe_norm_weights, arch.moe_gating == "softmax_weight", sel, w,
+        route(logits, k, arch.moe_norm_weights, GATING[arch.moe_gating], ly.exp_probs_b, sel, w,
               np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)

@@ -49,6 +49,9 @@ class _Layer:
     sinks: mx.array | None = None
     router_bias: mx.array | None = None
     expert_biases: tuple[mx.array, mx.array] | None = None
+    # the experts' selection bias (LFM2-MoE), (E,) float32 on the host, where the router's choice
+    # is made (cpu's moe.route); (0,) when absent
+    exp_probs_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     # a short-convolution layer (LFM2; models/weights.py), in place of the attention: in_proj and
     # out_proj ([] in an attention layer, which the recipe tells them apart by), the depthwise
     # kernel (L, D) f32, oldest input first (the GGUF's (D, L) transposed)
@@ -135,6 +138,7 @@ class MlxRunner:
                 bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias),
                 expert_biases=None if lw.expert_biases is None else (
                     _vec(np.concatenate(lw.expert_biases[:2], axis=1)), _vec(lw.expert_biases[2])),
+                exp_probs_b=np.zeros(0, np.float32) if lw.exp_probs_b is None else np.array(lw.exp_probs_b, np.float32),
                 shortconv_in=[up(lw.shortconv_in)] if conv else [],
                 shortconv_out=[up(lw.shortconv_out)] if conv else [],
                 shortconv=mx.array(np.ascontiguousarray(np.asarray(lw.shortconv, np.float32).T)) if conv else None,

@@ -30,7 +30,7 @@ INT_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_att
                "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                "original_max_position_embeddings", "conv_L_cache", "block_ff_dim", "block_multiple_of",
                "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
-               "linear_num_value_heads", "full_attention_interval")
+               "linear_num_value_heads", "full_attention_interval", "num_dense_layers")
 FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_logit_softcapping",
                  "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",
                  "residual_multiplier", "logits_scaling", "norm_eps", "block_ffn_dim_multiplier")

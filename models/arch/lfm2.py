@@ -9,7 +9,7 @@ convolution of width L (`lfm2.shortconv.l_cache`) over time, the previous L - 1 
 sequence being its recurrent state; C times that; out_proj. The final norm's tensor is named
 `token_embd_norm` (llama.cpp's LLM_TENSOR_OUTPUT_NORM_LFM2). llama.cpp's sliding-window variant
 (`attention.sliding_window` > 0) and its bidirectional models (`attention.causal` false) are
-refused here; the mixture of experts (lfm2moe) is an architecture of its own.
+refused here; the mixture of experts (lfm2moe) is an architecture of its own (lfm2moe.py).
 """
 from __future__ import annotations
 
@@ -71,23 +71,36 @@ def _ff_width(hp: dict[str, Any], path: Path) -> int:
     return ff
 
 
-def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """What llama.cpp's converter writes for LFM2Model: the common keys with norm_eps as the RMS
-    epsilon and its FFN width, head_count_kv per layer (0 for a "conv" layer of layer_types),
-    vocab_size and shortconv.l_cache."""
+def layer_types(hp: dict[str, Any], path: Path) -> list[str]:
+    """config.json's layer_types (a name per layer: "conv", "full_attention"), checked; a
+    bidirectional model refused."""
     n_layer = int(need(hp, "num_hidden_layers", path))
     types = need(hp, "layer_types", path)
     if not isinstance(types, list) or len(types) != n_layer or not all(isinstance(t, str) for t in types):
         raise ConvertError(f"{path}: layer_types must be a list of {n_layer} layer type names")
     if hp.get("is_causal") is False:
         raise ConvertError(f"{path}: a bidirectional lfm2 (is_causal false) is not supported")
-    width = int(need(hp, "conv_L_cache", path))
-    extra = generic_kvs(kv, {**hp, "rms_norm_eps": need(hp, "norm_eps", path), "intermediate_size": _ff_width(hp, path)},
-                        path)
+    return types
+
+
+def kv_heads_per_layer(kv: Kvs, attention: list[bool]) -> None:
+    """generic_kvs's head_count_kv made an array with a value per layer, 0 for a short
+    convolution, as the converter's LFM2 models write it."""
     key = f"{kv.arch}.attention.head_count_kv"
     at = next(i for i, item in enumerate(kv.items) if item[0] == key)
     n_kv = kv.items[at][2]
-    kv.items[at] = (key, int(VT.ARRAY), np.array([0 if t == "conv" else n_kv for t in types], np.int32))
+    kv.items[at] = (key, int(VT.ARRAY), np.array([n_kv if a else 0 for a in attention], np.int32))
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's converter writes for LFM2Model: the common keys with norm_eps as the RMS
+    epsilon and its FFN width, head_count_kv per layer (0 for a "conv" layer of layer_types),
+    vocab_size and shortconv.l_cache."""
+    types = layer_types(hp, path)
+    width = int(need(hp, "conv_L_cache", path))
+    extra = generic_kvs(kv, {**hp, "rms_norm_eps": need(hp, "norm_eps", path), "intermediate_size": _ff_width(hp, path)},
+                        path)
+    kv_heads_per_layer(kv, [t != "conv" for t in types])
     kv.u32("{arch}.vocab_size", need(hp, "vocab_size", path))
     kv.u32("{arch}.shortconv.l_cache", width)
     return extra

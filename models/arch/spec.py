@@ -53,7 +53,9 @@ class Architecture:
     experts: str = "never"
     moe_norm_weights: bool = True
     # "softmax": the router's softmax over all experts, then the top ones; "softmax_weight" (gpt-oss):
-    # the top logits, then a softmax over those alone (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*)
+    # the top logits, then a softmax over those alone; "sigmoid" (lfm2moe): each logit's sigmoid,
+    # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
+    # bias, extra_biases) is added to the probabilities for the choice alone.
     moe_gating: str = "softmax"
     # gpt-oss: a learned logit per head that joins each softmax of the attention (llama.cpp's attn_sinks)
     attn_sinks: bool = False

@@ -54,7 +54,7 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
                 o = _exact_delta_net(cfg, h, lw, ends) @ _dense(lw.ssm_out).T
             x = x + o
             h = _rms(x, lw.ffn_norm, eps)
-            x = x + _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+            x = x + (_exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down))
             continue
         swa = cfg.layer_swa[il]
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
@@ -178,17 +178,24 @@ def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
 
 def _exact_moe(cfg, lw, h):
     """The mixture of experts in float64: softmax router, the top experts, weights renormalized
-    (gpt-oss: the router's bias, the top logits' own softmax, the experts' biases)."""
+    (gpt-oss: the router's bias, the top logits' own softmax, the experts' biases; lfm2moe: each
+    logit's sigmoid, the top experts by sigmoid plus the selection bias)."""
     logits = h @ _dense(lw.router).T
     if lw.router_bias is not None:
         logits = logits + lw.router_bias
-    after = cfg.architecture.moe_gating == "softmax_weight"
-    p = logits if after else np.exp(logits - logits.max(-1, keepdims=True))
-    if not after:
+    gating = cfg.architecture.moe_gating
+    after = gating == "softmax_weight"
+    if gating == "sigmoid":
+        p = 1 / (1 + np.exp(-logits))
+    elif after:
+        p = logits
+    else:
+        p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
+    choice = p if lw.exp_probs_b is None else p + lw.exp_probs_b
     out = np.zeros_like(h)
     for t in range(len(h)):
-        top = np.argsort(-p[t])[:cfg.n_expert_used]
+        top = np.argsort(-choice[t])[:cfg.n_expert_used]
         wts = p[t, top]
         if after:
             wts = np.exp(wts - wts.max()) / np.exp(wts - wts.max()).sum()

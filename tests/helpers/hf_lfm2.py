@@ -1,5 +1,6 @@
 """A tiny random Hugging Face LFM2 folder (Lfm2ForCausalLM: short convolutions and attention
-layers) and a numpy forward pass of the HF model's math, the reference for converted logits."""
+layers; or Lfm2MoeForCausalLM: the same with experts after the first layer) and a numpy forward
+pass of the HF model's math, the reference for converted logits."""
 from __future__ import annotations
 
 import json
@@ -14,19 +15,25 @@ LFM2_L = 3  # conv_L_cache
 # block_ff_dim 768 auto-adjusted: 2/3 of it, times the multiplier, rounded up to a multiple of 256 -> F (512)
 LFM2_FF = {"block_ff_dim": 768, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
            "block_multiple_of": 256}
+# Lfm2MoeForCausalLM's own keys: its first layer dense (intermediate_size F), then 4 experts of
+# width 256, 2 per token, under a sigmoid router with a selection bias
+LFM2MOE = {"num_dense_layers": 1, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+           "norm_topk_prob": True, "routed_scaling_factor": 1.0, "use_expert_bias": True}
 
 
-def make_lfm2(folder: Path, seed: int) -> dict[str, np.ndarray]:
-    """The checkpoint (matrices BF16, norms and the conv kernels F32, tied embeddings as LFM2's);
-    returns the float32 weights the HF model computes with."""
+def make_lfm2(folder: Path, seed: int, moe: bool = False) -> dict[str, np.ndarray]:
+    """The checkpoint (matrices BF16, norms, the conv kernels and the experts' bias F32, tied
+    embeddings as LFM2's; moe: Lfm2MoeForCausalLM's); returns the float32 weights the HF model
+    computes with."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     tok = train_bpe("qwen")
     tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
-    cfg = {"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": D,
-           "intermediate_size": 4 * D, **LFM2_FF, "num_hidden_layers": len(LFM2_TYPES), "num_attention_heads": H,
+    own = {"model_type": "lfm2_moe", "architectures": ["Lfm2MoeForCausalLM"], "intermediate_size": F, **LFM2MOE} if moe \
+        else {"model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "intermediate_size": 4 * D, **LFM2_FF}
+    cfg = {**own, "hidden_size": D, "num_hidden_layers": len(LFM2_TYPES), "num_attention_heads": H,
            "num_key_value_heads": HKV, "layer_types": LFM2_TYPES, "conv_L_cache": LFM2_L, "conv_bias": False,
            "max_position_embeddings": 256, "norm_eps": 1e-5, "rope_theta": 1000000.0, "vocab_size": vocab,
            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "eos_token_id": ids["<|im_end|>"]}
@@ -64,6 +71,17 @@ def make_lfm2(folder: Path, seed: int) -> dict[str, np.ndarray]:
             add(p + "self_attn.out_proj.weight", normal(D, H * HD))
             add(p + "self_attn.q_layernorm.weight", norm(HD), "F32")
             add(p + "self_attn.k_layernorm.weight", norm(HD), "F32")
+        if moe and i >= LFM2MOE["num_dense_layers"]:
+            E, Fe = LFM2MOE["num_experts"], LFM2MOE["moe_intermediate_size"]
+            # biases 0.6 apart (in a random order): the choice rarely near a tie, which llama.cpp's bf16
+            # activations would break otherwise, and still the sigmoids' on some tokens
+            add(p + "feed_forward.gate.weight", 10 * normal(E, D))
+            add(p + "feed_forward.expert_bias", rng.permutation(np.linspace(0.9, -0.9, E)), "F32")
+            for e in range(E):
+                add(p + f"feed_forward.experts.{e}.w1.weight", normal(Fe, D))
+                add(p + f"feed_forward.experts.{e}.w3.weight", normal(Fe, D))
+                add(p + f"feed_forward.experts.{e}.w2.weight", normal(D, Fe))
+            continue
         add(p + "feed_forward.w1.weight", normal(F, D))
         add(p + "feed_forward.w3.weight", normal(F, D))
         add(p + "feed_forward.w2.weight", normal(D, F))
@@ -71,10 +89,29 @@ def make_lfm2(folder: Path, seed: int) -> dict[str, np.ndarray]:
     return weights
 
 
+def _swiglu(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+    g = h @ w[p + "w1.weight"].T
+    return ((g / (1 + np.exp(-g))) * (h @ w[p + "w3.weight"].T)) @ w[p + "w2.weight"].T
+
+
+def _sparse_moe(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+    """Lfm2MoeSparseMoeBlock: each expert's sigmoid, the top k by sigmoid + expert_bias, their
+    sigmoids over their sum (+ 1e-6), each a SwiGLU (Lfm2MoeMLP)."""
+    prob = 1 / (1 + np.exp(-(h @ w[p + "gate.weight"].T)))
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        top = np.argsort(-(prob[t] + w[p + "expert_bias"]))[:LFM2MOE["num_experts_per_tok"]]
+        wts = prob[t, top] / (prob[t, top].sum() + 1e-6) * LFM2MOE["routed_scaling_factor"]
+        for e, wt in zip(top, wts):
+            out[t] += wt * _swiglu(w, f"{p}experts.{e}.", h[t:t + 1])[0]
+    return out
+
+
 def lfm2_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
     """transformers' Lfm2 math in float64: Lfm2ShortConv (in_proj to B, C, x; Conv1d over B * x with
     L - 1 zeros of left padding; C times it; out_proj), attention with per-head Q/K RMSNorm and
-    rotate_half RoPE, the SwiGLU w2(silu(w1 x) * w3 x), embedding_norm last, tied lm_head."""
+    rotate_half RoPE, the SwiGLU w2(silu(w1 x) * w3 x) (Lfm2Moe: the sparse block where a layer
+    has a router), embedding_norm last, tied lm_head."""
     eps, theta, T = 1e-5, 1000000.0, len(ids)
     rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
     ang = np.arange(T)[:, None] * (1.0 / theta ** (np.arange(0, HD, 2) / HD))[None, :]
@@ -104,6 +141,6 @@ def lfm2_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
             o = np.einsum("hts,shd->thd", a, v).reshape(T, H * HD) @ w[p + "self_attn.out_proj.weight"].T
         x = x + o
         h = rms(x, w[p + "ffn_norm.weight"])
-        g = h @ w[p + "feed_forward.w1.weight"].T
-        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "feed_forward.w3.weight"].T)) @ w[p + "feed_forward.w2.weight"].T
+        moe = p + "feed_forward.gate.weight" in w
+        x = x + (_sparse_moe if moe else _swiglu)(w, p + "feed_forward.", h)
     return rms(x, w["model.embedding_norm.weight"]) @ w["model.embed_tokens.weight"].T

@@ -50,6 +50,15 @@ ARCH_TYPES = {
     "lfm2": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_1, "attn_output": GT.Q6_K,
              "shortconv.in_proj": GT.Q4_K, "shortconv.out_proj": GT.Q5_1, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q8_0,
              "ffn_down": GT.Q4_K, "token_embd": GT.Q6_K},
+    # lfm2moe: lfm2's layers, a dense FFN first, then experts packed alike (gate and up of one type).
+    # Float products around the experts and expert types without per-block minimums (Q6_K, Q3_K):
+    # random Q4_K/Q5_K bytes give every row the same offset, which the experts' gating squares and
+    # lfm2's B * x * C cubes, until the residual stream of a few tokens is 100x the others' and the
+    # 8-bit activations of llama.cpp (and the cpu backend) put the logits 30% from exact arithmetic
+    "lfm2moe": {"attn_q": GT.F16, "attn_k": GT.BF16, "attn_v": GT.F32, "attn_output": GT.F16,
+                "shortconv.in_proj": GT.F16, "shortconv.out_proj": GT.F32, "ffn_gate": GT.F16, "ffn_up": GT.BF16,
+                "ffn_down": GT.F16, "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q6_K, "ffn_up_exps": GT.Q6_K,
+                "ffn_down_exps": GT.Q3_K, "token_embd": GT.Q8_0},
     # qwen35: gated delta nets (attn_qkv, attn_gate, ssm_beta/alpha, ssm_out) around gated attention
     "qwen35": {"attn_q": GT.Q5_K, "attn_k": GT.Q8_0, "attn_v": GT.Q4_K, "attn_output": GT.Q5_0,
                "attn_qkv": GT.Q8_0, "attn_gate": GT.Q4_K, "ssm_beta": GT.F16, "ssm_alpha": GT.BF16,
@@ -65,9 +74,16 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
+# lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
+# gating, a selection bias)
+LFM2MOE_DENSE_LEAD, LFM2MOE_EXPERTS, LFM2MOE_USED = 1, 6, 2
+# How much each router's weights are scaled beyond WEIGHT_STD: decisive softmaxes; lfm2moe's
+# sigmoids mostly short of saturating, so the experts' weights differ (its choice's closest call
+# is then 0.005 apart, 5x the MLX-to-cpu differences at the router)
+ROUTER_SCALE = {"lfm2moe": 10}
 # qwen35: every 3rd layer full attention (recurrent, recurrent, attention, recurrent); the gated
 # delta net's convolution width, head size S, key heads, value heads (GQA-like: 2 value heads per
 # key head); RoPE over the first 32 of each head's 64 dims in IMROPE sections that are NeoX for text
@@ -143,7 +159,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
     context) of its RoPE scaling."""
     rng = np.random.default_rng(seed)
-    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss")
+    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe")
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
     types = ARCH_TYPES[arch]
@@ -151,12 +167,13 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    recurrent = (LFM2_RECURRENT if arch == "lfm2" else
+    lfm = arch in ("lfm2", "lfm2moe")
+    recurrent = (LFM2_RECURRENT if lfm else
                  tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if arch == "qwen35" else (False,) * n_layer)
     # lfm2: head_count_kv per layer, 0 for a short convolution (as llama.cpp's converter writes it)
-    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if arch == "lfm2" else Hkv,
+    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if lfm else Hkv,
                    hd, n_ctx)
-    if arch == "lfm2":
+    if lfm:
         w.add_shortconv_l_cache(LFM2_L_CACHE)
     if arch == "qwen35":
         w.add_full_attention_interval(QWEN35_INTERVAL)
@@ -187,10 +204,14 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         for kind in ("long", "short"):
             w.add_tensor(f"rope_factors_{kind}.weight", rng.uniform(1.0, 6.0 if kind == "long" else 1.5,
                                                                       size=hd // 2).astype(np.float32))
+    n_expert = LFM2MOE_EXPERTS if arch == "lfm2moe" else N_EXPERT
     if moe:
-        w.add_expert_count(N_EXPERT)
-        w.add_expert_used_count(N_EXPERT_USED)
-        if arch in ("qwen3moe", "gpt-oss"):  # llama takes feed_forward_length as the experts' width
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(LFM2MOE_USED if arch == "lfm2moe" else N_EXPERT_USED)
+        if arch == "lfm2moe":  # as llama.cpp's converter writes them
+            w.add_leading_dense_block_count(LFM2MOE_DENSE_LEAD)
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if arch in ("qwen3moe", "gpt-oss", "lfm2moe"):  # llama takes feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "granite":  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
@@ -208,14 +229,14 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)  # 3-D: experts' rows
         data = data.reshape(*shape[:-1], -1)
         if name.endswith("ffn_gate_inp.weight"):  # a decisive router: near-ties would let 1-ulp
-            data = data * np.float32(20)  # roundings pick other experts (F32, so scaling is exact)
+            data = data * np.float32(ROUTER_SCALE.get(arch, 20))  # roundings pick other experts (F32: exact)
         if qt in (GT.F32, GT.F16):
             w.add_tensor(name, data)
         else:
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
 
     add("token_embd.weight", (n_vocab, D), types["token_embd"])
-    add("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", (D,))
+    add("token_embd_norm.weight" if lfm else "output_norm.weight", (D,))
     if "output" in types:
         add("output.weight", (n_vocab, D), types["output"])
     for i in range(n_layer):
@@ -263,7 +284,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch in ("lfm2", "qwen35") and not recurrent[i]):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch in ("lfm2", "lfm2moe", "qwen35") and not recurrent[i]):
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection
@@ -276,12 +297,15 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "post_attention_norm.weight", (D,))
         elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
-        if moe:  # the router and the experts' 3-D tensors
+        layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD)
+        if layer_moe:  # the router and the experts' 3-D tensors
             t = types
-            Fe = N_FF_EXP if arch in ("qwen3moe", "gpt-oss") else F
-            add(p + "ffn_gate_inp.weight", (N_EXPERT, D), t["ffn_gate_inp"])
+            Fe = N_FF_EXP if arch in ("qwen3moe", "gpt-oss", "lfm2moe") else F
+            add(p + "ffn_gate_inp.weight", (n_expert, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
-                add(p + f"ffn_{name}_exps.weight", (N_EXPERT, *shape), t[f"ffn_{name}_exps"])
+                add(p + f"ffn_{name}_exps.weight", (n_expert, *shape), t[f"ffn_{name}_exps"])
+            if arch == "lfm2moe":  # the selection bias: spread as widely as the sigmoids, so it moves the choice
+                w.add_tensor(p + "exp_probs_b.bias", rng.normal(0, 0.3, size=n_expert).astype(np.float32))
             if arch == "gpt-oss":  # the router's and each expert's biases
                 add(p + "ffn_gate_inp.bias", (N_EXPERT,))
                 for name, width in (("gate", Fe), ("up", Fe), ("down", D)):
@@ -291,7 +315,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         else:
             add(p + "ffn_gate.weight", (F, D), types["ffn_gate"])
             add(p + "ffn_up.weight", (F, D), types["ffn_up"])
-        if not moe:
+        if not layer_moe:
             add(p + "ffn_down.weight", (D, F), types["ffn_down"])
     w.write_header_to_file()
     w.write_kv_data_to_file()

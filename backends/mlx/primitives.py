@@ -186,6 +186,10 @@ class MlxPrimitives:
         # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
         raise BackendError("the mlx backend has no gated delta net yet (issue 34's follow-up)")
 
+    def mamba2(self, proj: mx.array, ly: Any, il: int) -> mx.array:
+        # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
+        raise BackendError("the mlx backend has no Mamba-2 mixer yet (issue 34's follow-up)")
+
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
         # only Qwen3.5 gates its attention, and MlxRunner refuses its delta-net state before any step
         raise BackendError("the mlx backend has no gated attention yet (issue 34's follow-up)")

@@ -57,7 +57,7 @@ ARCH_TYPES = {
                "token_embd": GT.Q8_0},
     # granitehybrid: Mamba-2 mixers (ssm_in, ssm_out) around attention without RoPE
     "granitehybrid": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_1, "attn_v": GT.Q4_K, "attn_output": GT.Q5_K,
-                      "ssm_in": GT.Q4_K, "ssm_out": GT.Q6_K, "ffn_gate": GT.Q5_0, "ffn_up": GT.Q4_1,
+                      "ssm_in": GT.Q4_K, "ssm_out": GT.Q6_K, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q4_K,
                       "ffn_down": GT.Q8_0, "token_embd": GT.Q6_K},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,

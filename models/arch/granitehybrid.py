@@ -16,11 +16,17 @@ H Tiny and Small: experts and a shared expert) are refused for now (a follow-up)
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+from gguf import GGUFValueType as VT
+
+from ..hf_files import ConvertError, Kvs
 from ..limits import MAX_CONV_WIDTH, MAX_HEAD_DIM, MAX_WIDTH
+from . import granite
 from .decoder import Primitives, dense_layer, ffn_block
-from .granite import scalars
+from .hf_keys import need
 from .spec import Architecture
 
 
@@ -65,6 +71,94 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
             **sizes, "mamba2": True, "rope": bool(get("rope.scaling.finetuned", True))}
 
 
+# -- the HF converter (llama.cpp's GraniteHybridModel: GraniteMoeModel's keys, Mamba2Model's tensors)
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's converter writes for GraniteMoeHybridForCausalLM without experts: granite's
+    keys (head_dim ignored) and the shared MLP's width, the Mamba-2 sizes from the mamba_* keys,
+    head_count_kv per layer (0 for a "mamba" layer of layer_types), RoPE off (rope.scaling.finetuned
+    false, context_length 2**20) when any layer is Mamba-2. The mixture-of-experts checkpoints (Tiny,
+    Small) are refused, as is what the converter would pad or refuse (a vocabulary not a multiple of
+    8, an FFN width other than the shared MLP's)."""
+    if hp.get("num_local_experts"):
+        raise ConvertError(f"{path}: a granitemoehybrid with experts (num_local_experts) is not supported yet")
+    n_layer = int(need(hp, "num_hidden_layers", path))
+    types = hp.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layer or not set(types) <= {"mamba", "attention"}:
+        raise ConvertError(f"{path}: layer_types must name each of {n_layer} layers \"mamba\" or \"attention\"")
+    ff, shared = need(hp, "intermediate_size", path), need(hp, "shared_intermediate_size", path)
+    if ff != shared:
+        raise ConvertError(f"{path}: intermediate_size {ff} differs from shared_intermediate_size {shared} "
+                           "(llama.cpp sizes the shared MLP by the former)")
+    if int(need(hp, "vocab_size", path)) % 8:
+        raise ConvertError(f"{path}: vocab_size not a multiple of 8 (llama.cpp's converter pads it) is not supported")
+    extra = granite.hf_kvs(kv, {k: v for k, v in hp.items() if k != "head_dim"}, path)
+    kv.u32("{arch}.expert_shared_feed_forward_length", shared)
+    d_inner = int(hp.get("mamba_expand") or 2) * int(need(hp, "hidden_size", path))
+    kv.u32("{arch}.ssm.conv_kernel", need(hp, "mamba_d_conv", path))
+    kv.u32("{arch}.ssm.state_size", need(hp, "mamba_d_state", path))
+    kv.u32("{arch}.ssm.group_count", need(hp, "mamba_n_groups", path))
+    kv.u32("{arch}.ssm.inner_size", d_inner)
+    kv.u32("{arch}.ssm.time_step_rank", need(hp, "mamba_n_heads", path))
+    if hp.get("attn_rotary_emb"):
+        kv.u32("{arch}.rope.dimension_count", hp["attn_rotary_emb"])
+    key = f"{kv.arch}.attention.head_count_kv"
+    at = next(i for i, item in enumerate(kv.items) if item[0] == key)
+    n_kv = kv.items[at][2]
+    kv.items[at] = (key, int(VT.ARRAY), np.array([n_kv if t == "attention" else 0 for t in types], np.int32))
+    use_rope = "mamba" not in types
+    kv.add("{arch}.rope.scaling.finetuned", VT.BOOL, use_rope)
+    if not use_rope:  # the converter's context for a model without positions, in place of the config's
+        key = f"{kv.arch}.context_length"
+        kv.items = [(k, t, 2**20 if k == key else v) for k, t, v in kv.items]
+    return extra
+
+
+def hf_text_name(name: str) -> str | None:
+    """dt_bias named as the converter renames it (dt_proj.bias, gguf's ssm_dt); the shared MLP's
+    output as the dense FFN's down projection (without experts it is the layer's FFN)."""
+    name = name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias")
+    return name.replace(".shared_mlp.output_linear.", ".mlp.down_proj.")
+
+
+def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, int, int]] | None:
+    """The shared MLP's input_linear: the gate's rows, then up's (the converter's split)."""
+    if not name.endswith(".shared_mlp.input_linear.weight"):
+        return None
+    ff, base = int(hp["shared_intermediate_size"]), name[:-len("shared_mlp.input_linear.weight")]
+    return [(base + "mlp.gate_proj.weight", 0, ff), (base + "mlp.up_proj.weight", ff, 2 * ff)]
+
+
+def _mamba_shape(name: str, hp: dict[str, Any]) -> tuple[int, ...] | None:
+    if name.endswith((".mamba.A_log", ".mamba.D")):
+        return (int(hp["mamba_n_heads"]), 1)  # unsqueezed, as Mamba-1's A
+    if name.endswith(".mamba.norm.weight"):
+        g = int(hp["mamba_n_groups"])
+        return (g, int(hp.get("mamba_expand") or 2) * int(hp["hidden_size"]) // g)
+    return None
+
+
+def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray], np.ndarray]]:
+    """A = -exp(A_log); A, D and the grouped norm reshaped (hf_tensor_shape). Applied to the tensor
+    as converted so far (1-D ones float32 already)."""
+    shape = _mamba_shape(name, hp)
+    steps: list[Callable[[np.ndarray], np.ndarray]] = []
+    if name.endswith(".mamba.A_log"):
+        steps.append(lambda w: -np.exp(w.astype(np.float32)))
+    if shape is not None:
+        steps.append(lambda w: np.ascontiguousarray(w.reshape(shape)))
+    return steps
+
+
+def hf_tensor_shape(name: str, shape: tuple[int, ...], hp: dict[str, Any]) -> tuple[int, ...]:
+    new = _mamba_shape(name, hp)
+    if new is None:
+        return shape
+    if int(np.prod(shape)) != int(np.prod(new)):
+        raise ConvertError(f"{name} has shape {shape}, expected {int(np.prod(new))} values")
+    return new
+
+
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """A Mamba-2 layer (a layer with an ssm_in product) or granite's attention layer, then the FFN."""
     if not ly.ssm_in:
@@ -78,7 +172,16 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
 ARCHITECTURE = Architecture(
     name="granitehybrid",
     rope_neox=False,
-    scalars=scalars,
+    hf_model_types=("granitemoehybrid",),
+    hf_class="GraniteMoeHybridForCausalLM",
+    hf_permute_qk=True,
+    hf_kvs=hf_kvs,
+    hf_text_name=hf_text_name,
+    hf_conv_kernels=("mamba.conv1d.weight",),
+    hf_tensor_steps=hf_tensor_steps,
+    hf_tensor_shape=hf_tensor_shape,
+    hf_tensor_parts=hf_tensor_parts,
+    scalars=granite.scalars,
     extra_biases=("ssm_dt.bias", "ssm_conv1d.bias"),
     recurrent=recurrent,
     recurrent_kind="Mamba-2",

@@ -2,12 +2,17 @@
 written from llama.cpp's definition (build_mamba2_layer and ggml's ssm_conv / ssm_scan): several
 sequences in one batch in uneven chunks, each continuing from its own state slots (conv tail and
 scan state), garbage in every slot at the start (position 0 ignores it); heads of a group share
-its B and C (h // (H / G), ggml's repeat_interleave)."""
+its B and C (h // (H / G), ggml's repeat_interleave); and the scan is ggml's ssm_scan (llama-cpp-
+python's own libggml, through ctypes) bit for bit."""
 from __future__ import annotations
 
-import numpy as np
+import ctypes
+from pathlib import Path
 
-from infer.backends.cpu.mamba import mamba2
+import numpy as np
+import pytest
+
+from infer.backends.cpu.mamba import mamba2, ssm_scan
 
 H, P, N, G, L = 4, 8, 16, 2, 4  # heads, head size, state size, groups, convolution width
 INNER = H * P
@@ -22,7 +27,9 @@ def silu(x):
 
 def reference(proj, conv_w, conv_b, dt_bias, a, d, norm_w):
     """One sequence's whole history (proj: (n, WIDTH)): its outputs (n, INNER), the last L - 1
-    xBC inputs and the scan states [h, i, j] after it."""
+    xBC inputs and the scan states [h, i, j] after it. N from the convolution's channels."""
+    C = conv_w.shape[0]
+    N = (C - INNER) // (2 * G)
     p = proj.astype(np.float64)
     z, xbc, dt = p[:, :INNER], p[:, INNER:INNER + C], p[:, INNER + C:]
     padded = np.concatenate([np.zeros((L - 1, C)), xbc])
@@ -44,7 +51,7 @@ def reference(proj, conv_w, conv_b, dt_bias, a, d, norm_w):
     return y, padded[-(L - 1):], s
 
 
-def _params(rng):
+def _params(rng, C=C):
     conv_w = rng.uniform(-0.5, 0.5, (C, L)).astype(np.float32)
     conv_b = rng.uniform(-0.2, 0.2, C).astype(np.float32)
     dt_bias = rng.uniform(-1.0, 1.0, H).astype(np.float32)
@@ -56,11 +63,11 @@ def _params(rng):
 
 def _run(proj, params, conv_state, state, slots, tok_seq, positions):
     conv_w, conv_b, dt_bias, a, d, norm_w = params
-    T = len(proj)
+    T, C = len(proj), conv_w.shape[0]
     y = np.zeros((T, INNER), np.float32)
     mamba2(proj, np.ascontiguousarray(conv_w.T), conv_b, dt_bias, a, d, norm_w, np.float32(EPS), G, conv_state,
            state, slots, tok_seq, positions, np.zeros(T, np.int32), np.zeros(T, np.int32),
-           np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), y)
+           np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), np.zeros((H, 64), np.float32), y)
     return y
 
 
@@ -110,3 +117,94 @@ def test_heads_of_a_group_share_b_and_c():
     heads = y.reshape(T, G, 2, P)
     np.testing.assert_allclose(heads[:, 0, 0], heads[:, 0, 1], rtol=1e-6)
     assert np.abs(heads[:, 0, 0] - heads[:, 1, 0]).max() > 1e-3
+
+
+def test_wide_state_sums_in_vector_lanes():
+    # N = 144: two whole steps of 64 summed in ggml's vector lanes, then 16 one at a time; two
+    # batches, the second continuing from the state the first left
+    N2 = 144
+    C2 = INNER + 2 * G * N2
+    rng = np.random.default_rng(2)
+    params = _params(rng, C2)
+    hist = rng.normal(0, 1, (7, INNER + C2 + H)).astype(np.float32)
+    conv_state, state = np.zeros((1, L - 1, C2), np.float32), np.zeros((1, H, P, N2), np.float32)
+    for lo, hi in ((0, 4), (4, 7)):
+        y = _run(hist[lo:hi], params, conv_state, state, np.zeros(1, np.int32), np.zeros(hi - lo, np.int32),
+                 np.arange(lo, hi, dtype=np.int32))
+        want, tail, st = reference(hist[:hi], *params)
+        np.testing.assert_allclose(y, want[lo:], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(state[0], st, rtol=1e-4, atol=1e-6)
+
+
+class _GgmlInit(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+class _GgmlTensor(ctypes.Structure):
+    # struct ggml_tensor (ggml.h) as far as its data (as scripts/compare_llamacpp.py's)
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
+
+
+def _ggml_ssm_scan(s0, x, dt, a, B, C):
+    """ggml_ssm_scan of llama-cpp-python's own libggml on the CPU, one thread: (y, the new state).
+    s0: (H, P, N); x: (T, H, P); dt: (T, H); a: (H,); B, C: (T, G, N), all float32."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    if not (lib / "libggml-cpu.so").exists():
+        pytest.skip("llama-cpp-python's libggml-cpu.so is not where this test looks for it")
+    base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    vp = ctypes.c_void_p
+    base.ggml_init.restype, base.ggml_init.argtypes = vp, [_GgmlInit]
+    base.ggml_new_tensor.restype = vp
+    base.ggml_new_tensor.argtypes = [vp, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    base.ggml_ssm_scan.restype, base.ggml_ssm_scan.argtypes = vp, [vp] * 8 + [ctypes.c_int64]
+    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = vp, [vp]
+    base.ggml_build_forward_expand.argtypes = [vp, vp]
+    base.ggml_free.argtypes = [vp]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+    ctx = base.ggml_init(_GgmlInit(64 << 20, None, False))
+
+    def tensor(arr, ggml_type=0):  # 0: GGML_TYPE_F32, 26: GGML_TYPE_I32
+        arr = np.ascontiguousarray(arr)
+        ne = (ctypes.c_int64 * 4)(*arr.shape[::-1], *[1] * (4 - arr.ndim))
+        t = base.ggml_new_tensor(ctx, ggml_type, arr.ndim, ne)
+        ctypes.memmove(ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents.data, arr.ctypes.data, arr.nbytes)
+        return t
+
+    try:
+        out = base.ggml_ssm_scan(ctx, tensor(s0[None]), tensor(x[None]), tensor(dt[None]), tensor(a[:, None]),
+                                 tensor(B[None]), tensor(C[None]), tensor(np.zeros(1, np.int32), 26), 1)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, out)
+        cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+        data = ctypes.cast(ctypes.cast(out, ctypes.POINTER(_GgmlTensor)).contents.data, ctypes.POINTER(ctypes.c_float))
+        res = np.ctypeslib.as_array(data, shape=(x.size + s0.size,)).copy()
+    finally:
+        base.ggml_free(ctx)
+    return res[:x.size].reshape(x.shape), res[x.size:].reshape(s0.shape)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("n", [16, 64, 144])  # the scalar path; whole vector steps; both
+def test_scan_is_ggml_ssm_scan_bit_for_bit(n):
+    # from a nonzero state (position 1 on), 5 tokens, 2 groups of 4 heads; dt's bias and D zero, as
+    # ggml's op has neither (llama.cpp adds them around it)
+    Hh, Pp, G2, T = 8, 64, 2, 5
+    rng = np.random.default_rng(n)
+    s0 = rng.normal(0, 1, (Hh, Pp, n)).astype(np.float32)
+    x = rng.normal(0, 1, (T, Hh, Pp)).astype(np.float32)
+    dt = rng.normal(0, 1, (T, Hh)).astype(np.float32)
+    a = -rng.uniform(0.1, 1.0, Hh).astype(np.float32)
+    B, C2 = (rng.normal(0, 1, (T, G2, n)).astype(np.float32) for _ in range(2))
+    want_y, want_s = _ggml_ssm_scan(s0, x, dt, a, B, C2)
+    xc = np.concatenate([x.reshape(T, -1), B.reshape(T, -1), C2.reshape(T, -1)], axis=1)
+    state, y = s0[None].copy(), np.zeros((T, Hh * Pp), np.float32)
+    zeros = np.zeros(Hh, np.float32)
+    ssm_scan(xc, dt, zeros, a, zeros, G2, state, np.zeros(1, np.int32), np.arange(1, T + 1, dtype=np.int32),
+             np.zeros(1, np.int32), np.array([T], np.int32), np.zeros((Hh, 64), np.float32), y)
+    np.testing.assert_array_equal(state[0], want_s)
+    np.testing.assert_array_equal(y.reshape(T, Hh, Pp), want_y)

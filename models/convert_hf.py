@@ -99,7 +99,9 @@ class TensorNamer:
         self.arch = arch
         self._text_name = architecture(arch).hf_text_name
         # by the GGUF name (granitehybrid's enum member is GRANITE_HYBRID)
-        member = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
+        member = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), None)
+        if member is None:
+            raise ConvertError(f"the installed gguf package has no tensor names for architecture {arch!r}")
         self._map = gguf.get_tensor_name_map(member, n_layer)
 
     def text_name(self, name: str) -> str | None:

@@ -114,6 +114,10 @@ class ModelConfig:
     ssm_group_count: int = 0
     ssm_dt_rank: int = 0
     ssm_inner_size: int = 0
+    # granitehybrid's Mamba-2 mixers read the same ssm.* keys otherwise: ssm_dt_rank heads H of
+    # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
+    mamba2: bool = False
+    rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -122,17 +126,23 @@ class ModelConfig:
 
     @property
     def ssm_conv_channels(self) -> int:
-        """The gated delta net's convolved channels: Q and K (key heads * S each), then V."""
+        """The convolved channels: Q and K (key heads * S each), then V (the gated delta net); x,
+        then B and C (groups * N each) (Mamba-2)."""
         return 2 * self.ssm_group_count * self.ssm_state_size + self.ssm_inner_size
 
     @property
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """One recurrent layer's state for one sequence, by kind: "conv", a causal convolution's
-        last width - 1 inputs, oldest first (LFM2: B * x, n_embd wide; Qwen3.5: Q|K|V); "delta",
+        last width - 1 inputs, oldest first (LFM2: B * x, n_embd wide; Qwen3.5: Q|K|V; Mamba-2: x|B|C); "delta",
         Qwen3.5's delta-rule matrix per value head, (value heads, S, S) with [h, j, i] the value
-        component j of key component i (ggml's transposed layout). {} without recurrent layers."""
+        component j of key component i (ggml's transposed layout); "ssm", Mamba-2's scan state per
+        head, (heads, head size, N). {} without recurrent layers."""
         if not self.recurrent_layers:
             return {}
+        if self.mamba2:
+            H = self.ssm_dt_rank
+            return {"conv": (self.ssm_conv_kernel - 1, self.ssm_conv_channels),
+                    "ssm": (H, self.ssm_inner_size // H, self.ssm_state_size)}
         if self.ssm_state_size:
             S = self.ssm_state_size
             return {"conv": (self.ssm_conv_kernel - 1, self.ssm_conv_channels), "delta": (self.ssm_dt_rank, S, S)}

@@ -98,7 +98,11 @@ class TensorNamer:
     def __init__(self, arch: str, n_layer: int):
         self.arch = arch
         self._text_name = architecture(arch).hf_text_name
-        self._map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n_layer)
+        # by the GGUF name (granitehybrid's enum member is GRANITE_HYBRID)
+        member = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), None)
+        if member is None:
+            raise ConvertError(f"the installed gguf package has no tensor names for architecture {arch!r}")
+        self._map = gguf.get_tensor_name_map(member, n_layer)
 
     def text_name(self, name: str) -> str | None:
         """The text model's HF name of a checkpoint tensor (multimodal prefixes removed), or None."""
@@ -146,6 +150,10 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             continue
         if name == "lm_head.weight" and tied:
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
+        parts = spec.hf_tensor_parts(name, hp) if spec.hf_tensor_parts is not None else None
+        if parts:
+            out += [_row_part(namer, part, lo, hi, e, hf_name) for part, lo, hi in parts]
+            continue
         gguf_name = namer.gguf_name(hf_name, e.path)
         if e.dtype not in ST_DTYPES:
             st_array(e, hf_name)  # raises the dtype error
@@ -180,6 +188,8 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
         if spec.hf_tensor_steps is not None:
             steps += spec.hf_tensor_steps(name, hp)
+        if spec.hf_tensor_shape is not None:
+            shape = spec.hf_tensor_shape(name, tuple(shape), hp)
         out.append(SourceTensor(gguf_name, tuple(shape), out_type, _loader(e, hf_name, steps)))
     out += [_stacked_experts(namer, prefix, w, parts, folder) for (prefix, w), parts in experts.items()]
     if n_embd_rows is None:
@@ -187,6 +197,16 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     for name, a in extra.items():  # tensors the converter makes (rope_freqs, LongRoPE's factors)
         out.append(SourceTensor(name, a.shape, int(GT.F32), lambda a=a: a))
     return out, n_embd_rows
+
+
+def _row_part(namer: TensorNamer, part: str, lo: int, hi: int, e: StEntry, hf_name: str) -> SourceTensor:
+    """Rows lo:hi of a checkpoint matrix, converted as if the checkpoint named them `part`."""
+    if e.dtype not in ST_DTYPES:
+        st_array(e, hf_name)  # raises the dtype error
+    if len(e.shape) != 2 or not 0 <= lo < hi <= e.shape[0]:
+        raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows {lo}:{hi} to convert as {part}")
+    return SourceTensor(namer.gguf_name(part, e.path), (hi - lo, e.shape[1]), int(ST_DTYPES[e.dtype][1]),
+                        _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[lo:hi])]))
 
 
 # One expert's matrix in a mixture-of-experts checkpoint (qwen3moe: mlp.experts.E.gate_proj; Mixtral:

@@ -80,6 +80,12 @@ class LayerWeights:
     ssm_a: np.ndarray | None = None
     ssm_norm: np.ndarray | None = None
     ssm_out: Matrix | None = None
+    # Mamba-2's mixer (granitehybrid; ModelConfig.mamba2): the in-projection z|xBC|dt (I + C + H,
+    # n_embd) and, beside ssm_conv, ssm_dt, ssm_a, ssm_out above, the convolution's bias (C,), D
+    # per head (H,); ssm_norm is then the grouped norm's weight (I,)
+    ssm_in: Matrix | None = None
+    ssm_conv_b: np.ndarray | None = None
+    ssm_d: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
         if recurrent:
             wq = wk = wv = wo = bq = bk = bv = None
-            own = _gated_delta_net(get, vec, p, cfg) if cfg.ssm_state_size else _shortconv(get, vec, p, cfg)
+            own = (_mamba2(get, vec, p, cfg) if cfg.mamba2 else _gated_delta_net(get, vec, p, cfg)
+                   if cfg.ssm_state_size else _shortconv(get, vec, p, cfg))
         elif arch.attn_output_gate:
             wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
             wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
@@ -283,6 +290,19 @@ def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
             "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
             "ssm_dt": vec(p + "ssm_dt.bias", hv), "ssm_a": vec(p + "ssm_a", hv),
             "ssm_norm": vec(p + "ssm_norm.weight", cfg.ssm_state_size),
+            "ssm_out": get(p + "ssm_out.weight", (D, inner))}
+
+
+def _mamba2(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """A Mamba-2 mixer's tensors (granitehybrid; llama.cpp's load_arch_tensors for is_recr): A and
+    D stored (H, 1), the grouped norm's weight (G, I / G), both flattened here."""
+    D, C, inner, H, G = cfg.n_embd, cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_dt_rank, cfg.ssm_group_count
+    return {"ssm_in": get(p + "ssm_in.weight", (inner + C + H, D)),
+            "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
+            "ssm_conv_b": vec(p + "ssm_conv1d.bias", C),
+            "ssm_dt": vec(p + "ssm_dt.bias", H), "ssm_a": vec(p + "ssm_a", (H, 1)).reshape(H),
+            "ssm_d": vec(p + "ssm_d", (H, 1)).reshape(H),
+            "ssm_norm": vec(p + "ssm_norm.weight", (G, inner // G)).reshape(inner),
             "ssm_out": get(p + "ssm_out.weight", (D, inner))}
 
 

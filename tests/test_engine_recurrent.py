@@ -39,7 +39,7 @@ def hybrid(tmp_path_factory):
 
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
 RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx"), ("lfm2moe", "cpu"),
-        ("lfm2moe", "mlx")]
+        ("lfm2moe", "mlx"), ("granitehybrid", "cpu")]
 
 
 def _backend(name: str) -> str:
@@ -397,4 +397,37 @@ def test_qwen35_recurrent_layers_flags_win_over_the_interval(tmp_path):
     assert cfg.recurrent_layers == (1, 2) and [g.layers for g in cfg.kv_groups] == [(0, 3)]
     meta["qwen35.attention.recurrent_layers"] = np.array([True, False])
     with pytest.raises(ModelConfigError, match="a flag for each of 4 layers"):
+        ModelConfig.from_metadata(meta)
+
+
+def test_granitehybrid_state_pool_holds_conv_tails_and_scan_states(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny-granitehybrid.gguf", "granitehybrid", seed=14)
+    eng = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2, max_seqs=3)).engine
+    cfg = load_model(path).config
+    # 3 Mamba-2 layers x ((width 4 - 1) x (512 + 2 groups x 2 x 16) conv channels + 8 heads x 64 x 16), float32
+    assert cfg.recurrent_layers == (0, 2, 3) and [g.layers for g in cfg.kv_groups] == [(1,)] and not cfg.rope
+    assert cfg.state_bytes() == 3 * (3 * 576 + 8 * 64 * 16) * 4 == eng.runner.state_bytes_per_seq()
+    n = eng.states.n_slots
+    assert eng.states.layer(3, "ssm").shape == (n, 8, 64, 16) and eng.states.layer(3, "conv").shape == (n, 3, 576)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ssm.state_size", None, "ssm.state_size is missing"),
+    ("ssm.inner_size", 1024, "1024 must be twice embedding_length 256"),
+    ("ssm.time_step_rank", 7, "a multiple of time_step_rank 7"),
+    ("ssm.group_count", 3, "a multiple of group_count 3"),
+    ("ssm.conv_kernel", 1, "ssm.conv_kernel 1 is out of range"),
+    ("attention.head_count_kv", np.array([0, 2, 0], np.uint32), "3 values for 4 layers"),
+    ("attention.head_count_kv", np.array([0, 0, 0, 0], np.uint32), "one positive KV head count"),
+    ("expert_count", 4, "mixture-of-experts"),
+])
+def test_granitehybrid_metadata_refused(tmp_path, key, value, message):
+    meta = dict(load_model(write_tiny_model(tmp_path / "g.gguf", "granitehybrid", seed=2)).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert cfg.layer_recurrent == (True, False, True, True) and cfg.ssm_conv_channels == 576 and cfg.mamba2
+    if value is None:
+        del meta[f"granitehybrid.{key}"]
+    else:
+        meta[f"granitehybrid.{key}"] = value
+    with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)

@@ -20,7 +20,7 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
-              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32}
+              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's and lfm2moe's experts (3-D tensors)
 
 
@@ -35,10 +35,19 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     # lfm2moe: the same layers, the first with a dense FFN, the others with experts and their selection bias
     # qwen35: gated delta nets around a gated attention layer (full_attention_interval 2)
     lfm = arch in ("lfm2", "lfm2moe")
-    recurrent = [i % 2 == 0 for i in range(n_layer)] if lfm or arch == "qwen35" else [False] * n_layer
+    # granitehybrid: Mamba-2 layers around an attention layer, head_count_kv per layer (0: Mamba-2)
+    recurrent = [i % 2 == 0 for i in range(n_layer)] if lfm or arch in ("qwen35", "granitehybrid") else [False] * n_layer
     S, Hk, Hv = 64, 2, 4  # qwen35's delta net: head size, key heads, value heads
     C = 2 * Hk * S + Hv * S
-    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if lfm else Hkv, hd)
+    add_common_kvs(w, arch, D, F, n_layer, H,
+                   [0 if r else Hkv for r in recurrent] if lfm or arch == "granitehybrid" else Hkv, hd)
+    Hm, Gm, Nm = 8, 2, 64  # granitehybrid's Mamba-2: heads, groups, state size (inner size 2 D)
+    Cm = 2 * D + 2 * Gm * Nm
+    if arch == "granitehybrid":
+        for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, Nm), (w.add_ssm_group_count, Gm),
+                           (w.add_ssm_time_step_rank, Hm), (w.add_ssm_inner_size, 2 * D)):
+            add_key(v)
+        w.add_rope_scaling_finetuned(False)
     if lfm:
         w.add_shortconv_l_cache(3)
     if arch == "qwen35":
@@ -93,6 +102,15 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             w.add_tensor(p + "ssm_a", -rng.uniform(0.1, 1.0, size=Hv).astype(np.float32))
             add(p + "ssm_norm.weight", (S,))
             add(p + "ssm_out.weight", (D, Hv * S))
+        elif recurrent[i] and arch == "granitehybrid":  # conv kernel and bias, dt bias, A, D F32 as the converter
+            add(p + "ssm_in.weight", (2 * D + Cm + Hm, D))
+            w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0, 0.5, size=(Cm, 4)).astype(np.float32))
+            w.add_tensor(p + "ssm_conv1d.bias", rng.normal(0, 0.1, size=Cm).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", rng.uniform(-1.0, 0.5, size=Hm).astype(np.float32))
+            w.add_tensor(p + "ssm_a", -rng.uniform(0.1, 1.0, size=(Hm, 1)).astype(np.float32))
+            w.add_tensor(p + "ssm_d", rng.uniform(0.5, 1.5, size=(Hm, 1)).astype(np.float32))
+            w.add_tensor(p + "ssm_norm.weight", (1.0 + rng.normal(0, 0.1, size=(Gm, D))).astype(np.float32))
+            add(p + "ssm_out.weight", (D, 2 * D))
         elif recurrent[i]:  # the conv kernel F32, as llama.cpp's converter writes it (and never quantizes it)
             add(p + "shortconv.in_proj.weight", (3 * D, D))
             w.add_tensor(p + "shortconv.conv.weight", rng.normal(0, 0.5, size=(D, 3)).astype(np.float32))

@@ -31,7 +31,7 @@ _ONE = np.float32(1.0)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _silu_row(x, e, out):
+def silu_row(x, e, out):
     # x, e, out: (n,) f32; out = silu(x) as ggml_vec_silu_f32 (e: scratch, exp(-x)); out may be x
     n = x.shape[0]
     V = n - n % _SILU_WIDTH
@@ -84,7 +84,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
                 src = conv_state[slot, q - p0 + L - 1]
             for c in range(C):
                 row[c] = fma32(src[c], w[c], row[c])
-        _silu_row(row, e[t], row)
+        silu_row(row, e[t], row)
         # 2. Q and K L2-normalized per key head
         eps_l2 = np.float32(eps / np.float32(S))
         inv = np.float32(1.0) / np.float32(math.sqrt(np.float32(S)))

@@ -22,6 +22,7 @@ from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gat
 from .glu import ACTIVATIONS, glu, glu_rows
 from .kv_pool import KVPool
 from .kv_write import qkv_post
+from .mamba import mamba2
 from .matmul import qmatmul
 from .moe import GATING, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .shortconv import shortconv
@@ -57,13 +58,19 @@ class CpuPrimitives:
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
         self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
-        if cfg.recurrent_layers and cfg.ssm_state_size:
+        if cfg.recurrent_layers and cfg.mamba2:
+            self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
+        elif cfg.recurrent_layers and cfg.ssm_state_size:
             self.out.update(ssm_in=ws.ssm_in[:T], linear_attn_out=ws.o[:T])
         elif cfg.recurrent_layers:
             self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
-        rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
+        if cfg.rope:
+            rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
+        else:  # no positions (NoPE): the rotation by angle 0 leaves Q and K exactly as they are
+            self.cos[0].fill(1.0)
+            self.sin[0].fill(0.0)
         if self.any_swa:
             rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
         self.prompt_end = batch.prompt_ends()
@@ -135,6 +142,16 @@ class CpuPrimitives:
                   batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], y)
         if self.trace is not None:
             self._seen("final_output", il, y)
+        return y
+
+    def mamba2(self, proj: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        cfg, ws, T, batch = self.cfg, self.ws, self.T, self.batch
+        y = ws.ssm_y[:T]
+        mamba2(proj, ly.ssm_conv, ly.ssm_conv_b, ly.ssm_dt, ly.ssm_a, ly.ssm_d, ly.ssm_norm, self.eps,
+               cfg.ssm_group_count, self.states.layer(il, "conv"), self.states.layer(il, "ssm"), batch.state_slots,
+               batch.tok_seq, batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], ws.ssm_lanes, y)
+        if self.trace is not None:
+            self._seen("mamba2_y_norm", il, y)
         return y
 
     def attn_gate(self, a: np.ndarray, qkv: np.ndarray, il: int) -> np.ndarray:

@@ -146,6 +146,10 @@ class _Layer:
     ssm_dt: np.ndarray
     ssm_a: np.ndarray
     ssm_norm: np.ndarray
+    # a Mamba-2 mixer (granitehybrid; mamba.py): ssm_in above is its one in-projection z|xBC|dt,
+    # ssm_norm the grouped norm's weight (I,); the convolution's bias (C,), D per head (H,)
+    ssm_conv_b: np.ndarray
+    ssm_d: np.ndarray
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
@@ -169,10 +173,12 @@ class _Layer:
             shortconv_in=[(_pack(lw.shortconv_in, mmap), 0)] if lw.shortconv_in is not None else [],
             shortconv_out=[(_pack(lw.shortconv_out, mmap), 0)] if lw.shortconv_out is not None else [],
             shortconv=np.ascontiguousarray(lw.shortconv.T, np.float32) if lw.shortconv is not None else _NONE2,
-            ssm_in=_products((lw.ssm_qkv, lw.ssm_z, lw.ssm_beta, lw.ssm_alpha), mmap) if lw.ssm_qkv is not None else [],
+            ssm_in=_products((lw.ssm_qkv, lw.ssm_z, lw.ssm_beta, lw.ssm_alpha), mmap) if lw.ssm_qkv is not None
+            else [(_pack(lw.ssm_in, mmap), 0)] if lw.ssm_in is not None else [],
             ssm_out=[(_pack(lw.ssm_out, mmap), 0)] if lw.ssm_out is not None else [],
             ssm_conv=np.ascontiguousarray(lw.ssm_conv.T, np.float32) if lw.ssm_conv is not None else _NONE2,
             ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
+            ssm_conv_b=_vec(lw.ssm_conv_b), ssm_d=_vec(lw.ssm_d),
         )
 
 
@@ -216,7 +222,14 @@ class Workspace:
         self.group = cfg.n_head // cfg.n_head_kv
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size), n_chunks)
-        if cfg.recurrent_layers and cfg.ssm_state_size:  # gated delta nets (delta_net.py)
+        if cfg.recurrent_layers and cfg.mamba2:  # Mamba-2 mixers (mamba.py): z|xBC|dt, conv output, y
+            C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
+            self.ssm_in = np.zeros((T, inner + C + cfg.ssm_dt_rank), f32)
+            self.ssm_xc = np.zeros((T, C), f32)
+            self.ssm_e = np.zeros((T, C), f32)
+            self.ssm_lanes = np.zeros((cfg.ssm_dt_rank, 64), f32)  # each head's vector chains (mamba.py)
+            self.ssm_y = np.zeros((T, inner), f32)
+        elif cfg.recurrent_layers and cfg.ssm_state_size:  # gated delta nets (delta_net.py)
             C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
             self.ssm_in = np.zeros((T, C + inner + 2 * cfg.ssm_dt_rank), f32)
             self.ssm_xc = np.zeros((T, C), f32)

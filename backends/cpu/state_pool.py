@@ -3,9 +3,10 @@
 A fixed number of slots, allocated once: a slot holds one sequence's state for every recurrent
 layer, of each kind the model has (ModelConfig.state_shapes: LFM2's short convolution keeps its
 last L - 1 inputs, "conv"; Qwen3.5's gated delta net its convolution's inputs and a delta-rule
-matrix per value head, "conv" and "delta"). Which slot belongs to which sequence is the engine's
+matrix per value head, "conv" and "delta"; Mamba-2's its convolution's inputs and a scan state per
+head, "conv" and "ssm"). Which slot belongs to which sequence is the engine's
 business (engine/state_slots.py); a batch names each sequence's slot (Batch.state_slots) and the
-kernels (shortconv.py, delta_net.py) read and update it in place. Slots past the running
+kernels (shortconv.py, delta_net.py, mamba.py) read and update it in place. Slots past the running
 sequences' hold snapshots (engine/state_slots.py): copy() moves a state between slots.
 """
 from __future__ import annotations

@@ -192,6 +192,10 @@ class MlxPrimitives:
         return delta_net(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count, self.cfg.norm_eps,
                          self.states.conv[j], self.states.delta[j], self.conv_plan, self.delta_plan)
 
+    def mamba2(self, proj: mx.array, ly: Any, il: int) -> mx.array:
+        # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
+        raise BackendError("the mlx backend has no Mamba-2 mixer yet (issue 34's follow-up)")
+
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
         gate = qkv[:, qkv.shape[1] - a.shape[1]:]
         return a * (1.0 / (1.0 + mx.exp(-gate)))

@@ -69,6 +69,12 @@ class Primitives(Protocol[A]):
         taken from) the sequence's "conv" state; Q, K L2-normalized; the gated delta rule over the
         sequence's "delta" state; each head's RMSNorm times SiLU(z) ("final_output")."""
 
+    def mamba2(self, proj: A, ly: Any, il: int) -> A:
+        """Mamba-2's mixer from its in-projection z|xBC|dt: the causal convolution over xBC with
+        its bias and SiLU, its last inputs kept in (and earlier ones taken from) the sequence's
+        "conv" state; the selective scan over the sequence's "ssm" state, plus x D; times SiLU(z);
+        the RMSNorm of each group times the norm weight (granitehybrid) ("mamba2_y_norm")."""
+
     def attn_gate(self, a: A, qkv: A, il: int) -> A:
         """The attention's output times sigmoid of the gate, the last n_head * head_dim columns of
         the Q|K|V|gate products (Qwen3.5) ("attn_gated")."""

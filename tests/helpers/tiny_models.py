@@ -64,6 +64,10 @@ ARCH_TYPES = {
                "attn_qkv": GT.Q8_0, "attn_gate": GT.Q4_K, "ssm_beta": GT.F16, "ssm_alpha": GT.BF16,
                "ssm_out": GT.Q5_1, "ffn_gate": GT.Q4_K, "ffn_up": GT.Q6_K, "ffn_down": GT.Q8_0,
                "token_embd": GT.Q8_0},
+    # granitehybrid: Mamba-2 mixers (ssm_in, ssm_out) around attention without RoPE
+    "granitehybrid": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_1, "attn_v": GT.Q4_K, "attn_output": GT.Q5_K,
+                      "ssm_in": GT.Q4_K, "ssm_out": GT.Q6_K, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q4_K,
+                      "ffn_down": GT.Q8_0, "token_embd": GT.Q6_K},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
@@ -74,7 +78,7 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 # lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
@@ -89,6 +93,9 @@ ROUTER_SCALE = {"lfm2moe": 10}
 # key head); RoPE over the first 32 of each head's 64 dims in IMROPE sections that are NeoX for text
 QWEN35_INTERVAL, QWEN35_CONV, QWEN35_S, QWEN35_HK, QWEN35_HV = 3, 4, 32, 2, 4
 QWEN35_N_ROT, QWEN35_SECTIONS = 32, (6, 5, 5, 0)
+# granitehybrid: Mamba-2 layers (True) around one attention layer; the convolution's width, the
+# state size N, the groups of B and C, the heads (inner size 2 n_embd, so 64 per head)
+GRANITEH_RECURRENT, GRANITEH_CONV, GRANITEH_N, GRANITEH_G, GRANITEH_H = (True, False, True, True), 4, 16, 2, 8
 
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
@@ -168,11 +175,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     lfm = arch in ("lfm2", "lfm2moe")
-    recurrent = (LFM2_RECURRENT if lfm else
+    recurrent = (LFM2_RECURRENT if lfm else GRANITEH_RECURRENT if arch == "granitehybrid" else
                  tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if arch == "qwen35" else (False,) * n_layer)
-    # lfm2: head_count_kv per layer, 0 for a short convolution (as llama.cpp's converter writes it)
-    add_common_kvs(w, arch, D, F, n_layer, H, [0 if r else Hkv for r in recurrent] if lfm else Hkv,
-                   hd, n_ctx)
+    # lfm2, granitehybrid: head_count_kv per layer, 0 for a recurrent layer (as llama.cpp's converter writes it)
+    add_common_kvs(w, arch, D, F, n_layer, H,
+                   [0 if r else Hkv for r in recurrent] if lfm or arch == "granitehybrid" else Hkv, hd, n_ctx)
     if lfm:
         w.add_shortconv_l_cache(LFM2_L_CACHE)
     if arch == "qwen35":
@@ -183,6 +190,13 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_ssm_time_step_rank(QWEN35_HV)
         w.add_ssm_inner_size(QWEN35_HV * QWEN35_S)
         w.add_rope_dimension_sections(list(QWEN35_SECTIONS))
+    if arch == "granitehybrid":  # as llama.cpp's converter writes Granite 4.0 H: no RoPE
+        w.add_ssm_conv_kernel(GRANITEH_CONV)
+        w.add_ssm_state_size(GRANITEH_N)
+        w.add_ssm_group_count(GRANITEH_G)
+        w.add_ssm_time_step_rank(GRANITEH_H)
+        w.add_ssm_inner_size(2 * D)
+        w.add_rope_scaling_finetuned(False)
     w.add_rope_dimension_count(QWEN35_N_ROT if arch == "qwen35" else hd)
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -213,7 +227,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if arch in ("qwen3moe", "gpt-oss", "lfm2moe"):  # llama takes feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
-    if arch == "granite":  # the four multipliers, each away from 1
+    if arch in ("granite", "granitehybrid"):  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
         w.add_residual_scale(0.5)
         w.add_attention_scale(0.09)
@@ -257,6 +271,19 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             w.add_tensor(p + "ssm_a", -rng.uniform(0.05, 1.0, size=Hv).astype(np.float32))
             add(p + "ssm_norm.weight", (S,))
             add(p + "ssm_out.weight", (D, Hv * S), types["ssm_out"])
+        elif recurrent[i] and arch == "granitehybrid":  # a Mamba-2 mixer in place of the attention
+            Hs, G, Nst, inner = GRANITEH_H, GRANITEH_G, GRANITEH_N, 2 * D
+            C = inner + 2 * G * Nst
+            add(p + "ssm_in.weight", (inner + C + Hs, D), types["ssm_in"])
+            bound = 1 / np.sqrt(GRANITEH_CONV)  # nn.Conv1d's initialization, as lfm2's
+            w.add_tensor(p + "ssm_conv1d.weight", rng.uniform(-bound, bound, size=(C, GRANITEH_CONV)).astype(np.float32))
+            w.add_tensor(p + "ssm_conv1d.bias", rng.uniform(-bound, bound, size=C).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", rng.uniform(-1.0, 0.5, size=Hs).astype(np.float32))
+            # -exp(A_log) and D per head, stored (H, 1) as llama.cpp's converter writes them
+            w.add_tensor(p + "ssm_a", -rng.uniform(0.05, 1.0, size=(Hs, 1)).astype(np.float32))
+            w.add_tensor(p + "ssm_d", rng.uniform(0.5, 1.5, size=(Hs, 1)).astype(np.float32))
+            w.add_tensor(p + "ssm_norm.weight", (1.0 + rng.normal(0, 0.1, size=(G, inner // G))).astype(np.float32))
+            add(p + "ssm_out.weight", (D, inner), types["ssm_out"])
         elif recurrent[i]:  # a short convolution in place of the attention
             add(p + "shortconv.in_proj.weight", (3 * D, D), types["shortconv.in_proj"])
             # the depthwise kernel as HF initializes it (nn.Conv1d: uniform within 1/sqrt(fan_in), fan_in

@@ -1,0 +1,76 @@
+"""HF checkpoint -> GGUF for granitehybrid (tests/helpers/hf_granitehybrid.py's tiny folder: Granite
+4.0 H without experts): the keys llama.cpp's converter writes (granite's multipliers, the ssm.*
+sizes from the mamba_* keys, head_count_kv per layer, RoPE off), the shared MLP's input split into
+gate and up, A = -exp(A_log) and A, D, the grouped norm reshaped; and logits of the HF math,
+llama.cpp and infer agreeing."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from helpers.hf_granitehybrid import GH_TYPES, MAMBA, granitehybrid_forward, make_granitehybrid
+from helpers.hf_models import HKV, D, F, from_bf16
+from infer.backends.cpu.runner import CpuRunner
+from infer.models.convert_hf import write_gguf_unquantized
+from infer.models.loader import load_model
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("granitehybrid") / "Tiny-granitehybrid"
+    weights = make_granitehybrid(folder, seed=29)
+    return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-granitehybrid.gguf")
+
+
+def test_metadata_and_tensors(converted):
+    folder, weights, out = converted
+    r = gguf.GGUFReader(out)
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    g = "granitehybrid."
+    assert kv["general.architecture"] == "granitehybrid" and kv[g + "block_count"] == len(GH_TYPES)
+    assert kv[g + "attention.head_count_kv"] == [HKV if t == "attention" else 0 for t in GH_TYPES]
+    assert kv[g + "ssm.conv_kernel"] == 4 and kv[g + "ssm.state_size"] == 16 and kv[g + "ssm.group_count"] == 2
+    assert kv[g + "ssm.inner_size"] == 2 * D and kv[g + "ssm.time_step_rank"] == 8
+    assert kv[g + "rope.scaling.finetuned"] is False and kv[g + "context_length"] == 2**20
+    assert kv[g + "feed_forward_length"] == F and kv[g + "expert_shared_feed_forward_length"] == F
+    assert kv[g + "embedding_scale"] == 3.0 and kv[g + "logit_scale"] == 4.0
+    names = {t.name: t for t in r.tensors}
+    a = names["blk.0.ssm_a"]
+    assert a.shape.tolist() == [1, 8]  # ggml's order: (1, heads)
+    np.testing.assert_allclose(np.asarray(a.data).reshape(8), -np.exp(weights["model.layers.0.mamba.A_log"]),
+                               rtol=1e-6)
+    assert names["blk.0.ssm_d"].shape.tolist() == [1, 8] and names["blk.0.ssm_norm.weight"].shape.tolist() == [D, 2]
+    both = weights["model.layers.0.shared_mlp.input_linear.weight"]
+    for part, rows in (("ffn_gate", both[:F]), ("ffn_up", both[F:])):
+        np.testing.assert_array_equal(from_bf16(np.asarray(names[f"blk.0.{part}.weight"].data).view(np.uint16)), rows)
+    conv = names["blk.0.ssm_conv1d.weight"]
+    C = 2 * D + 2 * MAMBA["mamba_n_groups"] * MAMBA["mamba_d_state"]
+    assert gguf.GGMLQuantizationType(conv.tensor_type).name == "F32" and conv.shape.tolist()[::-1] == [C, 4]
+    assert "blk.0.ssm_dt.bias" in names and "blk.0.ffn_down.weight" in names and "output.weight" not in names
+
+
+@pytest.mark.reference
+def test_logits_match_hf_math_llama_cpp_and_infer(converted):
+    folder, weights, out = converted
+    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
+    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm.eval(ids)
+    ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    want = granitehybrid_forward(weights, ids)
+    # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
+    tol = 0.02 * np.abs(want).max()
+    print(f"granitehybrid: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
+    assert np.abs(ref - want).max() <= tol
+    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
+    model = load_model(out)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
+    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
+    print(f"granitehybrid: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
+    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
+    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT

@@ -61,8 +61,22 @@ from types import MappingProxyType
 from infer.quant.errors import InferError
 
 from ..hf_files import ConvertError
-from . import (gemma2, gemma3, gpt_oss, granite, granitehybrid, lfm2, lfm2moe, llama, olmo2, phi3, qwen2, qwen3,
-               qwen3moe, qwen35)
+from . import (
+    gemma2,
+    gemma3,
+    gpt_oss,
+    granite,
+    granitehybrid,
+    lfm2,
+    lfm2moe,
+    llama,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3moe,
+    qwen35,
+)
 from .spec import Architecture
 
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]

@@ -44,6 +44,8 @@ def _layer(a) -> str:
         parts.append("sigmoid-gated attention output")
     if a.experts == "always":
         parts.append("mixture of experts" + (", router softmax over the top experts" if a.moe_gating != "softmax" else ""))
+        if a.shared_expert:
+            parts.append("sigmoid-gated shared expert")
     elif a.experts == "optional":
         parts.append("dense, or experts where the file has them")
     if a.qk_norm:

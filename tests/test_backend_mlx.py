@@ -37,7 +37,11 @@ ARCHS = list(names())  # every registered architecture
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
 NOT_ON_MLX = {"qwen35": "qwen35's gated delta nets and their per-sequence state are not on the mlx backend yet "
                         "(issue 34's follow-up: delta_net and attn_gate in backends/mlx/primitives.py, the "
-                        "\"delta\" kind in its state pool and backends/base.py's STATE_KINDS)"}
+                        "\"delta\" kind in its state pool and backends/base.py's STATE_KINDS)",
+              "qwen35moe": "qwen35moe's gated delta nets and their state, and its shared expert, are not on the mlx "
+                           "backend yet (qwen35's follow-up, and shared_expert in backends/mlx/primitives.py)",
+              "qwen3next": "qwen3next's gated delta nets and their state, and its shared expert, are not on the mlx "
+                           "backend yet (qwen35's follow-up, and shared_expert in backends/mlx/primitives.py)"}
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,

@@ -186,6 +186,10 @@ class MlxPrimitives:
         # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
         raise BackendError("the mlx backend has no gated delta net yet (issue 34's follow-up)")
 
+    def shared_expert(self, h: mx.array, o: mx.array, ly: Any, il: int) -> mx.array:
+        # only qwen35moe and qwen3next have one, and MlxRunner refuses their delta-net state before any step
+        raise BackendError("the mlx backend has no shared expert yet (issue 34's follow-up)")
+
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
         # only Qwen3.5 gates its attention, and MlxRunner refuses its delta-net state before any step
         raise BackendError("the mlx backend has no gated attention yet (issue 34's follow-up)")

@@ -62,11 +62,11 @@ ARCH_TYPES = {
                   "ffn_down_exps": GT.Q8_0, "ffn_gate_shexp": GT.Q5_K, "ffn_up_shexp": GT.Q8_0,
                   "ffn_down_shexp": GT.Q4_K, "token_embd": GT.Q8_0},
     # qwen3next: beta and alpha in one ssm_ba, experts of mixed types (the expert-by-expert path)
-    "qwen3next": {"attn_q": GT.Q4_K, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q8_0,
-                  "attn_qkv": GT.Q8_0, "attn_gate": GT.Q5_K, "ssm_ba": GT.Q8_0, "ssm_out": GT.Q8_0,
+    "qwen3next": {"attn_q": GT.Q5_K, "attn_k": GT.Q8_0, "attn_v": GT.Q8_0, "attn_output": GT.Q5_0,
+                  "attn_qkv": GT.Q8_0, "attn_gate": GT.Q8_0, "ssm_ba": GT.F16, "ssm_out": GT.Q8_0,
                   "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q8_0, "ffn_up_exps": GT.Q4_K,
-                  "ffn_down_exps": GT.Q6_K, "ffn_gate_shexp": GT.Q4_K, "ffn_up_shexp": GT.Q4_K,
-                  "ffn_down_shexp": GT.Q8_0, "token_embd": GT.Q8_0, "output": GT.Q8_0},
+                  "ffn_down_exps": GT.Q8_0, "ffn_gate_shexp": GT.Q5_K, "ffn_up_shexp": GT.Q8_0,
+                  "ffn_down_shexp": GT.Q4_K, "token_embd": GT.Q8_0, "output": GT.Q8_0},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,

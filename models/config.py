@@ -95,6 +95,7 @@ class ModelConfig:
     n_expert_used: int = 0  # experts each token runs
     n_ff_exp: int = 0  # each expert's FFN width
     n_layer_dense_lead: int = 0  # the first layers of a mixture of experts keep a dense FFN (LFM2-MoE's first 2)
+    n_ff_shexp: int = 0  # the shared expert's FFN width (Architecture.shared_expert); 0: none
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
@@ -230,15 +231,21 @@ class ModelConfig:
         if n_vocab is None:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
-        n_ff = int(get("feed_forward_length", required=True))
+        # a model of experts only has no dense FFN to size (Qwen3.5 MoE's files have no feed_forward_length)
+        n_ff = int(get("feed_forward_length", 0, required=spec.experts != "always"))
         n_expert = int(get("expert_count", 0)) if spec.experts != "never" else 0
         n_expert_used = int(get("expert_used_count", 0)) if n_expert else 0
         if (n_expert or spec.experts == "always") and not 0 < n_expert_used <= n_expert:
             raise ModelConfigError(f"{arch} needs 0 < expert_used_count <= expert_count, got {n_expert_used} of {n_expert}")
-        # each expert's width, else llama.cpp's default: n_ff (llama), n_ff / n_expert_used (qwen3moe)
+        # each expert's width, else llama.cpp's default: n_ff (llama), n_ff / n_expert_used (qwen3moe);
+        # the shared expert's, else n_ff
         n_ff_exp = int(get("expert_feed_forward_length", 0)) or (
             n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
-        _check_widths(arch, n_embd, n_ff, n_ff_exp)
+        n_ff_shexp = int(get("expert_shared_feed_forward_length", 0)) or n_ff if spec.shared_expert else 0
+        _check_widths(arch, n_embd, n_ff, n_ff_exp, n_ff_shexp)
+        if n_expert and not n_ff_exp or spec.shared_expert and not n_ff_shexp:
+            raise ModelConfigError(f"{arch}: no expert width (expert_feed_forward_length, "
+                                   f"expert_shared_feed_forward_length or feed_forward_length)")
         dense_lead = int(get("leading_dense_block_count", 0)) if n_expert else 0
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
@@ -275,6 +282,7 @@ class ModelConfig:
             n_expert_used=n_expert_used,
             n_ff_exp=n_ff_exp,
             n_layer_dense_lead=dense_lead,
+            n_ff_shexp=n_ff_shexp,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             **hybrid,
             **{k: float(v) for k, v in own.items()},
@@ -293,10 +301,10 @@ def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot:
         raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")
 
 
-def _check_widths(arch: str, n_embd: int, n_ff: int, n_ff_exp: int) -> None:
+def _check_widths(arch: str, n_embd: int, n_ff: int, n_ff_exp: int, n_ff_shexp: int) -> None:
     """Widths the runner sizes buffers by, some of them (a mixture of experts' dense n_ff) checked
     against no tensor."""
     for name, v in (("embedding_length", n_embd), ("feed_forward_length", n_ff),
-                    ("expert_feed_forward_length", n_ff_exp)):
+                    ("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff_shexp)):
         if not 0 <= v <= MAX_WIDTH:
             raise ModelConfigError(f"{arch}: {name} {v} is out of range (0..{MAX_WIDTH})")

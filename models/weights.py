@@ -49,6 +49,10 @@ class LayerWeights:
     # a mixture of experts: the router (n_expert, n_embd) and per expert its gate, up, down matrices
     router: Matrix | None = None
     experts: tuple[tuple[Matrix, Matrix, Matrix], ...] = ()
+    # the shared expert (Architecture.shared_expert): its gate, up (n_ff_shexp, n_embd) and down
+    # (n_embd, n_ff_shexp) matrices, and the (1, n_embd) row of its sigmoid gate
+    shexp: tuple[Matrix, Matrix, Matrix] | None = None
+    shexp_gate: Matrix | None = None
     # gpt-oss (architecture.extra_biases, attn_sinks): the attention output's bias (n_embd,), the
     # sink logit per head (n_head,), the router's bias (n_expert,) and the experts' biases
     # (n_expert, n_ff_exp) for gate and up, (n_expert, n_embd) for down; None where absent
@@ -257,8 +261,21 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
             raise ModelLoadError(f"expert tensors in {type(t).__name__} form are not supported")
     experts = tuple((rows(gate, e * F, (e + 1) * F), rows(up, e * F, (e + 1) * F), rows(down, e * D, (e + 1) * D))
                     for e in range(E))
-    return {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
-            "experts": experts}
+    out = {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
+           "experts": experts}
+    if cfg.architecture.shared_expert:
+        Fs = cfg.n_ff_shexp
+        out["shexp"] = (get(p + "ffn_gate_shexp.weight", (Fs, D)), get(p + "ffn_up_shexp.weight", (Fs, D)),
+                        get(p + "ffn_down_shexp.weight", (D, Fs)))
+        out["shexp_gate"] = _row(get(p + "ffn_gate_inp_shexp.weight", None), D, p + "ffn_gate_inp_shexp.weight")
+    return out
+
+
+def _row(t: Matrix, D: int, name: str) -> QTensor:
+    """A vector of D weights (a GGUF's (D,) or (1, D): llama.cpp takes either) as a (1, D) matrix."""
+    if not isinstance(t, QTensor) or t.shape not in ((D,), (1, D)):
+        raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, expected ({D},) in GGML blocks")
+    return QTensor(t.type_id, (1, D), t.raw.reshape(1, -1))
 
 
 def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
@@ -283,10 +300,14 @@ def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[Matrix, Matrix]:
 
 
 def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """A gated delta net layer's tensors (Qwen3.5; llama.cpp's load_block_trunk for is_recr)."""
+    """A gated delta net layer's tensors (Qwen3.5, Qwen3-Next; llama.cpp's load_block_trunk for is_recr)."""
     D, C, inner, hv = cfg.n_embd, cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_dt_rank
+    if get(p + "ssm_ba.weight", None, required=False) is not None:  # Qwen3-Next: beta and alpha in one
+        beta, alpha = _beta_alpha(get(p + "ssm_ba.weight", (2 * hv, D)), cfg.ssm_group_count, p)
+    else:
+        beta, alpha = get(p + "ssm_beta.weight", (hv, D)), get(p + "ssm_alpha.weight", (hv, D))
     return {"ssm_qkv": get(p + "attn_qkv.weight", (C, D)), "ssm_z": get(p + "attn_gate.weight", (inner, D)),
-            "ssm_beta": get(p + "ssm_beta.weight", (hv, D)), "ssm_alpha": get(p + "ssm_alpha.weight", (hv, D)),
+            "ssm_beta": beta, "ssm_alpha": alpha,
             "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
             "ssm_dt": vec(p + "ssm_dt.bias", hv), "ssm_a": vec(p + "ssm_a", hv),
             "ssm_norm": vec(p + "ssm_norm.weight", cfg.ssm_state_size),
@@ -304,6 +325,22 @@ def _mamba2(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
             "ssm_d": vec(p + "ssm_d", (H, 1)).reshape(H),
             "ssm_norm": vec(p + "ssm_norm.weight", (G, inner // G)).reshape(inner),
             "ssm_out": get(p + "ssm_out.weight", (D, inner))}
+
+
+def _beta_alpha(ba: Matrix, n_k_heads: int, p: str) -> tuple[Matrix, Matrix]:
+    """Beta's and alpha's rows of Qwen3-Next's ssm_ba, whose rows are per key head its value heads'
+    beta logits, then their alpha logits (llama.cpp's views of mixed_ba): two matrices, in value
+    head order, rows copied once."""
+    if not isinstance(ba, QTensor):
+        raise ModelLoadError(f"{p}ssm_ba.weight in {type(ba).__name__} form cannot be split into beta and alpha")
+    per_k = ba.shape[0] // (2 * n_k_heads)
+    grouped = ba.raw.reshape(n_k_heads, 2, per_k, -1)
+    shape = (n_k_heads * per_k, ba.shape[1])
+
+    def part(i: int) -> QTensor:
+        return QTensor(ba.type_id, shape, np.ascontiguousarray(grouped[:, i]).reshape(shape[0], -1))
+
+    return part(0), part(1)
 
 
 def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:

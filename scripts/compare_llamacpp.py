@@ -44,6 +44,9 @@ ALIASES = {"sa_out": "ffn_inp", "ffn_geglu": "ffn_act", "ffn_swiglu": "ffn_act",
 ARCH_ALIASES = {
     # qwen35 (src/models/qwen35.cpp): the residual before the FFN, its norm, the attention before its output gate
     "qwen35": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
+    # qwen35moe, qwen3next (src/models/qwen35moe.cpp, qwen3next.cpp): qwen35's names
+    "qwen35moe": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
+    "qwen3next": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
 }
 
 

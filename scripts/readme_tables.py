@@ -45,6 +45,8 @@ def _layer(a) -> str:
     if a.experts == "always":
         gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router"}
         parts.append("mixture of experts" + gating.get(a.moe_gating, ""))
+        if a.shared_expert:
+            parts.append("sigmoid-gated shared expert")
     elif a.experts == "optional":
         parts.append("dense, or experts where the file has them")
     if a.qk_norm:

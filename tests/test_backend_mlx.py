@@ -35,9 +35,14 @@ from infer.quant.tensor import QTensor
 
 ARCHS = list(names())  # every registered architecture
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
+# architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
 NOT_ON_MLX = {"granitehybrid": "granitehybrid's Mamba-2 mixers and their per-sequence state are not on the mlx "
                                "backend yet (issue 34's follow-up: mamba2 in backends/mlx/primitives.py, the \"ssm\" "
-                               "kind in its state pool and backends/base.py's STATE_KINDS)"}
+                               "kind in its state pool and backends/base.py's STATE_KINDS)",
+              "qwen35moe": "qwen35moe's shared expert is not on the mlx backend yet (issue 34's follow-up: "
+                           "shared_expert in backends/mlx/primitives.py)",
+              "qwen3next": "qwen3next's shared expert and grouped value heads are not on the mlx backend yet (issue "
+                           "34's follow-up: shared_expert and k_repeat in backends/mlx/)"}
 # Relative RMS error of the re-quantized types on random blocks (measured 0.41%, 1.15%, 2.03%)
 REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,

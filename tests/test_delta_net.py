@@ -3,7 +3,8 @@
 reference written from llama.cpp's definition (build_layer_attn_linear and ggml's
 gated_delta_net): several sequences in one batch in uneven chunks, each continuing from its own
 state slots (conv tail and delta matrices), garbage in every slot at the start (position 0
-ignores it); and a value head's key head is h % key heads, as ggml tiles them."""
+ignores it); and a value head's key head is h % key heads, as ggml tiles them (Qwen3.5), or
+h // (value heads / key heads) where they are grouped (Qwen3-Next)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -57,7 +58,7 @@ def _cpu_kernel(kernel, dt, a, norm_w, conv_state, state):
         T = len(proj)
         xc, e, y = np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), np.zeros((T, INNER), np.float32)
         first, count = np.zeros(T, np.int32), np.zeros(T, np.int32)
-        delta_net(proj, kernel, dt, a, norm_w, np.float32(EPS), HK, conv_state, state, slots, tok_seq,
+        delta_net(proj, kernel, dt, a, norm_w, np.float32(EPS), HK, 1, conv_state, state, slots, tok_seq,
                   positions, first, count, xc, e, y)
         return y
     return run, lambda: (conv_state, state)
@@ -114,9 +115,11 @@ def test_sequences_continue_from_their_slots(make):
     assert done == {s: len(h) for s, h in hist.items()}
 
 
-def test_value_heads_tile_the_key_heads():
-    # value heads 0 and 2 share key head 0 (h % HK, not h // (HV / HK)): with v, beta, g equal
-    # across value heads, heads 0 and 2 give the same output, heads 0 and 1 do not
+@pytest.mark.parametrize("k_repeat", [1, HV // HK], ids=["tiled", "grouped"])
+def test_value_heads_share_key_heads(k_repeat):
+    # tiled (Qwen3.5, k_repeat 1): value heads 0 and 2 share key head 0 (h % HK); grouped
+    # (Qwen3-Next, k_repeat HV / HK): heads 0 and 1 do (h // (HV / HK)). With v, beta, g equal
+    # across value heads, the heads that share a key head give the same output, the others do not
     rng = np.random.default_rng(1)
     T = 5
     proj = rng.normal(0, 1, (T, C + INNER + 2 * HV)).astype(np.float32)
@@ -128,9 +131,10 @@ def test_value_heads_tile_the_key_heads():
     conv_w[-1] = 1.0  # the identity convolution
     y = np.zeros((T, INNER), np.float32)
     delta_net(proj, conv_w, np.zeros(HV, np.float32), -np.ones(HV, np.float32), np.ones(S, np.float32),
-              np.float32(EPS), HK, np.zeros((1, L - 1, C), np.float32), np.zeros((1, HV, S, S), np.float32),
+              np.float32(EPS), HK, k_repeat, np.zeros((1, L - 1, C), np.float32), np.zeros((1, HV, S, S), np.float32),
               np.zeros(1, np.int32), np.zeros(T, np.int32), np.arange(T, dtype=np.int32), np.zeros(T, np.int32),
               np.zeros(T, np.int32), np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), y)
     heads = y.reshape(T, HV, S)
-    np.testing.assert_array_equal(heads[:, 0], heads[:, 2])
-    assert np.abs(heads[:, 0] - heads[:, 1]).max() > 1e-3
+    same, other = (2, 1) if k_repeat == 1 else (1, 2)
+    np.testing.assert_array_equal(heads[:, 0], heads[:, same])
+    assert np.abs(heads[:, 0] - heads[:, other]).max() > 1e-3

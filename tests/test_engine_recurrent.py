@@ -1,9 +1,11 @@
-"""The engine on a hybrid model (lfm2: short convolutions, lfm2moe: with experts, qwen35: gated delta nets, each with a
-per-sequence state beside the paged KV cache), on the backends that keep such a state: batching,
-chunking and preemption change nothing a request computes, state slots are taken on admission and
-given back at every end, the memory accounting counts them, the prefix cache serves a chat's next
-turn from a state snapshot (engine/state_slots.py) and speculation restores a state when a draft
-is rejected, both giving a cold run's tokens; and which lfm2, lfm2moe and qwen35 metadata is refused."""
+"""The engine on a hybrid model (lfm2: short convolutions, lfm2moe: with experts, qwen35: gated delta
+nets, qwen35moe and qwen3next: with experts, granitehybrid: Mamba-2, each with a per-sequence state
+beside the paged KV cache), on the backends that keep such a state: batching, chunking and
+preemption change nothing a request computes, state slots are taken on admission and given back at
+every end, the memory accounting counts them, the prefix cache serves a chat's next turn from a
+state snapshot (engine/state_slots.py) and speculation restores a state when a draft is rejected,
+both giving a cold run's tokens; and which lfm2, lfm2moe, qwen35 and granitehybrid metadata is
+refused (and the widths of qwen35moe's experts)."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +41,7 @@ def hybrid(tmp_path_factory):
 
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
 RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx"), ("lfm2moe", "cpu"),
-        ("lfm2moe", "mlx"), ("granitehybrid", "cpu")]
+        ("lfm2moe", "mlx"), ("granitehybrid", "cpu"), ("qwen35moe", "cpu"), ("qwen3next", "cpu")]
 
 
 def _backend(name: str) -> str:
@@ -431,3 +433,17 @@ def test_granitehybrid_metadata_refused(tmp_path, key, value, message):
         meta[f"granitehybrid.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)
+
+
+def test_shared_expert_widths(tmp_path):
+    # qwen35moe's files have no feed_forward_length (nothing dense to size): its experts' and shared
+    # expert's widths are their own keys, and without them (nor feed_forward_length) it is refused
+    meta = dict(load_model(write_tiny_model(tmp_path / "q.gguf", "qwen35moe", seed=2)).metadata)
+    cfg = ModelConfig.from_metadata(meta)
+    assert "qwen35moe.feed_forward_length" not in meta
+    assert (cfg.n_ff, cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_expert, cfg.n_expert_used) == (0, 256, 256, 8, 2)
+    del meta["qwen35moe.expert_shared_feed_forward_length"]
+    with pytest.raises(ModelConfigError, match="no expert width"):
+        ModelConfig.from_metadata(meta)
+    meta["qwen35moe.feed_forward_length"] = 512  # llama.cpp's default for the shared expert's width
+    assert ModelConfig.from_metadata(meta).n_ff_shexp == 512

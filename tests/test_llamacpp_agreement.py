@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.tiny_models import write_tiny_model
+from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.loader import load_model
@@ -58,7 +58,7 @@ def _assert_ops(mod, runner, path, n_ctx: int, tokens: list[int], arch: str) -> 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_op_matches_llama_cpp_from_its_inputs(arch, tmp_path, compare_llamacpp):
-    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=ARCHS.index(arch))
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=tiny_seed(arch))
     model = load_model(path).for_context(TINY_CTX)
     _assert_ops(compare_llamacpp, CpuRunner(model.config, model.weights, n_threads=2), path, TINY_CTX,
                 TINY_PROMPT, arch)
@@ -95,7 +95,7 @@ def _assert_agreement(mod, ours, path, n_ctx: int, prompts: list[list[int]] | li
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tiny_models_greedy_agree_as_well_as_flash_attention(arch, tmp_path, compare_llamacpp):
-    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=ARCHS.index(arch))
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=tiny_seed(arch))
     model = load_model(path).for_context(TINY_CTX)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 320, size=int(k)).tolist() for k in rng.integers(4, 20, size=12)]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
-from helpers.tiny_models import write_tiny_model
+from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.loader import load_model
@@ -16,7 +16,7 @@ ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with
 @pytest.fixture(scope="module", params=ARCHS)
 def tiny(request, tmp_path_factory):
     arch = request.param
-    path = write_tiny_model(tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf", arch, seed=ARCHS.index(arch))
+    path = write_tiny_model(tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf", arch, seed=tiny_seed(arch))
     return arch, path
 
 

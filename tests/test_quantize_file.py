@@ -20,8 +20,9 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 # Each architecture's model is stored in a different float type, and only llama has its own output.weight.
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
-              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16}
-N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's and lfm2moe's experts (3-D tensors)
+              "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
+              "qwen35moe": GT.BF16, "qwen3next": GT.F16}
+N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
@@ -33,13 +34,14 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     w = gguf.GGUFWriter(str(path), arch)
     # lfm2: short convolutions around an attention layer, head_count_kv per layer (0: a convolution);
     # lfm2moe: the same layers, the first with a dense FFN, the others with experts and their selection bias
-    # qwen35: gated delta nets around a gated attention layer (full_attention_interval 2)
+    # qwen35 (qwen35moe, qwen3next): gated delta nets around a gated attention layer (full_attention_interval 2)
     lfm = arch in ("lfm2", "lfm2moe")
+    gdn = arch in ("qwen35", "qwen35moe", "qwen3next")
     # granitehybrid: Mamba-2 layers around an attention layer, head_count_kv per layer (0: Mamba-2)
-    recurrent = [i % 2 == 0 for i in range(n_layer)] if lfm or arch in ("qwen35", "granitehybrid") else [False] * n_layer
+    recurrent = [i % 2 == 0 for i in range(n_layer)] if lfm or gdn or arch == "granitehybrid" else [False] * n_layer
     S, Hk, Hv = 64, 2, 4  # qwen35's delta net: head size, key heads, value heads
     C = 2 * Hk * S + Hv * S
-    add_common_kvs(w, arch, D, F, n_layer, H,
+    add_common_kvs(w, arch, D, 0 if arch == "qwen35moe" else F, n_layer, H,
                    [0 if r else Hkv for r in recurrent] if lfm or arch == "granitehybrid" else Hkv, hd)
     Hm, Gm, Nm = 8, 2, 64  # granitehybrid's Mamba-2: heads, groups, state size (inner size 2 D)
     Cm = 2 * D + 2 * Gm * Nm
@@ -50,19 +52,23 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         w.add_rope_scaling_finetuned(False)
     if lfm:
         w.add_shortconv_l_cache(3)
-    if arch == "qwen35":
+    if gdn:
         w.add_full_attention_interval(2)
-        w.add_rope_dimension_sections([11, 11, 10, 0])
+        if arch != "qwen3next":
+            w.add_rope_dimension_sections([11, 11, 10, 0])
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    if arch in ("qwen3moe", "lfm2moe"):
+    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next")
+    if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
         w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "lfm2moe":
         w.add_leading_dense_block_count(1)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if gdn and moe:
+        w.add_expert_shared_feed_forward_length(N_FF_EXP)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
@@ -92,11 +98,14 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         p = f"blk.{i}."
         if arch != "olmo2":
             add(p + "attn_norm.weight", (D,))
-        if recurrent[i] and arch == "qwen35":  # the conv kernel, dt bias and A F32, as llama.cpp's converter
+        if recurrent[i] and gdn:  # the conv kernel, dt bias and A F32, as llama.cpp's converter
             add(p + "attn_qkv.weight", (C, D))
             add(p + "attn_gate.weight", (Hv * S, D))
-            add(p + "ssm_beta.weight", (Hv, D))
-            add(p + "ssm_alpha.weight", (Hv, D))
+            if arch == "qwen3next":
+                add(p + "ssm_ba.weight", (2 * Hv, D))
+            else:
+                add(p + "ssm_beta.weight", (Hv, D))
+                add(p + "ssm_alpha.weight", (Hv, D))
             w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0, 0.5, size=(C, 4)).astype(np.float32))
             w.add_tensor(p + "ssm_dt.bias", rng.uniform(0.5, 1.5, size=Hv).astype(np.float32))
             w.add_tensor(p + "ssm_a", -rng.uniform(0.1, 1.0, size=Hv).astype(np.float32))
@@ -117,7 +126,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "shortconv.out_proj.weight", (D, D))
         elif arch == "phi3":  # fused: llama.cpp's recipe has its own rule for attn_qkv
             add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D))
-        elif arch == "qwen35":  # Q and the output gate interleaved per head
+        elif gdn:  # Q and the output gate interleaved per head
             add(p + "attn_q.weight", (2 * H * hd, D))
             add(p + "attn_k.weight", (Hkv * hd, D))
             add(p + "attn_v.weight", (Hkv * hd, D))
@@ -129,10 +138,10 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or ((lfm or arch == "qwen35") and not recurrent[i]):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (lfm or gdn) and not recurrent[i]:
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
-        if arch == "qwen35":
+        if gdn:
             add(p + "post_attention_norm.weight", (D,))
         elif arch == "olmo2":
             add(p + "attn_q_norm.weight", (H * hd,))
@@ -141,13 +150,18 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "post_ffw_norm.weight", (D,))
         else:
             add(p + "ffn_norm.weight", (D,))
-        if arch == "qwen3moe" or (arch == "lfm2moe" and i > 0):  # the router and the experts' 3-D tensors
+        if moe and not (arch == "lfm2moe" and i == 0):  # the router and the experts' 3-D tensors
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
             if arch == "lfm2moe":
                 add(p + "exp_probs_b.bias", (N_EXPERT,))
             add(p + "ffn_gate_exps.weight", (N_EXPERT, N_FF_EXP, D))
             add(p + "ffn_up_exps.weight", (N_EXPERT, N_FF_EXP, D))
             add(p + "ffn_down_exps.weight", (N_EXPERT, D, N_FF_EXP))
+            if gdn:  # the shared expert, its gate a (D,) row (never quantized: one dimension)
+                add(p + "ffn_gate_inp_shexp.weight", (D,))
+                add(p + "ffn_gate_shexp.weight", (N_FF_EXP, D))
+                add(p + "ffn_up_shexp.weight", (N_FF_EXP, D))
+                add(p + "ffn_down_shexp.weight", (D, N_FF_EXP))
             continue
         if arch == "phi3":  # gate and up in one matrix
             add(p + "ffn_up.weight", (2 * F, D))

@@ -9,7 +9,8 @@ caller-provided arrays, so a decode step allocates nothing.
 2. Q and K L2-normalized per key head (llama.cpp's build_gdn_l2_norm: rms_norm with eps / S, then
    times 1 / sqrt(S)).
 3. The gated delta rule (ggml_compute_forward_gated_delta_net, which llama.cpp's CPU backend runs
-   for prompts and single tokens alike: the fused op), per value head h with key head h % H_k, over
+   for prompts and single tokens alike: the fused op), per value head h with key head h % H_k
+   (Qwen3.5's tiling; Qwen3-Next's grouping: h // (H_v / H_k)), over
    the state M (S x S, M[j, i]: value component j, key component i): M *= exp(g); d = (v - M k) *
    beta; M += d k^T; o = M q / sqrt(S). g = softplus(alpha + dt_bias) * A, beta = sigmoid(beta).
    A sequence that starts at position 0 starts from a zero state.
@@ -44,12 +45,14 @@ def silu_row(x, e, out):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, state, slots, tok_seq, positions,
+def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, k_repeat, conv_state, state, slots, tok_seq, positions,
               first, count, xc, e, y):
     # proj: (T, C + I + 2 Hv) f32 the input products side by side: Q|K|V (C = 2 Hk S + I), z (I = Hv S),
     #   beta's and alpha's logits (Hv each)
     # conv_w: (L, C) f32 the convolution's kernel, oldest input first (the GGUF's (C, L) transposed)
     # dt_bias, ssm_a: (Hv,) f32; norm_w: (S,) f32; eps: f32 the model's RMS epsilon; n_k_heads: Hk
+    # k_repeat: value head h reads key head (h // k_repeat) % Hk: 1 where the V heads are tiled over
+    #   the key heads (Qwen3.5), Hv / Hk where they are grouped by key head (Qwen3-Next)
     # conv_state: (n_slots, L - 1, C) f32 this layer's last inputs of each slot, read then updated in place
     # state: (n_slots, Hv, S, S) f32 this layer's delta-rule matrices, read then updated in place
     # slots: (S_seq,) int32 the state slot of each table row's sequence
@@ -112,7 +115,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, conv_state, 
             for j in range(S):
                 for i in range(S):
                     M[j, i] = 0.0
-        kh = h % Hk
+        kh = (h // k_repeat) % Hk
         for t in range(f, f + n):
             qv = xc[t, kh * S:(kh + 1) * S]
             kv = xc[t, key_dim + kh * S:key_dim + (kh + 1) * S]

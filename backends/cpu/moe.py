@@ -173,3 +173,13 @@ def experts_ffn(h, order, starts, k, act_kind, g, g_info, d, d_info, gu_bias, do
         if down_bias.shape[0]:
             add_row(y[:n], down_bias[e])
         scatter_slots(y[:n], sl, slots)
+
+
+@njit(cache=True)
+def add_gated(o, y, g):
+    # o: (T, D) f32 += y * sigmoid(g): y (T, D) f32 the shared expert's output, g (T, 1) f32 its
+    # gate's logit (ggml: sigmoid as 1 / (1 + expf(-x)), the product rounded, then the add)
+    for t in range(o.shape[0]):
+        s = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-g[t, 0])))
+        for i in range(o.shape[1]):
+            o[t, i] = o[t, i] + np.float32(y[t, i] * s)

@@ -24,7 +24,7 @@ from .kv_pool import KVPool
 from .kv_write import qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
-from .moe import GATING, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
+from .moe import GATING, add_gated, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .shortconv import shortconv
 from .state_pool import StatePool
 
@@ -42,6 +42,8 @@ class CpuPrimitives:
         self.neox = arch.rope_neox
         self.act = ACTIVATIONS[arch.activation]
         self.gating = GATING[arch.moe_gating]
+        # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
+        self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
         self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
         self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
@@ -137,7 +139,7 @@ class CpuPrimitives:
     def delta_net(self, proj: np.ndarray, ly: Any, il: int) -> np.ndarray:
         cfg, ws, T, batch = self.cfg, self.ws, self.T, self.batch
         y = ws.ssm_y[:T]
-        delta_net(proj, ly.ssm_conv, ly.ssm_dt, ly.ssm_a, ly.ssm_norm, self.eps, cfg.ssm_group_count,
+        delta_net(proj, ly.ssm_conv, ly.ssm_dt, ly.ssm_a, ly.ssm_norm, self.eps, cfg.ssm_group_count, self.k_repeat,
                   self.states.layer(il, "conv"), self.states.layer(il, "delta"), batch.state_slots, batch.tok_seq,
                   batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], y)
         if self.trace is not None:
@@ -205,6 +207,23 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen("ffn_moe_out", il, out)
         return out
+
+    def shared_expert(self, h: np.ndarray, o: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        ws, T, mm = self.ws, self.T, self.ws.mm
+        gu, act, y, g = ws.sgu[:T], ws.sact[:T], ws.sy[:T], ws.sg[:T]
+        for w, col in ly.shexp:
+            qmatmul(w, h, gu, mm, col)
+        (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
+        for w, col in ly.shexp_down:
+            qmatmul(w, act, y, mm, col)
+        for w, col in ly.shexp_gate:
+            qmatmul(w, h, g, mm, col)
+        if self.trace is not None:
+            self._seen("ffn_shexp", il, y)
+        add_gated(o, y, g)
+        if self.trace is not None:
+            self._seen("ffn_out", il, o)
+        return o
 
     def _each_expert(self, h: np.ndarray, ly: Any) -> None:
         """experts_ffn's work expert by expert, for experts whose products are not packed alike

@@ -125,6 +125,11 @@ class _Layer:
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
+    # the shared expert (models/weights.py; [] when absent): its gate|up products, its down
+    # product, its gate's (1, D) row
+    shexp: list
+    shexp_down: list
+    shexp_gate: list
     # gpt-oss (models/weights.py): (0,) / (0, 0) when absent
     bo: np.ndarray  # (D,) the attention output's bias
     sinks: np.ndarray  # (n_head,) attention sink logits
@@ -164,6 +169,9 @@ class _Layer:
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
             router=[] if dense else [(_pack(lw.router, mmap), 0)],
             experts=experts, grouped=grouped,
+            shexp=_products(lw.shexp[:2], mmap) if lw.shexp else [],
+            shexp_down=[(_pack(lw.shexp[2], mmap), 0)] if lw.shexp else [],
+            shexp_gate=[(_pack(lw.shexp_gate, mmap), 0)] if lw.shexp_gate is not None else [],
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
@@ -185,6 +193,7 @@ class _Layer:
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
     out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out + ly.ssm_in + ly.ssm_out
+    out += ly.shexp + ly.shexp_down + ly.shexp_gate
     for gate_up, down in ly.experts:
         out += gate_up + down
     return out
@@ -221,7 +230,8 @@ class Workspace:
         # that share a KV head (attention.py serves them together)
         self.group = cfg.n_head // cfg.n_head_kv
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size), n_chunks)
+        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size, cfg.n_ff_exp,
+                                         cfg.n_ff_shexp), n_chunks)
         if cfg.recurrent_layers and cfg.mamba2:  # Mamba-2 mixers (mamba.py): z|xBC|dt, conv output, y
             C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
             self.ssm_in = np.zeros((T, inner + C + cfg.ssm_dt_rank), f32)
@@ -256,6 +266,12 @@ class Workspace:
             self.eact = np.zeros((T, Fe), f32)
             self.ey = np.zeros((T, D), f32)
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
+        if cfg.n_ff_shexp:  # the shared expert: gate|up, its activation, its output, its gate's logit
+            Fs = cfg.n_ff_shexp
+            self.sgu = np.zeros((T, 2 * Fs), f32)
+            self.sact = np.zeros((T, Fs), f32)
+            self.sy = np.zeros((T, D), f32)
+            self.sg = np.zeros((T, 1), f32)
 
 
 class CpuRunner:

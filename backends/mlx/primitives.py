@@ -197,6 +197,10 @@ class MlxPrimitives:
         # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
         raise BackendError("the mlx backend has no Mamba-2 mixer yet (issue 34's follow-up)")
 
+    def shared_expert(self, h: mx.array, o: mx.array, ly: Any, il: int) -> mx.array:
+        # only qwen35moe and qwen3next have one, and MlxRunner refuses their delta-net state before any step
+        raise BackendError("the mlx backend has no shared expert yet (issue 34's follow-up)")
+
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
         gate = qkv[:, qkv.shape[1] - a.shape[1]:]
         return a * (1.0 / (1.0 + mx.exp(-gate)))

@@ -67,6 +67,9 @@ class _Layer:
     ssm_dt: mx.array | None = None
     ssm_a: mx.array | None = None
     ssm_norm: mx.array | None = None
+    # a shared expert (qwen35moe, qwen3next): MlxRunner refuses those models (their delta-net
+    # state), so no layer has one here
+    shexp: list[Matrix] = field(default_factory=list)
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]

@@ -75,14 +75,16 @@ from . import (
     qwen2,
     qwen3,
     qwen3moe,
+    qwen3next,
     qwen35,
+    qwen35moe,
 )
 from .spec import Architecture
 
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid)
+            granitehybrid, qwen35moe, qwen3next)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

@@ -57,6 +57,11 @@ class Primitives(Protocol[A]):
         the layer's router and expert biases where it has them: llama.cpp's build_moe_ffn)
         ("ffn_moe_out")."""
 
+    def shared_expert(self, h: A, o: A, ly: Any, il: int) -> A:
+        """The experts' output o plus the layer's shared expert: the gated FFN of h
+        (ffn_{gate,up,down}_shexp) times sigmoid(ffn_gate_inp_shexp · h) (qwen35moe, qwen3next)
+        ("ffn_out")."""
+
     def shortconv(self, bcx: A, ly: Any, il: int) -> A:
         """LFM2's gated short convolution from in_proj's B | C | x (T, 3 n_embd): C * conv(B * x),
         the depthwise causal convolution of width L over each sequence's inputs B * x, its previous
@@ -96,10 +101,13 @@ def dense_layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tup
 
 def ffn_block(ops: Primitives[Any], ly: Any, il: int, x: Any, o: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """The second half of a layer: o (the first block's output) added to x, then the gated FFN or
-    the mixture of experts and its residual add, ending on the norm that follows (nxt)."""
+    the mixture of experts (and its shared expert where it has one) and its residual add, ending
+    on the norm that follows (nxt)."""
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "ffn_inp", "ffn_norm", il)
     if ly.experts:
         o = ops.moe(h, ly, il)
+        if ly.shexp:
+            o = ops.shared_expert(h, o, ly, il)
     else:
         gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
         o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)

@@ -57,6 +57,13 @@ class Architecture:
     # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
     # bias, extra_biases) is added to the probabilities for the choice alone.
     moe_gating: str = "softmax"
+    # a shared expert beside the routed ones (qwen35moe, qwen3next): a gated FFN of every token
+    # (ffn_{gate,up,down}_shexp) whose output, times sigmoid(ffn_gate_inp_shexp · h), is added to
+    # the experts' weighted sum (llama.cpp's build_layer_ffn of those architectures)
+    shared_expert: bool = False
+    # a gated delta net's value heads grouped by key head (value head h reads key head h // (Hv / Hk):
+    # qwen3next) rather than tiled (h % Hk: qwen35, whose converter reorders the V heads for it)
+    ssm_v_heads_grouped: bool = False
     # gpt-oss: a learned logit per head that joins each softmax of the attention (llama.cpp's attn_sinks)
     attn_sinks: bool = False
     # Qwen3.5: attn_q gives each head's Q and an output gate interleaved (2 head_dim per head); the

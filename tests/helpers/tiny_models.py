@@ -68,6 +68,18 @@ ARCH_TYPES = {
     "granitehybrid": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_1, "attn_v": GT.Q4_K, "attn_output": GT.Q5_K,
                       "ssm_in": GT.Q4_K, "ssm_out": GT.Q6_K, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q4_K,
                       "ffn_down": GT.Q8_0, "token_embd": GT.Q6_K},
+    # qwen35moe: qwen35's layers with experts packed alike and a shared expert (its gate a (D,) F32 row)
+    "qwen35moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
+                  "attn_qkv": GT.Q5_K, "attn_gate": GT.Q8_0, "ssm_beta": GT.BF16, "ssm_alpha": GT.F16,
+                  "ssm_out": GT.Q4_0, "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K,
+                  "ffn_down_exps": GT.Q8_0, "ffn_gate_shexp": GT.Q5_K, "ffn_up_shexp": GT.Q8_0,
+                  "ffn_down_shexp": GT.Q4_K, "token_embd": GT.Q8_0},
+    # qwen3next: beta and alpha in one ssm_ba, experts of mixed types (the expert-by-expert path)
+    "qwen3next": {"attn_q": GT.Q5_K, "attn_k": GT.Q8_0, "attn_v": GT.Q8_0, "attn_output": GT.Q5_0,
+                  "attn_qkv": GT.Q8_0, "attn_gate": GT.Q8_0, "ssm_ba": GT.F16, "ssm_out": GT.Q8_0,
+                  "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q8_0, "ffn_up_exps": GT.Q4_K,
+                  "ffn_down_exps": GT.Q8_0, "ffn_gate_shexp": GT.Q5_K, "ffn_up_shexp": GT.Q8_0,
+                  "ffn_down_shexp": GT.Q4_K, "token_embd": GT.Q8_0, "output": GT.Q8_0},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
@@ -78,7 +90,8 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 # gpt-oss's chat format's markers, control tokens of its vocabulary (<|return|> and <|call|> end a reply)
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
-N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4}
+N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4,
+           "qwen35moe": 4, "qwen3next": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 # lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
@@ -96,7 +109,24 @@ QWEN35_N_ROT, QWEN35_SECTIONS = 32, (6, 5, 5, 0)
 # granitehybrid: Mamba-2 layers (True) around one attention layer; the convolution's width, the
 # state size N, the groups of B and C, the heads (inner size 2 n_embd, so 64 per head)
 GRANITEH_RECURRENT, GRANITEH_CONV, GRANITEH_N, GRANITEH_G, GRANITEH_H = (True, False, True, True), 4, 16, 2, 8
+# the gated delta net's architectures (qwen35's layers); those of them with experts take 2 per token
+# and have a shared expert of this width
+GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 2, 256
 
+
+# Each tiny model's seed where the tests compare every architecture (test_models,
+# test_llamacpp_agreement): fixed per architecture, so that registering another one changes no
+# other model's weights (a seed once was the architecture's place in the registry, and the tests
+# that judge a random model's agreement against llama.cpp's own spread were tuned on those weights).
+TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
+              "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
+              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13}
+
+
+def tiny_seed(arch: str) -> int:
+    if arch not in TINY_SEEDS:
+        raise KeyError(f"{arch}: give its tiny model a seed in TINY_SEEDS (tests/helpers/tiny_models.py)")
+    return TINY_SEEDS[arch]
 
 def random_tensor(rng: np.random.Generator, shape: tuple[int, int], qtype: GT) -> tuple[np.ndarray, GT]:
     rows, n = shape
@@ -136,7 +166,8 @@ def add_common_kvs(w, arch: str, D: int, F: int, n_layer: int, H: int, Hkv: int 
     w.add_context_length(n_ctx)
     w.add_embedding_length(D)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(F)
+    if F:  # 0: none written (Qwen3.5 MoE's files have none)
+        w.add_feed_forward_length(F)
     w.add_head_count(H)
     w.add_head_count_kv(Hkv)
     w.add_key_length(hd)
@@ -166,7 +197,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
     context) of its RoPE scaling."""
     rng = np.random.default_rng(seed)
-    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe")
+    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next")
+    gdn = arch in GDN_ARCHS
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
     types = ARCH_TYPES[arch]
@@ -176,20 +208,21 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     lfm = arch in ("lfm2", "lfm2moe")
     recurrent = (LFM2_RECURRENT if lfm else GRANITEH_RECURRENT if arch == "granitehybrid" else
-                 tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if arch == "qwen35" else (False,) * n_layer)
+                 tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if gdn else (False,) * n_layer)
     # lfm2, granitehybrid: head_count_kv per layer, 0 for a recurrent layer (as llama.cpp's converter writes it)
-    add_common_kvs(w, arch, D, F, n_layer, H,
+    add_common_kvs(w, arch, D, 0 if arch == "qwen35moe" else F, n_layer, H,
                    [0 if r else Hkv for r in recurrent] if lfm or arch == "granitehybrid" else Hkv, hd, n_ctx)
     if lfm:
         w.add_shortconv_l_cache(LFM2_L_CACHE)
-    if arch == "qwen35":
+    if gdn:
         w.add_full_attention_interval(QWEN35_INTERVAL)
         w.add_ssm_conv_kernel(QWEN35_CONV)
         w.add_ssm_state_size(QWEN35_S)
         w.add_ssm_group_count(QWEN35_HK)
         w.add_ssm_time_step_rank(QWEN35_HV)
         w.add_ssm_inner_size(QWEN35_HV * QWEN35_S)
-        w.add_rope_dimension_sections(list(QWEN35_SECTIONS))
+        if arch != "qwen3next":  # IMROPE's sections (qwen3next: plain NeoX RoPE)
+            w.add_rope_dimension_sections(list(QWEN35_SECTIONS))
     if arch == "granitehybrid":  # as llama.cpp's converter writes Granite 4.0 H: no RoPE
         w.add_ssm_conv_kernel(GRANITEH_CONV)
         w.add_ssm_state_size(GRANITEH_N)
@@ -197,7 +230,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_ssm_time_step_rank(GRANITEH_H)
         w.add_ssm_inner_size(2 * D)
         w.add_rope_scaling_finetuned(False)
-    w.add_rope_dimension_count(QWEN35_N_ROT if arch == "qwen35" else hd)
+    w.add_rope_dimension_count(QWEN35_N_ROT if gdn else hd)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
@@ -221,12 +254,14 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     n_expert = LFM2MOE_EXPERTS if arch == "lfm2moe" else N_EXPERT
     if moe:
         w.add_expert_count(n_expert)
-        w.add_expert_used_count(LFM2MOE_USED if arch == "lfm2moe" else N_EXPERT_USED)
+        w.add_expert_used_count(LFM2MOE_USED if arch == "lfm2moe" else GDN_EXPERTS_USED if gdn else N_EXPERT_USED)
         if arch == "lfm2moe":  # as llama.cpp's converter writes them
             w.add_leading_dense_block_count(LFM2MOE_DENSE_LEAD)
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        if arch in ("qwen3moe", "gpt-oss", "lfm2moe"):  # llama takes feed_forward_length as the experts' width
+        if arch != "llama":  # llama takes feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
+        if gdn:
+            w.add_expert_shared_feed_forward_length(N_FF_SHEXP)
     if arch in ("granite", "granitehybrid"):  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
         w.add_residual_scale(0.5)
@@ -257,13 +292,16 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         p = f"blk.{i}."
         if arch != "olmo2":  # olmo2 normalizes after each block only
             add(p + "attn_norm.weight", (D,))
-        if recurrent[i] and arch == "qwen35":  # a gated delta net in place of the attention
+        if recurrent[i] and gdn:  # a gated delta net in place of the attention
             S, Hk, Hv = QWEN35_S, QWEN35_HK, QWEN35_HV
             C = 2 * Hk * S + Hv * S
             add(p + "attn_qkv.weight", (C, D), types["attn_qkv"])
             add(p + "attn_gate.weight", (Hv * S, D), types["attn_gate"])
-            add(p + "ssm_beta.weight", (Hv, D), types["ssm_beta"])
-            add(p + "ssm_alpha.weight", (Hv, D), types["ssm_alpha"])
+            if arch == "qwen3next":  # per key head its value heads' beta rows, then their alpha rows
+                add(p + "ssm_ba.weight", (2 * Hv, D), types["ssm_ba"])
+            else:
+                add(p + "ssm_beta.weight", (Hv, D), types["ssm_beta"])
+                add(p + "ssm_alpha.weight", (Hv, D), types["ssm_alpha"])
             bound = 1 / np.sqrt(QWEN35_CONV)  # nn.Conv1d's initialization, as lfm2's
             w.add_tensor(p + "ssm_conv1d.weight", rng.uniform(-bound, bound, size=(C, QWEN35_CONV)).astype(np.float32))
             w.add_tensor(p + "ssm_dt.bias", rng.uniform(0.5, 1.5, size=Hv).astype(np.float32))
@@ -294,7 +332,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "shortconv.out_proj.weight", (D, D), types["shortconv.out_proj"])
         elif arch == "phi3":  # Q, K, V in one matrix
             add(p + "attn_qkv.weight", ((H + 2 * Hkv) * hd, D), types["attn_qkv"])
-        elif arch == "qwen35":  # Q and the output gate interleaved per head
+        elif gdn:  # Q and the output gate interleaved per head
             add(p + "attn_q.weight", (2 * H * hd, D), types["attn_q"])
             add(p + "attn_k.weight", (Hkv * hd, D), types["attn_k"])
             add(p + "attn_v.weight", (Hkv * hd, D), types["attn_v"])
@@ -311,7 +349,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (arch in ("lfm2", "lfm2moe", "qwen35") and not recurrent[i]):
+        if arch in ("qwen3", "gemma3", "qwen3moe") or (lfm or gdn) and not recurrent[i]:
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection
@@ -320,14 +358,14 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch in ("gemma3", "gemma2", "olmo2"):
             add(p + "post_attention_norm.weight", (D,))
             add(p + "post_ffw_norm.weight", (D,))
-        if arch in ("gpt-oss", "qwen35"):  # their pre-FFN norm's name
+        if arch == "gpt-oss" or gdn:  # their pre-FFN norm's name
             add(p + "post_attention_norm.weight", (D,))
         elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
         layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD)
         if layer_moe:  # the router and the experts' 3-D tensors
             t = types
-            Fe = N_FF_EXP if arch in ("qwen3moe", "gpt-oss", "lfm2moe") else F
+            Fe = F if arch == "llama" else N_FF_EXP
             add(p + "ffn_gate_inp.weight", (n_expert, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
                 add(p + f"ffn_{name}_exps.weight", (n_expert, *shape), t[f"ffn_{name}_exps"])
@@ -337,6 +375,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
                 add(p + "ffn_gate_inp.bias", (N_EXPERT,))
                 for name, width in (("gate", Fe), ("up", Fe), ("down", D)):
                     add(p + f"ffn_{name}_exps.bias", (N_EXPERT, width), GT.F32)
+            if gdn:  # the shared expert, and its gate's row (a sigmoid's input of about unit size)
+                for name, shape in (("gate", (N_FF_SHEXP, D)), ("up", (N_FF_SHEXP, D)), ("down", (D, N_FF_SHEXP))):
+                    add(p + f"ffn_{name}_shexp.weight", shape, t[f"ffn_{name}_shexp"])
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal(0, 0.1, size=D).astype(np.float32))
         elif arch == "phi3":  # gate and up in one matrix, gate first
             add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])
         else:

@@ -190,7 +190,7 @@ def _make_scan_rows(R: int):
     return scan_rows
 
 
-_ROWS = 4  # state rows scan_rows4 takes at a time (B's and C's loads shared; its sums fill 16 of 32 registers)
+_ROWS = 4  # state rows scan_rows4 takes at a time: B's and C's loads shared, its 16 sums in AVX-512's 32 registers
 scan_rows4 = _make_scan_rows(_ROWS)
 scan_rows1 = _make_scan_rows(1)
 

@@ -42,7 +42,7 @@ from infer.quant.halves import F16_TO_F32
 from .elementwise import fwht, round_f16
 from .kv_pool import Q8_0_BLOCK as Q8
 from .kv_pool import Q8_0_BYTES as Q8_BYTES
-from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, splat
+from .target import CHUNKS_PER_THREAD, VECTOR_WIDTH, half_to_float, halving_sum, splat
 from .vexp import fma32, softmax_exp
 
 W = VECTOR_WIDTH  # float32 lanes per vector
@@ -88,12 +88,7 @@ def _hsum(builder, v, pairwise: bool):
         t = builder.fadd(lo, hi)
         e = lambda i: builder.extract_element(t, ir.Constant(_I32, i))
         return builder.fadd(builder.fadd(e(0), e(1)), builder.fadd(e(2), e(3)))
-    width = n
-    while width > 1:  # halve the vector until one lane is left
-        width //= 2
-        lanes = [width + i if i < width else i for i in range(n)]
-        v = builder.fadd(v, builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, n), lanes)))
-    return builder.extract_element(v, ir.Constant(_I32, 0))
+    return halving_sum(builder, v)
 
 
 def _make_qk(NH: int, NK: int, single: bool):

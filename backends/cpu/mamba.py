@@ -15,7 +15,11 @@ C of G groups of N) and dt (H).
    compiler fuses the update into fma(s, dA, B * x dt'), in the vector loop and the scalar tail
    alike; y's sum over N runs the whole steps of 64 in four 16-lane chains of fused multiply-adds
    (GGML_F32_STEP), the chains added (0 + 2, 1 + 3, then those) and their lanes halved down to one
-   (GGML_F32x16_REDUCE), then the rest of N one fused step at a time.
+   (GGML_F32x16_REDUCE), then the rest of N one fused step at a time. Those chains are explicit
+   16-lane LLVM vector code (scan_rows, four state rows at a time sharing B's and C's loads; a numba
+   loop kept them in memory, an order of magnitude slower), on any CPU's vector width alike.
+   The intrinsics live in this module with the kernel that inlines them (numba's on-disk cache of a
+   function is keyed on its own file only).
 3. y + x D (ggml_mul, then ggml_add), times SiLU(z) (ggml_swiglu_split over rows of P), then
    RMSNorm over each of the G groups of I / G times the norm weight (the grouped norm).
 """
@@ -24,17 +28,23 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .delta_net import silu_row
 from .elementwise import rms_scale
 from .shortconv import keep_last_inputs, seq_spans
+from .target import halving_sum, splat
 from .vexp import expf_row, fma32
 
 _SILU_WIDTH = 16  # ggml_vec_swiglu_f32's vector (AVX-512): a row's tail past its last whole 16 takes expf
 _LANES = 16  # ggml_ssm_scan's vector (AVX-512's GGML_F32_EPR) ...
 _STEP = 4 * _LANES  # ... four of them a step (GGML_F32_STEP)
 _ONE = np.float32(1.0)
+_F32, _I64 = ir.FloatType(), ir.IntType(64)
+_V = ir.VectorType(_F32, _LANES)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -51,7 +61,7 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
     # first, count: (>= S_seq,) int32 scratch (shortconv.seq_spans)
     # xc: (T, C) f32 scratch: the convolution's output after SiLU
     # e: (T, C) f32 scratch (SiLU's exponentials)
-    # lanes: (H, 64) f32 scratch: each head's vector chains of y's sum
+    # lanes: (H, 64) f32, not read (ssm_scan's sums stay in registers; the argument stays for the callers)
     # y: (T, I) f32 out: the gated, normed scan output
     T, C, L = proj.shape[0], conv_w.shape[1], conv_w.shape[0]
     H, P = state.shape[1], state.shape[2]
@@ -109,64 +119,119 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
                 og[j] = np.float32(og[j] * scale) * norm_w[gg * width + j]
 
 
+def _make_scan_rows(R: int):
+    """The intrinsic scan_rows(st, so, xc, xo, bo, co, dA, sp, d, y, yo): R rows of a head's state,
+    row r the N = st.shape[-1] values at flat offset so + r N of st, for x_r = xc[xo + r] (flat):
+    s = fma(s, dA, B (x_r sp)) in place, y[yo + r] = (the sum of s C) + x_r d, with B and C the N
+    values at flat offsets bo and co of xc. st, xc, y: C-contiguous float32 arrays; dA, sp, d:
+    float32. Explicit 16-lane vector code: the sums stay in registers as ggml's (a numba loop would
+    keep them in memory), and B's and C's vectors are loaded once for the R rows."""
+
+    def codegen(context, builder, signature, args):
+        st, _, xc = signature.args[:3]
+        yt = signature.args[9]
+        sa = context.make_array(st)(context, builder, args[0])
+        xa = context.make_array(xc)(context, builder, args[2])
+        ya = context.make_array(yt)(context, builder, args[9])
+        so, xo, bo, co, yo = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 3, 4, 5, 10))
+        dA, sp, d = args[6], args[7], args[8]
+        N = cgutils.unpack_tuple(builder, sa.shape, st.ndim)[-1]
+        i64 = lambda v: ir.Constant(_I64, v)
+        fma_v = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V, [_V] * 3), f"llvm.fma.v{_LANES}f32")
+        fma_1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        rows = [builder.add(so, builder.mul(N, i64(r))) for r in range(R)]
+        x = [builder.load(builder.gep(xa.data, [builder.add(xo, i64(r))])) for r in range(R)]
+        x_dt = [builder.fmul(v, sp) for v in x]
+        dA_v, x_dt_v = splat(builder, dA, _LANES), [splat(builder, v, _LANES) for v in x_dt]
+        acc = [[cgutils.alloca_once_value(builder, ir.Constant(_V, [0.0] * _LANES)) for _ in range(_STEP // _LANES)]
+               for _ in range(R)]
+
+        def vec(arr, base, off):
+            return builder.bitcast(builder.gep(arr.data, [builder.add(base, off)]), _V.as_pointer())
+
+        n_step = builder.udiv(N, i64(_STEP))
+        with cgutils.for_range(builder, n_step) as loop:
+            for k in range(_STEP // _LANES):  # chain k takes vector k of each step (GGML_F32_ARR)
+                off = builder.add(builder.mul(loop.index, i64(_STEP)), i64(k * _LANES))
+                b = builder.load(vec(xa, bo, off), align=4)
+                c = builder.load(vec(xa, co, off), align=4)
+                for r in range(R):
+                    p = vec(sa, rows[r], off)
+                    v = builder.call(fma_v, [builder.load(p, align=4), dA_v, builder.fmul(b, x_dt_v[r])])
+                    builder.store(v, p, align=4)
+                    builder.store(builder.call(fma_v, [v, c, builder.load(acc[r][k])]), acc[r][k])
+        tail = builder.mul(n_step, i64(_STEP))
+        for r in range(R):
+            a = [builder.load(p) for p in acc[r]]
+            # GGML_F32x16_REDUCE: chains 0 + 2 and 1 + 3, then those, then the lanes
+            # (_mm512_reduce_add_ps); no whole step: all lanes +0.0, so the sum starts from 0.0f all the same
+            total = cgutils.alloca_once_value(
+                builder, halving_sum(builder, builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))))
+            with cgutils.for_range(builder, builder.sub(N, tail)) as loop:  # the rest one fused step at a time
+                j = builder.add(tail, loop.index)
+                p = builder.gep(sa.data, [builder.add(rows[r], j)])
+                b = builder.load(builder.gep(xa.data, [builder.add(bo, j)]))
+                c = builder.load(builder.gep(xa.data, [builder.add(co, j)]))
+                v = builder.call(fma_1, [builder.load(p), dA, builder.fmul(b, x_dt[r])])
+                builder.store(v, p)
+                builder.store(builder.call(fma_1, [v, c, builder.load(total)]), total)
+            out = builder.fadd(builder.load(total), builder.fmul(x[r], d))
+            builder.store(out, builder.gep(ya.data, [builder.add(yo, i64(r))]))
+        return context.get_dummy_value()
+
+    @intrinsic
+    def scan_rows(typingctx, st, so, xc, xo, bo, co, dA, sp, d, y, yo):
+        arrays = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (st, xc, y))
+        if not (arrays and all(v == types.float32 for v in (dA, sp, d))
+                and all(isinstance(i, types.Integer) for i in (so, xo, bo, co, yo))):
+            return None
+        return types.void(st, so, xc, xo, bo, co, dA, sp, d, y, yo), codegen
+
+    return scan_rows
+
+
+_ROWS = 4  # state rows scan_rows4 takes at a time: B's and C's loads shared, its 16 sums in AVX-512's 32 registers
+scan_rows4 = _make_scan_rows(_ROWS)
+scan_rows1 = _make_scan_rows(1)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def ssm_scan(xc, dt, dt_bias, ssm_a, ssm_d, n_group, state, slots, positions, first, count, lanes, y):
-    # ggml_ssm_scan (Mamba-2: a scalar A per head) plus x D, per sequence and in parallel over its
-    # heads, its tokens in order, bit for bit as ggml's AVX-512 build: the state's update compiled
-    # to fma(s, dA, B * x dt'); y's sum over N in its vector lanes for whole steps of 64, the rest
-    # one fused step at a time (the module docstring).
-    # xc: (T, I + 2 G N) f32 x | B | C of each token; dt: (T, H) f32 (a view)
+    # ggml_ssm_scan (Mamba-2: a scalar A per head) plus x D, in parallel over (sequence, head), each
+    # sequence's tokens in order, bit for bit as ggml's AVX-512 build (scan_rows; the module docstring)
+    # xc: (T, I + 2 G N) f32 x | B | C of each token, C-contiguous; dt: (T, H) f32 (a view)
     # dt_bias, ssm_a, ssm_d: (H,) f32; n_group: G
-    # state: (n_slots, H, P, N) f32 read then updated in place; slots: (S_seq,) int32
+    # state: (n_slots, H, P, N) f32 C-contiguous, read then updated in place; slots: (S_seq,) int32
     # positions: (T,) int32; first, count: (>= S_seq,) int32 each sequence's rows (shortconv.seq_spans)
-    # lanes: (H, 64) f32 scratch; y: (T, H P) f32 out
+    # lanes: (H, 64) f32, not read: the sums stay in registers (the argument stays for the callers)
+    # y: (T, H P) f32 C-contiguous, out
     H, P, N = state.shape[1], state.shape[2], state.shape[3]
     G = n_group
     inner = H * P
+    width = xc.shape[1]
     per_group = H // G
-    n_vec = N - N % _STEP
-    for s in range(slots.shape[0]):
+    for sh in prange(slots.shape[0] * H):
+        s, h = sh // H, sh % H
         n = count[s]
         if n == 0:
             continue
         f = first[s]
-        for h in prange(H):
+        base = (slots[s] * H + h) * P * N  # the head's state, flat
+        if positions[f] == 0:
             st = state[slots[s], h]
-            acc = lanes[h]
-            if positions[f] == 0:
-                for i in range(P):
-                    for j in range(N):
-                        st[i, j] = 0.0
-            g = h // per_group
-            for t in range(f, f + n):
-                B = xc[t, inner + g * N:inner + (g + 1) * N]
-                Cm = xc[t, inner + G * N + g * N:inner + G * N + (g + 1) * N]
-                d = np.float32(dt[t, h] + dt_bias[h])
-                sp = d if d > np.float32(20.0) else np.float32(math.log(_ONE + np.float32(math.exp(d))))
-                dA = np.float32(math.exp(np.float32(sp * ssm_a[h])))
-                for i in range(P):
-                    x = xc[t, h * P + i]
-                    x_dt = np.float32(x * sp)
-                    row = st[i]
-                    for j in range(N):
-                        row[j] = fma32(row[j], dA, np.float32(B[j] * x_dt))
-                    total = np.float32(0.0)
-                    if n_vec:
-                        for k in range(_STEP):
-                            acc[k] = 0.0
-                        for m in range(0, n_vec, _STEP):
-                            for k in range(_STEP):
-                                acc[k] = fma32(row[m + k], Cm[m + k], acc[k])
-                        # GGML_F32x16_REDUCE: the four vectors (0 + 2, 1 + 3, then those), then
-                        # _mm512_reduce_add_ps: lane i plus lane i + w, w halving
-                        for k in range(_LANES):
-                            acc[k] = (acc[k] + acc[2 * _LANES + k]) + (acc[_LANES + k] + acc[3 * _LANES + k])
-                        w = _LANES // 2
-                        while w >= 1:
-                            for k in range(w):
-                                acc[k] = acc[k] + acc[k + w]
-                            w //= 2
-                        total = acc[0]
-                    for j in range(n_vec, N):
-                        total = fma32(row[j], Cm[j], total)
-                    y[t, h * P + i] = total + np.float32(x * ssm_d[h])
+            for i in range(P):
+                for j in range(N):
+                    st[i, j] = 0.0
+        g = h // per_group
+        for t in range(f, f + n):
+            bo = t * width + inner + g * N
+            co = bo + G * N
+            d = np.float32(dt[t, h] + dt_bias[h])
+            sp = d if d > np.float32(20.0) else np.float32(math.log(_ONE + np.float32(math.exp(d))))
+            dA = np.float32(math.exp(np.float32(sp * ssm_a[h])))
+            xo = t * width + h * P
+            yo = t * inner + h * P
+            for i in range(0, P - P % _ROWS, _ROWS):
+                scan_rows4(state, base + i * N, xc, xo + i, bo, co, dA, sp, ssm_d[h], y, yo + i)
+            for i in range(P - P % _ROWS, P):
+                scan_rows1(state, base + i * N, xc, xo + i, bo, co, dA, sp, ssm_d[h], y, yo + i)

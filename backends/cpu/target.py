@@ -66,6 +66,19 @@ def half_to_float(builder, bits):
     return builder.bitcast(builder.or_(builder.bitcast(val, i32), sign), f32)
 
 
+def halving_sum(builder, v):
+    """The lanes of a float vector summed by halving (lane i plus lane i + n/2 until one is left), the
+    order of x86's _mm512_reduce_add_ps (and of tinyBLAS's 8-lane hsum), for ggml's reductions."""
+    n = v.type.count
+    undef = ir.Constant(v.type, ir.Undefined)
+    width = n
+    while width > 1:
+        width //= 2
+        lanes = [width + i if i < width else i for i in range(n)]
+        v = builder.fadd(v, builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(ir.IntType(32), n), lanes)))
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
 def splat(builder, x, n: int = VECTOR_WIDTH):
     """A scalar (float32 or integer) broadcast to an n-lane vector (default: VECTOR_WIDTH)."""
     vt = ir.VectorType(x.type, n)

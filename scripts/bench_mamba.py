@@ -60,7 +60,6 @@ def main() -> None:
             proj = rng.normal(0, 1, (T, inner + C + H)).astype(f32)
             xc = np.empty((T, C), f32)
             e = np.empty((T, C), f32)
-            lanes = np.zeros((H, 64), f32)
             y = np.empty((T, inner), f32)
             first, count = np.zeros(1, np.int32), np.zeros(1, np.int32)
             tok_seq = np.zeros(T, np.int32)
@@ -69,12 +68,12 @@ def main() -> None:
             state = rng.normal(0, 0.1, (1, H, P, N)).astype(f32)
             # the scan alone, on the mixer's own convolution output (filled by a first mixer run)
             mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, f32(1e-5), G, conv_state, state, slots,
-                   tok_seq, positions, first, count, xc, e, lanes, y)
+                   tok_seq, positions, first, count, xc, e, y)
             dt = proj[:, inner + C:]
             scan = _best(lambda: ssm_scan(xc, dt, dt_bias, ssm_a, ssm_d, G, state, slots, positions, first, count,
-                                          lanes, y), a.repeat)
+                                          y), a.repeat)
             whole = _best(lambda: mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, f32(1e-5), G,
-                                         conv_state, state, slots, tok_seq, positions, first, count, xc, e, lanes,
+                                         conv_state, state, slots, tok_seq, positions, first, count, xc, e,
                                          y), a.repeat)
             what = f"prompt {T}" if T > 1 else "decode 1"
             print(f"threads {threads}  {what:>10}: scan {scan:9.3f} ms  mixer {whole:9.3f} ms")

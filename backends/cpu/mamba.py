@@ -49,7 +49,7 @@ _V = ir.VectorType(_F32, _LANES)
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, conv_state, state, slots, tok_seq,
-           positions, first, count, xc, e, lanes, y):
+           positions, first, count, xc, e, y):
     # proj: (T, I + C + H) f32 the in-projection: z (I = H P), xBC (C = I + 2 G N), dt (H)
     # conv_w: (L, C) f32 the convolution's kernel, oldest input first (the GGUF's (C, L) transposed)
     # conv_b: (C,) f32; dt_bias, ssm_a, ssm_d: (H,) f32; norm_w: (I,) f32 the grouped norm's weight
@@ -61,7 +61,6 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
     # first, count: (>= S_seq,) int32 scratch (shortconv.seq_spans)
     # xc: (T, C) f32 scratch: the convolution's output after SiLU
     # e: (T, C) f32 scratch (SiLU's exponentials)
-    # lanes: (H, 64) f32, not read (ssm_scan's sums stay in registers; the argument stays for the callers)
     # y: (T, I) f32 out: the gated, normed scan output
     T, C, L = proj.shape[0], conv_w.shape[1], conv_w.shape[0]
     H, P = state.shape[1], state.shape[2]
@@ -97,7 +96,7 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
         if count[s]:
             keep_last_inputs(proj[:, inner:inner + C], first[s], positions[first[s]], count[s], conv_state[slots[s]])
     # 2. the scan (and y + x D)
-    ssm_scan(xc, proj[:, inner + C:], dt_bias, ssm_a, ssm_d, G, state, slots, positions, first, count, lanes, y)
+    ssm_scan(xc, proj[:, inner + C:], dt_bias, ssm_a, ssm_d, G, state, slots, positions, first, count, y)
     # 3. times SiLU(z) per head's row of P (whole 16s the vector way, the tail by expf; e's row t
     # is spent, its first I columns take exp(-z)), then the grouped RMSNorm times its weight
     V = P - P % _SILU_WIDTH
@@ -196,14 +195,13 @@ scan_rows1 = _make_scan_rows(1)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def ssm_scan(xc, dt, dt_bias, ssm_a, ssm_d, n_group, state, slots, positions, first, count, lanes, y):
+def ssm_scan(xc, dt, dt_bias, ssm_a, ssm_d, n_group, state, slots, positions, first, count, y):
     # ggml_ssm_scan (Mamba-2: a scalar A per head) plus x D, in parallel over (sequence, head), each
     # sequence's tokens in order, bit for bit as ggml's AVX-512 build (scan_rows; the module docstring)
     # xc: (T, I + 2 G N) f32 x | B | C of each token, C-contiguous; dt: (T, H) f32 (a view)
     # dt_bias, ssm_a, ssm_d: (H,) f32; n_group: G
     # state: (n_slots, H, P, N) f32 C-contiguous, read then updated in place; slots: (S_seq,) int32
     # positions: (T,) int32; first, count: (>= S_seq,) int32 each sequence's rows (shortconv.seq_spans)
-    # lanes: (H, 64) f32, not read: the sums stay in registers (the argument stays for the callers)
     # y: (T, H P) f32 C-contiguous, out
     H, P, N = state.shape[1], state.shape[2], state.shape[3]
     G = n_group

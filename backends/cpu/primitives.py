@@ -151,7 +151,7 @@ class CpuPrimitives:
         y = ws.ssm_y[:T]
         mamba2(proj, ly.ssm_conv, ly.ssm_conv_b, ly.ssm_dt, ly.ssm_a, ly.ssm_d, ly.ssm_norm, self.eps,
                cfg.ssm_group_count, self.states.layer(il, "conv"), self.states.layer(il, "ssm"), batch.state_slots,
-               batch.tok_seq, batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], ws.ssm_lanes, y)
+               batch.tok_seq, batch.positions, ws.seq_first, ws.seq_count, ws.ssm_xc[:T], ws.ssm_e[:T], y)
         if self.trace is not None:
             self._seen("mamba2_y_norm", il, y)
         return y

@@ -237,7 +237,6 @@ class Workspace:
             self.ssm_in = np.zeros((T, inner + C + cfg.ssm_dt_rank), f32)
             self.ssm_xc = np.zeros((T, C), f32)
             self.ssm_e = np.zeros((T, C), f32)
-            self.ssm_lanes = np.zeros((1, 64), f32)  # mamba2's lanes argument, no longer read (mamba.py)
             self.ssm_y = np.zeros((T, inner), f32)
         elif cfg.recurrent_layers and cfg.ssm_state_size:  # gated delta nets (delta_net.py)
             C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size

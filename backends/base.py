@@ -83,7 +83,7 @@ class BlockKVPool:
 # The kinds of recurrent state (models' ModelConfig.state_shapes) each backend's own kernels keep: a
 # model with another kind is refused there (MlxRunner) and auto does not send it there
 # (registry.choose_backend). llama.cpp keeps its own.
-STATE_KINDS = MappingProxyType({"cpu": frozenset({"conv", "delta", "ssm"}), "mlx": frozenset({"conv", "delta"})})
+STATE_KINDS = MappingProxyType({"cpu": frozenset({"conv", "delta", "ssm"}), "mlx": frozenset({"conv", "delta", "ssm"})})
 
 
 class StatePoolLike(Protocol):

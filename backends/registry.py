@@ -102,7 +102,7 @@ def choose_backend(requested: str, model_format: str = "gguf", state_kinds: Iter
     """The backend to use: `requested` checked for availability, or auto's choice.
 
     auto: MLX-format models and Apple Silicon go to MLX (hybrid models included where MLX keeps
-    their kinds of recurrent state, STATE_KINDS: LFM2's and Qwen3.5's); a llama.cpp build with
+    their kinds of recurrent state, STATE_KINDS: LFM2's, Qwen3.5's, Granite 4.0 H's); a llama.cpp build with
     a GPU takes GGUF models elsewhere, except a model with recurrent layers (state_kinds: the
     model's, ModelConfig.state_shapes), which stays on the cpu kernels; otherwise the cpu kernels.
     """

@@ -36,10 +36,7 @@ from infer.quant.tensor import QTensor
 ARCHS = list(names())  # every registered architecture
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
-NOT_ON_MLX = {"granitehybrid": "granitehybrid's Mamba-2 mixers and their per-sequence state are not on the mlx "
-                               "backend yet (issue 34's follow-up: mamba2 in backends/mlx/primitives.py, the \"ssm\" "
-                               "kind in its state pool and backends/base.py's STATE_KINDS)",
-              "qwen35moe": "qwen35moe's shared expert is not on the mlx backend yet (issue 34's follow-up: "
+NOT_ON_MLX = {"qwen35moe": "qwen35moe's shared expert is not on the mlx backend yet (issue 34's follow-up: "
                            "shared_expert in backends/mlx/primitives.py)",
               "qwen3next": "qwen3next's shared expert and grouped value heads are not on the mlx backend yet (issue "
                            "34's follow-up: shared_expert and k_repeat in backends/mlx/)"}
@@ -49,10 +46,12 @@ REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # 1.81%, 0.02%, 0.06%, 0.05%, 0.71%, gpt-oss 0.50%; most of it is the Q6_K weights re-quantized to 8 bits;
 # lfm2 2.13%: its short convolutions multiply B * x * C, cubic in the hidden state, and amplify the Q6_K
 # token embedding's 8-bit copy (with the embedding uploaded as F32 it is 0.33%); qwen35 0.16%; lfm2moe
-# 0.18% (its float products and zero-mean experts, tiny_models.py)
+# 0.18% (its float products and zero-mean experts, tiny_models.py); granitehybrid 0.97%, all of it the
+# Q6_K weights' 8-bit copies (with those weights uploaded as F32 it is 0.009%), which its Mamba-2 layers
+# amplify (the embedding 0.1% off at random moves the exact logits 0.24%)
 EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
                "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008, "lfm2": 0.03,
-               "qwen35": 0.004, "lfm2moe": 0.004}
+               "qwen35": 0.004, "lfm2moe": 0.004, "granitehybrid": 0.015}
 # max |MLX - cpu backend| / max |logit| (measured 1.06% (1.13% with the softcaps below), 0.10%, 0.68%,
 # 3.57%, 1.72%, 0.39%, 2.6%, 4.5%: tiny gemma2, olmo2, phi3 and qwen3moe amplify the cpu backend's
 # 8-bit activations, 3.0%, 1.7%, 2.6% and 4.1% from exact; llama.cpp's two attention paths differ by
@@ -62,10 +61,12 @@ EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, 
 # gating amplifies the cpu backend's 8-bit activations, 5.97% from exact, where llama.cpp is too (the
 # cpu backend is 0.26% from llama.cpp; MLX is 2.13% from exact, 8.29% from llama.cpp); qwen35 0.74%,
 # nearly all the cpu backend's 8-bit activations (0.73% from exact; llama.cpp 0.81%, MLX 0.83% from it);
-# lfm2moe 0.55% (the cpu backend 0.44% from exact)
+# lfm2moe 0.55% (the cpu backend 0.44% from exact); granitehybrid 6.55%: the same amplification of the
+# cpu backend's 8-bit activations, 6.13% from exact, where llama.cpp is too (the cpu backend is 2e-7
+# from llama.cpp; MLX 0.97% from exact)
 CPU_BOUND = {"llama": 0.013, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
              "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015, "lfm2": 0.11,
-             "qwen35": 0.015, "lfm2moe": 0.01}
+             "qwen35": 0.015, "lfm2moe": 0.01, "granitehybrid": 0.085}
 
 
 # ------------------------------------------------------------------------------ exact reference
@@ -194,13 +195,16 @@ def test_logits_match_cpu_backend(tiny):
     diff = np.abs(ours - cpu).max() / np.abs(cpu).max()
     print(f"{arch}: max |mlx - cpu| = {diff:.4%} of max |logit|")
     if arch != "gemma3":
-        np.testing.assert_array_equal(ours.argmax(-1), cpu.argmax(-1))
         assert diff <= CPU_BOUND[arch]
+    if arch not in ("gemma3", "granitehybrid"):
+        np.testing.assert_array_equal(ours.argmax(-1), cpu.argmax(-1))
         return
     # Tiny gemma3 amplifies the cpu backend's 8-bit activations and f16 roundings until its logits
     # are ~6% of max |logit| away from exact arithmetic (llama.cpp's own two attention paths differ
-    # by ~5% on it), so no 1% bound holds.  What must hold: the cpu backend is the one that is off,
-    # and where the argmaxes differ, MLX's is the exact one.
+    # by ~5% on it), so no 1% bound holds; tiny granitehybrid's Mamba-2 layers amplify them as far
+    # (the cpu backend, as llama.cpp, 6.1% from exact), enough to move 2 of its 16 argmaxes.  What
+    # must hold: the cpu backend is the one that is off, and where the argmaxes differ, MLX's is the
+    # exact one.
     ref = exact_logits(model.config, model.weights, exact_hidden(model.config, model.weights, [PROMPT])[0])
     cpu_err = np.abs(cpu - ref).max() / np.abs(ref).max()
     assert cpu_err > 2 * np.abs(ours - ref).max() / np.abs(ref).max()
@@ -301,11 +305,11 @@ def test_batched_rows_equal_alone(tiny_gemma3):
     np.testing.assert_array_equal(together, solo)
 
 
-HYBRID = ["lfm2", "qwen35"]  # the hybrid architectures (a recurrent state per sequence)
+HYBRID = ["lfm2", "qwen35", "granitehybrid"]  # the hybrid architectures (a recurrent state per sequence)
 
 
 def _hybrid_batch(steps, bs, nb) -> Batch:
-    """_batch for the tiny lfm2 and qwen35 (one KV group; sequence s owns blocks nb s .. nb s + nb - 1,
+    """_batch for the tiny hybrids (one KV group; sequence s owns blocks nb s .. nb s + nb - 1,
     state slot 3 - s: slots need not follow table rows)."""
     tables = [np.arange(4 * nb, dtype=np.int32).reshape(4, nb)]
     b = _batch(steps, tables, bs)
@@ -369,6 +373,7 @@ def test_hybrid_decode_with_state_matches_recompute(arch, tiny_model):
     # garbage from a previous sequence (NaN in qwen35's delta-rule matrices): position 0 ignores it
     dirty.conv = [a + 5.0 for a in dirty.conv]
     dirty.delta = [a + np.nan for a in dirty.delta]
+    dirty.ssm = [a + np.nan for a in dirty.ssm]  # granitehybrid's Mamba-2 scan states
     steps = run(parts, dirty)
     scale = np.abs(whole).max()
     print(f"{arch}: max |stepwise - whole| = {np.abs(steps - whole).max() / scale:.2e} of max |logit|")

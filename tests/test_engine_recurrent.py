@@ -41,7 +41,8 @@ def hybrid(tmp_path_factory):
 
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
 RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx"), ("lfm2moe", "cpu"),
-        ("lfm2moe", "mlx"), ("granitehybrid", "cpu"), ("qwen35moe", "cpu"), ("qwen3next", "cpu")]
+        ("lfm2moe", "mlx"), ("granitehybrid", "cpu"), ("granitehybrid", "mlx"), ("qwen35moe", "cpu"),
+        ("qwen3next", "cpu")]
 
 
 def _backend(name: str) -> str:
@@ -297,15 +298,17 @@ def test_auto_backend_for_recurrent_models(monkeypatch, hybrid):
     monkeypatch.setattr(registry, "_installed", lambda module: module == "llama_cpp" or real_installed(module))
     monkeypatch.setattr(registry, "is_apple_silicon", lambda: False)
     assert choose_backend("auto", "gguf", ("conv",)) == "cpu"
+    assert choose_backend("auto", "gguf", ("conv", "ssm")) == "cpu"
     assert choose_backend("auto", "gguf", ()) == "llama.cpp"
     if not real_probe("mlx").available:
         pytest.skip("MLX is not installed: auto's choice of mlx on Apple Silicon (pip install infer[mlx])")
     monkeypatch.setattr(registry, "is_apple_silicon", lambda: True)
     assert choose_backend("auto", "gguf", ("conv",)) == "mlx"
     assert choose_backend("auto", "gguf", ("conv", "delta")) == "mlx"  # qwen35's gated delta nets too
+    assert choose_backend("auto", "gguf", ("conv", "ssm")) == "mlx"  # and granitehybrid's Mamba-2 mixers
     # and what auto picks runs the model: the same tokens as the cpu kernels' engine gives
     few = SamplingParams(temperature=0.0, max_tokens=8)
-    for arch in ("lfm2", "qwen35"):
+    for arch in ("lfm2", "qwen35", "granitehybrid"):
         llm = LLM.load(hybrid(arch), EngineConfig(n_ctx=128, n_threads=2))
         assert llm.backend == "mlx" and llm.engine.states is not None
         got = list(llm.engine.generate([1, 5, 6, 7], few))[-1].token_ids

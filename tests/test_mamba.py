@@ -3,11 +3,13 @@ written from llama.cpp's definition (build_mamba2_layer and ggml's ssm_conv / ss
 sequences in one batch in uneven chunks, each continuing from its own state slots (conv tail and
 scan state), garbage in every slot at the start (position 0 ignores it); heads of a group share
 its B and C (h // (H / G), ggml's repeat_interleave); and the scan is ggml's ssm_scan (llama-cpp-
-python's own libggml, through ctypes) bit for bit."""
+python's own libggml, through ctypes) bit for bit. The mlx backend's mamba2 (backends/mlx/mamba.py)
+against the same reference, where MLX is installed."""
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -71,7 +73,29 @@ def _run(proj, params, conv_state, state, slots, tok_seq, positions):
     return y
 
 
-def test_sequences_continue_from_their_slots():
+def _mlx_run(proj, params, conv_state, state, slots, tok_seq, positions):
+    """The mlx backend's mamba2 the same way, over copies of the states in MlxStatePool's layout
+    (conv rows flat), copied back into conv_state and state after the call."""
+    mx = pytest.importorskip("mlx.core", reason="the mlx backend needs MLX (pip install infer[mlx])")
+    from infer.backends.mlx.delta_net import DeltaPlan
+    from infer.backends.mlx.mamba import mamba2 as mlx_mamba2
+    from infer.backends.mlx.shortconv import ConvPlan
+
+    conv_w, conv_b, dt_bias, a, d, norm_w = params
+    n_slots, C = len(state), conv_w.shape[0]
+    ly = SimpleNamespace(ssm_conv=mx.array(np.ascontiguousarray(conv_w.T)), ssm_conv_b=mx.array(conv_b),
+                         ssm_dt=mx.array(dt_bias), ssm_a=mx.array(a), ssm_d=mx.array(d), ssm_norm=mx.array(norm_w))
+    arrays = [mx.array(conv_state.reshape(n_slots * (L - 1), C)), mx.array(state)]
+    batch = SimpleNamespace(tok_seq=tok_seq, positions=positions, state_slots=slots)
+    y = mlx_mamba2(mx.array(proj), ly, G, EPS, arrays[0], arrays[1], ConvPlan(batch, L), DeltaPlan(batch))
+    mx.eval(y, arrays)
+    conv_state[:] = np.array(arrays[0]).reshape(n_slots, L - 1, C)
+    state[:] = np.array(arrays[1])
+    return np.array(y)
+
+
+@pytest.mark.parametrize("run", [_run, _mlx_run], ids=["cpu", "mlx"])
+def test_sequences_continue_from_their_slots(run):
     rng = np.random.default_rng(0)
     params = _params(rng)
     hist = {s: rng.normal(0, 1, (n, WIDTH)).astype(np.float32) for s, n in enumerate((9, 1, 6, 4))}
@@ -85,7 +109,7 @@ def test_sequences_continue_from_their_slots():
         tok_seq = np.concatenate([np.full(chunk[s], i, np.int32) for i, s in enumerate(seqs)])
         positions = np.concatenate([np.arange(done[s], done[s] + chunk[s], dtype=np.int32) for s in seqs])
         proj = np.concatenate([hist[s][done[s]:done[s] + chunk[s]] for s in seqs])
-        y = _run(proj, params, conv_state, state, slots[seqs], tok_seq, positions)
+        y = run(proj, params, conv_state, state, slots[seqs], tok_seq, positions)
         at = 0
         for s in seqs:
             want, tail, st = reference(hist[s][:done[s] + chunk[s]], *params)

@@ -35,7 +35,8 @@ from .shortconv import ConvPlan, causal_conv
 
 
 class DeltaPlan:
-    """The host-side order of one batch's delta-rule steps (the same for every layer).
+    """The host-side order of one batch's delta-rule steps (the same for every layer; the Mamba-2
+    scan, mamba.py, steps through the batch in the same order).
 
     The batch's sequences sorted by their token count, most first, so the sequences still
     stepping at step t are the first n_t of them; rows (or None: token order already) puts the

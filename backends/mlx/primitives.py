@@ -22,6 +22,7 @@ from infer.backends.cpu.moe import GATING, route
 from .attention import AttentionPlan, as_dtype
 from .delta_net import DeltaPlan, delta_net
 from .kv_pool import KV_DTYPE, MlxKVPool
+from .mamba import mamba2
 from .shortconv import ConvPlan, shortconv
 from .state_pool import MlxStatePool
 
@@ -63,16 +64,18 @@ class MlxPrimitives:
         arch = cfg.architecture
         self.runner, self.cfg, self.batch, self.pool, self.states = runner, cfg, batch, pool, states
         # a hybrid model's causal convolutions: which inputs each token reads (shortconv.py; the
-        # "conv" state keeps L - 1 inputs); its gated delta nets' steps (delta_net.py)
+        # "conv" state keeps L - 1 inputs); the steps of its gated delta nets (delta_net.py) or
+        # Mamba-2 scans (mamba.py), a token of each sequence per step
         shapes = cfg.state_shapes
         self.conv_plan = ConvPlan(batch, shapes["conv"][0] + 1) if cfg.recurrent_layers else None
-        self.delta_plan = DeltaPlan(batch) if "delta" in shapes else None
+        self.step_plan = DeltaPlan(batch) if cfg.recurrent_layers and ("delta" in shapes or "ssm" in shapes) else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
         self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
         self.slots = [mx.array(s) for s in batch.slots]
-        self.ropes = [self._rope(False)]
-        if any(cfg.layer_swa):
+        # the batch's RoPE angles; none where attention has no positions (granitehybrid's NoPE)
+        self.ropes = [self._rope(False)] if cfg.rope else []
+        if cfg.rope and any(cfg.layer_swa):
             self.ropes.append(self._rope(True))
         self.q_scale = cfg.attn_scale if arch.prescale_q else 1.0
         self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
@@ -115,9 +118,10 @@ class MlxPrimitives:
         q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
         if ly.q_norm is not None and not whole:  # over each head
             q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
-        cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
-        neox = cfg.architecture.rope_neox
-        q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+        if self.ropes:  # else NoPE: Q and K as they are (the cpu backend's rotation by angle 0)
+            cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
+            neox = cfg.architecture.rope_neox
+            q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
         if self.q_scale != 1.0:
             q = q * self.q_scale
         q = _f16_round(q)  # as the cpu backend (and llama.cpp) before Q·K
@@ -191,11 +195,13 @@ class MlxPrimitives:
         # float32 whatever the products' dtype: the states are float32, as the cpu backend's
         j = self.states.index(il)
         return delta_net(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count, self.cfg.norm_eps,
-                         self.states.conv[j], self.states.delta[j], self.conv_plan, self.delta_plan)
+                         self.states.conv[j], self.states.delta[j], self.conv_plan, self.step_plan)
 
     def mamba2(self, proj: mx.array, ly: Any, il: int) -> mx.array:
-        # MlxRunner refuses models whose state it does not keep (base.STATE_KINDS): nothing reaches here
-        raise BackendError("the mlx backend has no Mamba-2 mixer yet (issue 34's follow-up)")
+        # float32 whatever the products' dtype: the states are float32, as the cpu backend's
+        j = self.states.index(il)
+        return mamba2(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count, self.cfg.norm_eps,
+                      self.states.conv[j], self.states.ssm[j], self.conv_plan, self.step_plan)
 
     def shared_expert(self, h: mx.array, o: mx.array, ly: Any, il: int) -> mx.array:
         # only qwen35moe and qwen3next have one, and MlxRunner refuses their delta-net state before any step

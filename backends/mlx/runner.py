@@ -67,6 +67,11 @@ class _Layer:
     ssm_dt: mx.array | None = None
     ssm_a: mx.array | None = None
     ssm_norm: mx.array | None = None
+    # a Mamba-2 mixer (granitehybrid; mamba.py): ssm_in above is its one in-projection z|xBC|dt,
+    # ssm_conv its kernel (L, C), ssm_norm the grouped norm's weight (I,); the convolution's bias
+    # (C,), D per head (H,)
+    ssm_conv_b: mx.array | None = None
+    ssm_d: mx.array | None = None
     # a shared expert (qwen35moe, qwen3next): MlxRunner refuses those models (their delta-net
     # state), so no layer has one here
     shexp: list[Matrix] = field(default_factory=list)
@@ -126,7 +131,8 @@ class MlxRunner:
             dense = lw.w_gate is not None
             conv = lw.shortconv_in is not None
             delta = lw.ssm_qkv is not None
-            recurrent = conv or delta  # a recurrent layer: no attention matrices
+            mamba = lw.ssm_in is not None
+            recurrent = conv or delta or mamba  # a recurrent layer: no attention matrices
             # a gated attention's gate rows after V (primitives.attn_gate reads them off the end)
             attn = [lw.wq, lw.wk, lw.wv] + ([lw.attn_gate] if lw.attn_gate is not None else [])
             self.layers.append(_Layer(
@@ -145,10 +151,13 @@ class MlxRunner:
                 shortconv_in=[up(lw.shortconv_in)] if conv else [],
                 shortconv_out=[up(lw.shortconv_out)] if conv else [],
                 shortconv=mx.array(np.ascontiguousarray(np.asarray(lw.shortconv, np.float32).T)) if conv else None,
-                ssm_in=_products([up(lw.ssm_qkv), up(lw.ssm_z), up(lw.ssm_beta), up(lw.ssm_alpha)]) if delta else [],
-                ssm_out=[up(lw.ssm_out)] if delta else [],
-                ssm_conv=mx.array(np.ascontiguousarray(np.asarray(lw.ssm_conv, np.float32).T)) if delta else None,
+                ssm_in=_products([up(lw.ssm_qkv), up(lw.ssm_z), up(lw.ssm_beta), up(lw.ssm_alpha)]) if delta
+                else [up(lw.ssm_in)] if mamba else [],
+                ssm_out=[up(lw.ssm_out)] if delta or mamba else [],
+                ssm_conv=mx.array(np.ascontiguousarray(np.asarray(lw.ssm_conv, np.float32).T)) if delta or mamba
+                else None,
                 ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
+                ssm_conv_b=_vec(lw.ssm_conv_b), ssm_d=_vec(lw.ssm_d),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

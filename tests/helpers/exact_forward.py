@@ -46,15 +46,20 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
     ends = np.cumsum([len(s) for s in seqs])[:-1]
     x = _dense(w.token_embd, np.concatenate(seqs)) * cfg.embed_scale
     for il, lw in enumerate(w.layers):
-        if lw.shortconv_in is not None or lw.ssm_qkv is not None:  # a recurrent layer in place of the attention
+        if lw.shortconv_in is not None or lw.ssm_qkv is not None or lw.ssm_in is not None:
+            # a recurrent layer in place of the attention (granite's residual_scale on both blocks'
+            # outputs, 1 elsewhere)
             h = _rms(x, lw.attn_norm, eps)
             if lw.shortconv_in is not None:  # LFM2's short convolution
                 o = _exact_shortconv(h, lw, ends) @ _dense(lw.shortconv_out).T
+            elif lw.ssm_in is not None:  # Granite 4.0 H's Mamba-2 mixer
+                o = _exact_mamba2(cfg, h, lw, ends) @ _dense(lw.ssm_out).T
             else:  # Qwen3.5's gated delta net
                 o = _exact_delta_net(cfg, h, lw, ends) @ _dense(lw.ssm_out).T
-            x = x + o
+            x = x + o * cfg.residual_scale
             h = _rms(x, lw.ffn_norm, eps)
-            x = x + (_exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down))
+            o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+            x = x + o * cfg.residual_scale
             continue
         swa = cfg.layer_swa[il]
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
@@ -74,8 +79,9 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
             T = len(qs)
             yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
-            qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
-            ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+            if cfg.rope:  # else no positions (granitehybrid's NoPE)
+                qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+                ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
             ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
             sc = np.einsum("thd,shd->hts", qs, ks) * cfg.attn_scale
             if cfg.attn_logit_softcap > 0:
@@ -162,6 +168,47 @@ def _exact_delta_net(cfg, h, lw, ends):
     o = np.concatenate(outs)
     o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + eps) * lw.ssm_norm
     return (o * (z / (1 + np.exp(-z)))).reshape(len(h), Hv * S)
+
+
+def _exact_mamba2(cfg, h, lw, ends):
+    """llama.cpp's build_mamba2_layer (mamba-base.cpp) between ssm_in and ssm_out, each sequence
+    from a zero state, read from ggml's graph rather than from any backend: zxBCdt = ssm_in h split
+    into z (d_inner), xBC (d_inner + 2 n_group d_state) and dt (n_head); ggml_ssm_conv over xBC with
+    d_conv - 1 zero columns before the sequence, plus ssm_conv1d.b, SiLU; x (head_dim per head), B
+    and C (d_state per group) views of it; dt + ssm_dt_b; then ggml_ssm_scan per token with the
+    state s (ne: [d_state, head_dim, n_head]) and head h reading group h / (n_head / n_group):
+    dt' = softplus(dt) (dt itself past 20), dA = exp(dt' A[h]); s = s dA + B (x dt'); y = sum over
+    d_state of s C; then y + x ssm_d, ggml_swiglu_split(z, y) = SiLU(z) y, and the grouped RMS norm
+    (rows of d_inner / n_group) times ssm_norm."""
+    N, G, H, inner, eps = cfg.ssm_state_size, cfg.ssm_group_count, cfg.ssm_dt_rank, cfg.ssm_inner_size, cfg.norm_eps
+    P, width = inner // H, inner + 2 * G * N
+    zxbcdt = h @ _dense(lw.ssm_in).T
+    z, xbc, dt = zxbcdt[:, :inner], zxbcdt[:, inner:inner + width], zxbcdt[:, inner + width:] + lw.ssm_dt
+    sp = np.where(dt > 20, dt, np.logaddexp(0, dt))  # (T, H)
+    kernel = np.asarray(lw.ssm_conv, np.float64)  # (C, L), as in the GGUF
+    L = kernel.shape[1]
+    y = np.empty((len(h), H, P))
+    xs = np.empty((len(h), H, P))
+    for lo, hi in zip([0, *ends], [*ends, len(h)]):
+        padded = np.concatenate([np.zeros((L - 1, width)), xbc[lo:hi]])
+        conv = sum(padded[i:i + hi - lo] * kernel[:, i] for i in range(L)) + lw.ssm_conv_b
+        conv = conv / (1 + np.exp(-conv))
+        s = np.zeros((H, P, N))  # s[h, i, j]: row i of head h's x, state component j
+        for t in range(hi - lo):
+            x = conv[t, :inner].reshape(H, P)
+            B = conv[t, inner:inner + G * N].reshape(G, N)
+            C = conv[t, inner + G * N:].reshape(G, N)
+            for hh in range(H):
+                g = hh // (H // G)
+                d = sp[lo + t, hh]
+                s[hh] = s[hh] * np.exp(d * lw.ssm_a[hh]) + np.outer(x[hh] * d, B[g])
+                y[lo + t, hh] = s[hh] @ C[g]
+            xs[lo + t] = x
+    y = (y + xs * np.asarray(lw.ssm_d, np.float64)[:, None]).reshape(len(h), inner)
+    y = y * (z / (1 + np.exp(-z)))
+    yg = y.reshape(len(h), G, inner // G)
+    yg = yg / np.sqrt(np.mean(yg * yg, axis=-1, keepdims=True) + eps)
+    return yg.reshape(len(h), inner) * lw.ssm_norm
 
 
 def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):

@@ -35,7 +35,6 @@ from infer.quant.tensor import QTensor
 
 ARCHS = list(names())  # every registered architecture
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
-# architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the refusal)
 NOT_ON_MLX = {"qwen35moe": "qwen35moe's shared expert is not on the mlx backend yet (issue 34's follow-up: "
                            "shared_expert in backends/mlx/primitives.py)",
               "qwen3next": "qwen3next's shared expert and grouped value heads are not on the mlx backend yet (issue "

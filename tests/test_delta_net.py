@@ -77,7 +77,7 @@ def _mlx_kernel(kernel, dt, a, norm_w, conv_state, state):
 
     def run(proj, slots, tok_seq, positions):
         batch = SimpleNamespace(tok_seq=tok_seq, positions=positions, state_slots=slots)
-        y = mlx_delta_net(mx.array(proj), ly, HK, EPS, arrays[0], arrays[1], ConvPlan(batch, L), DeltaPlan(batch))
+        y = mlx_delta_net(mx.array(proj), ly, HK, False, EPS, arrays[0], arrays[1], ConvPlan(batch, L), DeltaPlan(batch))
         mx.eval(y, arrays)
         return np.array(y)
     return run, lambda: (np.array(arrays[0]).reshape(n_slots, L - 1, C), np.array(arrays[1]))
@@ -115,8 +115,9 @@ def test_sequences_continue_from_their_slots(make):
     assert done == {s: len(h) for s, h in hist.items()}
 
 
+@pytest.mark.parametrize("backend", ["cpu", "mlx"])
 @pytest.mark.parametrize("k_repeat", [1, HV // HK], ids=["tiled", "grouped"])
-def test_value_heads_share_key_heads(k_repeat):
+def test_value_heads_share_key_heads(k_repeat, backend):
     # tiled (Qwen3.5, k_repeat 1): value heads 0 and 2 share key head 0 (h % HK); grouped
     # (Qwen3-Next, k_repeat HV / HK): heads 0 and 1 do (h // (HV / HK)). With v, beta, g equal
     # across value heads, the heads that share a key head give the same output, the others do not
@@ -129,11 +130,26 @@ def test_value_heads_share_key_heads(k_repeat):
     proj[:, C + INNER:] = 0.3  # beta's and alpha's logits
     conv_w = np.ascontiguousarray(np.zeros((L, C), np.float32))
     conv_w[-1] = 1.0  # the identity convolution
-    y = np.zeros((T, INNER), np.float32)
-    delta_net(proj, conv_w, np.zeros(HV, np.float32), -np.ones(HV, np.float32), np.ones(S, np.float32),
-              np.float32(EPS), HK, k_repeat, np.zeros((1, L - 1, C), np.float32), np.zeros((1, HV, S, S), np.float32),
-              np.zeros(1, np.int32), np.zeros(T, np.int32), np.arange(T, dtype=np.int32), np.zeros(T, np.int32),
-              np.zeros(T, np.int32), np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), y)
+    dt, a, norm_w = np.zeros(HV, np.float32), -np.ones(HV, np.float32), np.ones(S, np.float32)
+    if backend == "cpu":
+        y = np.zeros((T, INNER), np.float32)
+        delta_net(proj, conv_w, dt, a, norm_w, np.float32(EPS), HK, k_repeat, np.zeros((1, L - 1, C), np.float32),
+                  np.zeros((1, HV, S, S), np.float32), np.zeros(1, np.int32), np.zeros(T, np.int32),
+                  np.arange(T, dtype=np.int32), np.zeros(T, np.int32), np.zeros(T, np.int32),
+                  np.zeros((T, C), np.float32), np.zeros((T, C), np.float32), y)
+    else:
+        mx = pytest.importorskip("mlx.core", reason="the mlx backend needs MLX (pip install infer[mlx])")
+        from infer.backends.mlx.delta_net import DeltaPlan
+        from infer.backends.mlx.delta_net import delta_net as mlx_delta_net
+        from infer.backends.mlx.shortconv import ConvPlan
+
+        ly = SimpleNamespace(ssm_conv=mx.array(conv_w), ssm_dt=mx.array(dt), ssm_a=mx.array(a),
+                             ssm_norm=mx.array(norm_w))
+        batch = SimpleNamespace(tok_seq=np.zeros(T, np.int32), positions=np.arange(T, dtype=np.int32),
+                                state_slots=np.zeros(1, np.int32))
+        states = [mx.zeros((L - 1, C)), mx.zeros((1, HV, S, S))]
+        y = np.array(mlx_delta_net(mx.array(proj), ly, HK, k_repeat > 1, EPS, states[0], states[1],
+                                   ConvPlan(batch, L), DeltaPlan(batch)))
     heads = y.reshape(T, HV, S)
     same, other = (2, 1) if k_repeat == 1 else (1, 2)
     np.testing.assert_array_equal(heads[:, 0], heads[:, same])

@@ -42,7 +42,7 @@ def hybrid(tmp_path_factory):
 # each hybrid architecture on each backend whose kernels keep its state (backends/base.py's STATE_KINDS)
 RUNS = [("lfm2", "cpu"), ("qwen35", "cpu"), ("lfm2", "mlx"), ("qwen35", "mlx"), ("lfm2moe", "cpu"),
         ("lfm2moe", "mlx"), ("granitehybrid", "cpu"), ("granitehybrid", "mlx"), ("qwen35moe", "cpu"),
-        ("qwen3next", "cpu")]
+        ("qwen3next", "cpu"), ("qwen35moe", "mlx"), ("qwen3next", "mlx")]
 
 
 def _backend(name: str) -> str:

@@ -7,7 +7,9 @@ gated norm), the same semantics.
    state, zero before position 0), then SiLU.
 2. Q and K L2-normalized per key head (llama.cpp's build_gdn_l2_norm: x / sqrt(sum x^2 + eps)),
    Q also scaled by 1 / sqrt(S) (as ggml's build_delta_net_autoregressive scales it); each value
-   head h reads key head h % H_k (ggml's tiling: Q and K repeated H_v / H_k times along the heads).
+   head h reads key head h % H_k (Qwen3.5: ggml's tiling, Q and K repeated H_v / H_k times along
+   the heads), or h // (H_v / H_k) where the value heads are grouped by key head (Qwen3-Next:
+   llama.cpp's repeat-interleave; the cpu backend's k_repeat).
 3. The gated delta rule per value head over the state M (S x S, M[j, i]: value component j, key
    component i): M *= exp(g); d = (v - M k) * beta; M += d k^T; o = M q, with
    g = softplus(alpha + dt_bias) * A and beta = sigmoid(beta). A sequence that starts at
@@ -74,13 +76,14 @@ def _silu(x: mx.array) -> mx.array:
     return x / (1.0 + mx.exp(-x))
 
 
-def delta_net(proj: mx.array, ly: Any, n_k_heads: int, eps: float, conv_state: mx.array, state: mx.array,
-              conv_plan: ConvPlan, plan: DeltaPlan) -> mx.array:
+def delta_net(proj: mx.array, ly: Any, n_k_heads: int, grouped: bool, eps: float, conv_state: mx.array,
+              state: mx.array, conv_plan: ConvPlan, plan: DeltaPlan) -> mx.array:
     """proj: (T, C + I + 2 Hv) f32 the input products side by side: Q|K|V (C = 2 Hk S + I), z
     (I = Hv S), beta's and alpha's logits (Hv each); ly: the layer (ssm_conv (L, C) f32 oldest
     input first, ssm_dt and ssm_a (Hv,), ssm_norm (S,)); conv_state: (n_slots (L - 1), C) f32 and
     state: (n_slots, Hv, S, S) f32, this layer's states (MlxStatePool), the batch sequences' slots
-    replaced in place (lazily). Returns y (T, I) f32, each head's gated norm."""
+    replaced in place (lazily); grouped: value head h reads key head h // (Hv / Hk) rather than
+    h % Hk. Returns y (T, I) f32, each head's gated norm."""
     T = proj.shape[0]
     Hv, S = state.shape[1], state.shape[2]
     Hk, inner = n_k_heads, Hv * S
@@ -91,7 +94,9 @@ def delta_net(proj: mx.array, ly: Any, n_k_heads: int, eps: float, conv_state: m
     inv = 1.0 / math.sqrt(S)
     q = mx.fast.rms_norm(x[:, :Hk * S].reshape(T, Hk, S), None, eps / S) * (inv * inv)
     k = mx.fast.rms_norm(x[:, Hk * S:2 * Hk * S].reshape(T, Hk, S), None, eps / S) * inv
-    if Hv != Hk:  # value head h reads key head h % Hk
+    if Hv != Hk and grouped:  # value head h reads key head h // (Hv / Hk)
+        q, k = mx.repeat(q, Hv // Hk, axis=1), mx.repeat(k, Hv // Hk, axis=1)
+    elif Hv != Hk:  # value head h reads key head h % Hk
         q, k = mx.tile(q, (1, Hv // Hk, 1)), mx.tile(k, (1, Hv // Hk, 1))
     v = x[:, 2 * Hk * S:].reshape(T, Hv, S)
     beta = 1.0 / (1.0 + mx.exp(-proj[:, C + inner:C + inner + Hv]))

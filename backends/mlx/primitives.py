@@ -13,7 +13,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -194,7 +193,8 @@ class MlxPrimitives:
     def delta_net(self, proj: mx.array, ly: Any, il: int) -> mx.array:
         # float32 whatever the products' dtype: the states are float32, as the cpu backend's
         j = self.states.index(il)
-        return delta_net(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count, self.cfg.norm_eps,
+        return delta_net(as_dtype(proj, mx.float32), ly, self.cfg.ssm_group_count,
+                         self.cfg.architecture.ssm_v_heads_grouped, self.cfg.norm_eps,
                          self.states.conv[j], self.states.delta[j], self.conv_plan, self.step_plan)
 
     def mamba2(self, proj: mx.array, ly: Any, il: int) -> mx.array:
@@ -204,8 +204,10 @@ class MlxPrimitives:
                       self.states.conv[j], self.states.ssm[j], self.conv_plan, self.step_plan)
 
     def shared_expert(self, h: mx.array, o: mx.array, ly: Any, il: int) -> mx.array:
-        # only qwen35moe and qwen3next have one, and MlxRunner refuses their delta-net state before any step
-        raise BackendError("the mlx backend has no shared expert yet (issue 34's follow-up)")
+        # as the cpu backend: the gated FFN of h times sigmoid(ffn_gate_inp_shexp · h), added to o
+        y = self.linear(ly.shexp_down, self.glu(self.linear(ly.shexp, h, "ffn_shexp_gate_up", il), il), "ffn_shexp", il)
+        g = self.linear(ly.shexp_gate, h, "shared_expert_gate", il)  # (T, 1)
+        return o + y * (1.0 / (1.0 + mx.exp(-g)))
 
     def attn_gate(self, a: mx.array, qkv: mx.array, il: int) -> mx.array:
         gate = qkv[:, qkv.shape[1] - a.shape[1]:]

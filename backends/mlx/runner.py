@@ -72,14 +72,17 @@ class _Layer:
     # (C,), D per head (H,)
     ssm_conv_b: mx.array | None = None
     ssm_d: mx.array | None = None
-    # a shared expert (qwen35moe, qwen3next): MlxRunner refuses those models (their delta-net
-    # state), so no layer has one here
+    # a shared expert (qwen35moe, qwen3next; [] where none): its gate|up (one stacked matrix, or
+    # gate, up), its down, and the (1, D) row of its sigmoid gate
     shexp: list[Matrix] = field(default_factory=list)
+    shexp_down: list[Matrix] = field(default_factory=list)
+    shexp_gate: list[Matrix] = field(default_factory=list)
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts,
-                            *self.shortconv_in, *self.shortconv_out, *self.ssm_in, *self.ssm_out)
+                            *self.shortconv_in, *self.shortconv_out, *self.ssm_in, *self.ssm_out,
+                            *self.shexp, *self.shexp_down, *self.shexp_gate)
                 for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
@@ -158,6 +161,9 @@ class MlxRunner:
                 else None,
                 ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
                 ssm_conv_b=_vec(lw.ssm_conv_b), ssm_d=_vec(lw.ssm_d),
+                shexp=_products([up(lw.shexp[0]), up(lw.shexp[1])]) if lw.shexp else [],
+                shexp_down=[up(lw.shexp[2])] if lw.shexp else [],
+                shexp_gate=[up(lw.shexp_gate)] if lw.shexp_gate is not None else [],
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

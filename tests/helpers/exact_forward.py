@@ -59,6 +59,8 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
             x = x + o * cfg.residual_scale
             h = _rms(x, lw.ffn_norm, eps)
             o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+            if lw.shexp is not None:  # qwen35moe, qwen3next: the shared expert beside the experts
+                o = o + _exact_shared_expert(cfg, lw, h)
             x = x + o * cfg.residual_scale
             continue
         swa = cfg.layer_swa[il]
@@ -105,6 +107,8 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         x = x + _rms(o, lw.post_attn_norm, eps) * cfg.residual_scale
         h = _rms(x, lw.ffn_norm, eps)
         o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+        if lw.shexp is not None:
+            o = o + _exact_shared_expert(cfg, lw, h)
         x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
     return np.split(_rms(x, w.output_norm, eps), ends)
 
@@ -132,7 +136,9 @@ def _exact_delta_net(cfg, h, lw, ends):
     any backend: qkv_mixed = attn_qkv h; ggml_ssm_conv over it with L - 1 zero columns before the
     sequence, SiLU; the Q, K, V views (Hk key heads of S, Hk again, Hv value heads of S);
     build_gdn_l2_norm (rms_norm with eps / S, times 1 / sqrt(S)) of Q and K; Q and K repeated
-    (ggml_repeat_4d) to Hv heads, so value head h reads key head h % Hk; gate g = softplus(alpha h +
+    (ggml_repeat_4d) to Hv heads, so value head h reads key head h % Hk (qwen35.cpp), or
+    repeat-interleaved (qwen3next.cpp: reshaped to [S, 1, Hk], repeated to [S, Hv / Hk, Hk], so
+    value head h reads key head h // (Hv / Hk)); gate g = softplus(alpha h +
     ssm_dt) * ssm_a, beta = sigmoid(ssm_beta h); then per token build_delta_net_autoregressive on
     the state s (ne: [S, S, Hv], s[i0, i1] with i0 along the key, i1 along the value): q scaled by
     1 / sqrt(S); s *= exp(g); sk = sum_i0 s k; d = (v - sk) beta; s += k d^T; o = sum_i0 s q;
@@ -155,7 +161,10 @@ def _exact_delta_net(cfg, h, lw, ends):
         v = conv[:, 2 * Hk * S:].reshape(n, Hv, S)
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps) / np.sqrt(S)  # l2 norm, then the 1/sqrt(S) scale
         k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
-        q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
+        if cfg.architecture.ssm_v_heads_grouped:
+            q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
+        else:
+            q, k = np.tile(q, (1, Hv // Hk, 1)), np.tile(k, (1, Hv // Hk, 1))
         s = np.zeros((Hv, S, S))  # s[h, i1, i0]: value component i1, key component i0
         o = np.empty((n, Hv, S))
         for t in range(n):
@@ -252,6 +261,16 @@ def _exact_moe(cfg, lw, h):
             biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
             out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]
     return out
+
+
+def _exact_shared_expert(cfg, lw, h):
+    """qwen35moe.cpp's and qwen3next.cpp's shared expert: build_ffn(cur, ffn_up_shexp, ffn_gate_shexp,
+    ffn_down_shexp, SILU, PAR) times ggml_sigmoid(ffn_gate_inp_shexp · cur), one gate per token
+    (what the trunk adds to the experts' output)."""
+    gate, up, down = lw.shexp
+    y = _exact_ffn(cfg, h, gate, up, down)
+    g = h @ _dense(lw.shexp_gate).T  # (T, 1)
+    return y / (1 + np.exp(-g))
 
 
 def exact_logits(cfg, w, h: np.ndarray) -> np.ndarray:

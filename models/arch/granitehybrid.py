@@ -23,11 +23,12 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from ..hf_files import ConvertError, Kvs
-from ..limits import MAX_CONV_WIDTH, MAX_HEAD_DIM, MAX_WIDTH
+from ..limits import MAX_HEAD_DIM
 from . import granite
 from .decoder import Primitives, dense_layer, ffn_block
 from .hf_keys import need
 from .spec import Architecture
+from .ssm_keys import ssm_sizes
 
 
 def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
@@ -46,20 +47,8 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     if len(heads) != 1 or min(per_layer) < 0:
         raise ValueError(f"attention.head_count_kv {per_layer} must give the attention layers one positive KV "
                          "head count (and 0 to the Mamba-2 layers)")
-    sizes = {}
-    for key, field in (("ssm.conv_kernel", "ssm_conv_kernel"), ("ssm.state_size", "ssm_state_size"),
-                       ("ssm.group_count", "ssm_group_count"), ("ssm.time_step_rank", "ssm_dt_rank"),
-                       ("ssm.inner_size", "ssm_inner_size")):
-        v = get(key, None)
-        if v is None or hasattr(v, "__len__"):
-            raise ValueError(f"{key} is missing (one number)")
-        sizes[field] = int(v)
-    if not 2 <= sizes["ssm_conv_kernel"] <= MAX_CONV_WIDTH:
-        raise ValueError(f"ssm.conv_kernel {sizes['ssm_conv_kernel']} is out of range (2..{MAX_CONV_WIDTH})")
-    N, G, H, inner = sizes["ssm_state_size"], sizes["ssm_group_count"], sizes["ssm_dt_rank"], sizes["ssm_inner_size"]
-    if not (1 <= N <= MAX_HEAD_DIM and 1 <= G <= 4096 and 1 <= H <= 4096 and 1 <= inner <= MAX_WIDTH):
-        raise ValueError(f"ssm.state_size {N}, group_count {G}, time_step_rank {H}, inner_size {inner} "
-                         "are out of range")
+    sizes = ssm_sizes(get)
+    G, H, inner = sizes["ssm_group_count"], sizes["ssm_dt_rank"], sizes["ssm_inner_size"]
     if inner % H or H % G or inner // H > MAX_HEAD_DIM:
         raise ValueError(f"ssm.inner_size {inner} must be a multiple of time_step_rank {H} (heads), and the heads "
                          f"a multiple of group_count {G}")

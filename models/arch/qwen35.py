@@ -27,10 +27,10 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from ..hf_files import ConvertError, Kvs
-from ..limits import MAX_CONV_WIDTH, MAX_HEAD_DIM
 from .decoder import Primitives, ffn_block
 from .hf_keys import generic_kvs, need
 from .spec import Architecture
+from .ssm_keys import ssm_sizes
 
 
 def _imrope_is_neox(sections: Any, n_rot: int) -> bool:
@@ -54,19 +54,8 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     describe a qwen35 infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
     if int(get("nextn_predict_layers", 0) or 0):
         raise ValueError("multi-token-prediction layers (nextn_predict_layers) are not supported")
-    sizes = {}
-    for key, field in (("ssm.conv_kernel", "ssm_conv_kernel"), ("ssm.state_size", "ssm_state_size"),
-                       ("ssm.group_count", "ssm_group_count"), ("ssm.time_step_rank", "ssm_dt_rank"),
-                       ("ssm.inner_size", "ssm_inner_size")):
-        v = get(key, None)
-        if v is None or hasattr(v, "__len__"):
-            raise ValueError(f"{key} is missing (one number)")
-        sizes[field] = int(v)
-    if not 2 <= sizes["ssm_conv_kernel"] <= MAX_CONV_WIDTH:
-        raise ValueError(f"ssm.conv_kernel {sizes['ssm_conv_kernel']} is out of range (2..{MAX_CONV_WIDTH})")
+    sizes = ssm_sizes(get)
     S, hk, hv = sizes["ssm_state_size"], sizes["ssm_group_count"], sizes["ssm_dt_rank"]
-    if not (1 <= S <= MAX_HEAD_DIM and 1 <= hk <= 4096 and 1 <= hv <= 4096):
-        raise ValueError(f"ssm.state_size {S}, group_count {hk}, time_step_rank {hv} are out of range")
     if hv % hk or sizes["ssm_inner_size"] != hv * S:
         raise ValueError(f"ssm.inner_size {sizes['ssm_inner_size']} must be time_step_rank {hv} * state_size {S}, "
                          f"and time_step_rank a multiple of group_count {hk}")

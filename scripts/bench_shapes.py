@@ -67,6 +67,7 @@ class Shape:
     ssm_hv: int = 32
     ssm_s: int = 128
     n_rot: int = 0
+    n_ctx_train: int = 4096  # the file's context_length (the engine sizes no context past it; -d needs room)
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -83,10 +84,11 @@ SHAPES = {
     "gpt-oss-20b-4l": Shape("gpt-oss", 2880, 2880, 4, 64, 8, 201088, False, 150000, 64, 32, 4, 2880),
     # Qwen3.5-4B: 32 layers, every 4th gated attention (16 heads of 256, 4 KV heads), the rest gated
     # delta nets (16 key heads, 32 value heads of 128); tied embeddings, a 248k vocabulary
-    "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, True, 1e7, 256, attn_interval=4, n_rot=64),
+    "qwen3.5-4b": Shape("qwen35", 2560, 9216, 32, 16, 4, 248320, True, 1e7, 256, attn_interval=4, n_rot=64,
+                        n_ctx_train=262144),
     # Qwen3.5-35B-A3B's layers (256 experts of width 512, 8 per token, a shared expert of 512), 4 of its 40
     "qwen3.5-35b-a3b-4l": Shape("qwen35moe", 2048, 512, 4, 16, 2, 248320, False, 1e7, 256, 256, 8, 512,
-                                n_ff_shexp=512, attn_interval=4, n_rot=64),
+                                n_ff_shexp=512, attn_interval=4, n_rot=64, n_ctx_train=262144),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
@@ -139,7 +141,7 @@ def write_f16(shape: Shape, path: Path) -> None:
     tmp = path.with_suffix(".partial")
     w = gguf.GGUFWriter(str(tmp), shape.arch)
     w.add_name(path.stem)
-    w.add_context_length(4096)
+    w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(D)
     w.add_block_count(shape.n_layer)
     w.add_feed_forward_length(F)
@@ -301,7 +303,7 @@ def llama_bench_depth(binary: Path, model: Path, threads: int, reps: int, cache_
 def infer_bench_depth(model: Path, threads: int, reps: int, cache_type: str, depth: int) -> float:
     """tg128 after `depth` tokens of context (infer bench -d: computed once, then from the prefix cache)."""
     out, _ = measured([sys.executable, "-m", "infer.cli", "bench", str(model), "-p", "16", "-n", "128",
-                       "-d", str(depth), "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
+                       "-d", str(depth), "-c", str(depth + 256), "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
                        "-ctv", cache_type, "--json"])
     return json.loads(out.strip().splitlines()[-1])["decode_tok_s"]
 
@@ -408,7 +410,8 @@ def main(argv=None) -> None:
     ap.add_argument("--types", default=",".join(FTYPES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repetitions", type=int, default=2, help="repetitions inside each program's run")
-    ap.add_argument("--rounds", type=int, default=2, help="turns each program takes, alternating (best kept)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="turns each program takes, alternating (best kept); 0 with --depth: the depth test alone")
     ap.add_argument("--no-load", action="store_true", help="skip the servers' start-to-first-token runs")
     ap.add_argument("--embedded", action="store_true", help="also the embedded Gemma 3 270M")
     ap.add_argument("--out", default=str(CACHE / "results.jsonl"), help="JSON lines, appended")
@@ -446,23 +449,24 @@ def main(argv=None) -> None:
             rounds["infer"].append(infer_bench(path, a.threads, a.repetitions, a.cache_type))
         for k, rs in rounds.items():
             row[k] = {**max(rs, key=lambda r: r["tg128"]), "pp512": max(r["pp512"] for r in rs),
-                      "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs}
-        if a.depth:
-            print(f"{name} {qtype}: tg128 @ d{a.depth}: llama-bench, infer bench ...", file=sys.stderr, flush=True)
-            row["depth"] = a.depth
-            row["llama"]["tg128_depth"] = llama_bench_depth(bins / "llama-bench", path, a.threads, a.repetitions,
-                                                            a.cache_type, a.depth)
-            row["infer"]["tg128_depth"] = infer_bench_depth(path, a.threads, a.repetitions, a.cache_type, a.depth)
+                      "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs} if rs else None
         if not a.no_load:
             print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
             row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads, a.cache_type)
-        results.append(row)
-        with open(a.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(table([row]), file=sys.stderr, flush=True)
-        if a.depth:
-            lt, it = row["llama"]["tg128_depth"], row["infer"]["tg128_depth"]
-            print(f"tg128 @ d{a.depth}: llama.cpp {lt:.2f}, infer {it:.2f} tok/s ({it / lt:.2f}x)", flush=True)
+        if a.rounds:  # --rounds 0: the depth test alone
+            results.append(row)
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(table([row]), file=sys.stderr, flush=True)
+        if a.depth:  # after the row is kept: the context's prefill takes each program minutes
+            print(f"{name} {qtype}: tg128 @ d{a.depth}: llama-bench, infer bench ...", file=sys.stderr, flush=True)
+            lt = llama_bench_depth(bins / "llama-bench", path, a.threads, a.repetitions, a.cache_type, a.depth)
+            it = infer_bench_depth(path, a.threads, a.repetitions, a.cache_type, a.depth)
+            with open(a.out, "a") as f:
+                f.write(json.dumps({"shape": name, "type": qtype, "depth": a.depth, "threads": a.threads,
+                                    "llama_tg128": lt, "infer_tg128": it}) + "\n")
+            print(f"{name} {qtype}: tg128 @ d{a.depth}: llama.cpp {lt:.2f}, infer {it:.2f} tok/s ({it / lt:.2f}x)",
+                  flush=True)
     print(f"memory read bandwidth, {a.threads} threads: {bandwidth:.1f} GB/s")
     print(table(results))
 

@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from .elementwise import rms_scale
-from .shortconv import keep_last_inputs, seq_spans
+from .shortconv import causal_conv_row, keep_last_inputs, seq_spans
 from .vexp import expf_row, fma32
 
 _SILU_WIDTH = 16  # ggml_vec_silu_f32's vector (AVX-512): the tail of a row past its last whole 16 takes expf
@@ -61,7 +61,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, k_repeat, co
     # xc: (T, C) f32 scratch: the convolution's output, Q and K normalized in place
     # e: (T, C) f32 scratch (SiLU's exponentials)
     # y: (T, I) f32 out: the gated norm of each head's output
-    T, C, L = proj.shape[0], conv_w.shape[1], conv_w.shape[0]
+    T, C = proj.shape[0], conv_w.shape[1]
     Hv, S = state.shape[1], state.shape[2]
     Hk = n_k_heads
     inner = Hv * S
@@ -74,19 +74,7 @@ def delta_net(proj, conv_w, dt_bias, ssm_a, norm_w, eps, n_k_heads, k_repeat, co
         p0 = positions[f]
         slot = slots[s]
         row = xc[t]
-        for c in range(C):
-            row[c] = 0.0
-        for i in range(L):
-            q = p - (L - 1) + i
-            if q < 0:
-                continue
-            w = conv_w[i]
-            if q >= p0:
-                src = proj[f + q - p0]
-            else:
-                src = conv_state[slot, q - p0 + L - 1]
-            for c in range(C):
-                row[c] = fma32(src[c], w[c], row[c])
+        causal_conv_row(proj, conv_state, slot, f, p, p0, conv_w, row)
         silu_row(row, e[t], row)
         # 2. Q and K L2-normalized per key head
         eps_l2 = np.float32(eps / np.float32(S))

@@ -35,9 +35,9 @@ from numba.extending import intrinsic
 
 from .delta_net import silu_row
 from .elementwise import rms_scale
-from .shortconv import keep_last_inputs, seq_spans
+from .shortconv import causal_conv_row, keep_last_inputs, seq_spans
 from .target import halving_sum, splat
-from .vexp import expf_row, fma32
+from .vexp import expf_row
 
 _SILU_WIDTH = 16  # ggml_vec_swiglu_f32's vector (AVX-512): a row's tail past its last whole 16 takes expf
 _LANES = 16  # ggml_ssm_scan's vector (AVX-512's GGML_F32_EPR) ...
@@ -62,31 +62,20 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
     # xc: (T, C) f32 scratch: the convolution's output after SiLU
     # e: (T, C) f32 scratch (SiLU's exponentials)
     # y: (T, I) f32 out: the gated, normed scan output
-    T, C, L = proj.shape[0], conv_w.shape[1], conv_w.shape[0]
+    T, C = proj.shape[0], conv_w.shape[1]
     H, P = state.shape[1], state.shape[2]
     G = n_group
     inner = H * P
     seq_spans(tok_seq, positions, first, count)
     # 1. convolution, bias and SiLU
+    xbc = proj[:, inner:inner + C]
     for t in prange(T):
         s = tok_seq[t]
         p, f = positions[t], first[s]
         p0 = positions[f]
         slot = slots[s]
         row = xc[t]
-        for c in range(C):
-            row[c] = 0.0
-        for i in range(L):
-            q = p - (L - 1) + i
-            if q < 0:
-                continue
-            w = conv_w[i]
-            if q >= p0:
-                src = proj[f + q - p0, inner:inner + C]
-            else:
-                src = conv_state[slot, q - p0 + L - 1]
-            for c in range(C):
-                row[c] = fma32(src[c], w[c], row[c])
+        causal_conv_row(xbc, conv_state, slot, f, p, p0, conv_w, row)
         for c in range(C):
             row[c] = row[c] + conv_b[c]
         silu_row(row, e[t], row)
@@ -94,7 +83,7 @@ def mamba2(proj, conv_w, conv_b, dt_bias, ssm_a, ssm_d, norm_w, eps, n_group, co
     n_seq = slots.shape[0]
     for s in prange(n_seq):
         if count[s]:
-            keep_last_inputs(proj[:, inner:inner + C], first[s], positions[first[s]], count[s], conv_state[slots[s]])
+            keep_last_inputs(xbc, first[s], positions[first[s]], count[s], conv_state[slots[s]])
     # 2. the scan (and y + x D)
     ssm_scan(xc, proj[:, inner + C:], dt_bias, ssm_a, ssm_d, G, state, slots, positions, first, count, y)
     # 3. times SiLU(z) per head's row of P (whole 16s the vector way, the tail by expf; e's row t

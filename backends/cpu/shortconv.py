@@ -33,6 +33,31 @@ def seq_spans(tok_seq, positions, first, count):
         count[s] += 1
 
 
+@njit(cache=True, inline="always")
+def causal_conv_row(inputs, state, slot, f, p, p0, kernel, out):
+    # One token's depthwise causal convolution (ggml_ssm_conv), at position p of a sequence whose
+    # first batch row f is at position p0: out (C,) f32 = per channel a float32 sum over the window,
+    # oldest input first, each step one fused multiply-add as the compiler contracts ggml's
+    # `sumf += s * c`. The input at position q: the batch's row (inputs (T, >= C) f32) at or after
+    # p0, the state's row (state (n_slots, L - 1, C) f32, slot's) before it, zero before position 0.
+    # kernel: (L, C) f32 the weights, oldest input first. (shortconv here; delta_net.py's and
+    # mamba.py's convolutions)
+    L, C = kernel.shape
+    for c in range(C):
+        out[c] = 0.0
+    for i in range(L):
+        q = p - (L - 1) + i
+        if q < 0:
+            continue  # adds 0 * w: the sum is unchanged
+        if q >= p0:
+            src = inputs[f + q - p0]
+        else:
+            src = state[slot, q - p0 + L - 1]
+        w = kernel[i]
+        for c in range(C):
+            out[c] = fma32(src[c], w[c], out[c])
+
+
 @njit(cache=True, parallel=True)
 def shortconv(bcx, kernel, state, slots, tok_seq, positions, first, count, bx, y):
     # bcx: (T, 3D) f32 in_proj's output, B | C | x
@@ -43,7 +68,7 @@ def shortconv(bcx, kernel, state, slots, tok_seq, positions, first, count, bx, y
     # first, count: (>= S,) int32 scratch (seq_spans)
     # bx: (T, D) f32 scratch: B * x
     # y: (T, D) f32 out: C * conv(B * x)
-    T, D, L = bcx.shape[0], y.shape[1], kernel.shape[0]
+    T, D = bcx.shape[0], y.shape[1]
     seq_spans(tok_seq, positions, first, count)
     for t in prange(T):
         for c in range(D):
@@ -53,21 +78,7 @@ def shortconv(bcx, kernel, state, slots, tok_seq, positions, first, count, bx, y
         p, f = positions[t], first[s]
         p0 = positions[f]
         slot = slots[s]
-        for c in range(D):
-            y[t, c] = 0.0
-        # ggml_ssm_conv: per channel a float32 sum over the window, oldest input first, each step
-        # one fused multiply-add as the compiler contracts ggml's `sumf += s * c`
-        for i in range(L):
-            q = p - (L - 1) + i
-            if q < 0:
-                continue  # adds 0 * w: the sum is unchanged
-            if q >= p0:
-                src = bx[f + q - p0]
-            else:
-                src = state[slot, q - p0 + L - 1]
-            w = kernel[i]
-            for c in range(D):
-                y[t, c] = fma32(src[c], w[c], y[t, c])
+        causal_conv_row(bx, state, slot, f, p, p0, kernel, y[t])
         for c in range(D):
             y[t, c] *= bcx[t, D + c]
     # each sequence's state becomes its last L - 1 inputs
@@ -82,7 +93,7 @@ def keep_last_inputs(src, f, p0, n, state):
     # the batch, oldest first, becomes its last L - 1 inputs; src (T, >= C) f32 holds the batch's
     # inputs, the sequence's n at positions p0.. in rows f..; zero before position 0. Rows move
     # towards the front, so reading row r + n before it is overwritten is safe in ascending r.
-    # (shortconv here, delta_net.py's convolution)
+    # (shortconv here, delta_net.py's and mamba.py's convolutions)
     L1, C = state.shape
     end = p0 + n
     for r in range(L1):

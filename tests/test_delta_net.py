@@ -4,7 +4,8 @@ reference written from llama.cpp's definition (build_layer_attn_linear and ggml'
 gated_delta_net): several sequences in one batch in uneven chunks, each continuing from its own
 state slots (conv tail and delta matrices), garbage in every slot at the start (position 0
 ignores it); and a value head's key head is h % key heads, as ggml tiles them (Qwen3.5), or
-h // (value heads / key heads) where they are grouped (Qwen3-Next)."""
+h // (value heads / key heads) where they are grouped (Qwen3-Next). And the delta rule is ggml's
+gated_delta_net (llama-cpp-python's own libggml, through ctypes) bit for bit."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from infer.backends.cpu.delta_net import delta_net
+from helpers.ggml_ops import run_op
+from infer.backends.cpu.delta_net import delta_net, delta_rule
 
 S, HK, HV, L = 16, 2, 4, 4  # head size, key heads, value heads, convolution width
 KEY, INNER = HK * S, HV * S
@@ -154,3 +156,25 @@ def test_value_heads_share_key_heads(k_repeat, backend):
     same, other = (2, 1) if k_repeat == 1 else (1, 2)
     np.testing.assert_array_equal(heads[:, 0], heads[:, same])
     assert np.abs(heads[:, 0] - heads[:, other]).max() > 1e-3
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("s", [6, 64, 130])  # the scalar path (and rows left over); whole vector steps; both
+def test_delta_rule_is_ggml_gated_delta_net_bit_for_bit(s):
+    # from a nonzero state (position 1 on), 5 tokens, 8 value heads tiled over 4 key heads
+    hv, hk, T = 8, 4, 5
+    rng = np.random.default_rng(s)
+    q, k = (rng.normal(0, 0.3, (T, hk, s)).astype(np.float32) for _ in range(2))
+    v = rng.normal(0, 1, (T, hv, s)).astype(np.float32)
+    g = -rng.uniform(0.01, 2.0, (T, hv)).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (T, hv)).astype(np.float32)
+    s0 = rng.normal(0, 1, (hv, s, s)).astype(np.float32)
+    res = run_op("gated_delta_net", lambda tensor: ([tensor(q[None]), tensor(k[None]), tensor(v[None]),
+                                                     tensor(g[None, :, :, None]), tensor(beta[None, :, :, None]),
+                                                     tensor(s0[None])], [1]), v.size + s0.size)
+    xc = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=1)
+    state, y = s0[None].copy(), np.zeros((T, hv * s), np.float32)
+    delta_rule(xc, np.concatenate([beta, g], axis=1), hk, 1, state, np.zeros(1, np.int32),
+               np.arange(1, T + 1, dtype=np.int32), np.zeros(1, np.int32), np.array([T], np.int32), y)
+    np.testing.assert_array_equal(state[0], res[v.size:].reshape(s0.shape))
+    np.testing.assert_array_equal(y, res[:v.size].reshape(T, hv * s))

@@ -7,13 +7,12 @@ python's own libggml, through ctypes) bit for bit. The mlx backend's mamba2 (bac
 against the same reference, where MLX is installed."""
 from __future__ import annotations
 
-import ctypes
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from helpers.ggml_ops import GGML_I32, run_op
 from infer.backends.cpu.mamba import mamba2, ssm_scan
 
 H, P, N, G, L = 4, 8, 16, 2, 4  # heads, head size, state size, groups, convolution width
@@ -160,55 +159,12 @@ def test_wide_state_sums_in_vector_lanes():
         np.testing.assert_allclose(state[0], st, rtol=1e-4, atol=1e-6)
 
 
-class _GgmlInit(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
-
-
-class _GgmlTensor(ctypes.Structure):
-    # struct ggml_tensor (ggml.h) as far as its data (as scripts/compare_llamacpp.py's)
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
-                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
-
-
 def _ggml_ssm_scan(s0, x, dt, a, B, C):
-    """ggml_ssm_scan of llama-cpp-python's own libggml on the CPU, one thread: (y, the new state).
+    """ggml_ssm_scan of llama-cpp-python's own libggml: (y, the new state).
     s0: (H, P, N); x: (T, H, P); dt: (T, H); a: (H,); B, C: (T, G, N), all float32."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    lib = Path(llama_cpp.__file__).parent / "lib"
-    if not (lib / "libggml-cpu.so").exists():
-        pytest.skip("llama-cpp-python's libggml-cpu.so is not where this test looks for it")
-    base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-    vp = ctypes.c_void_p
-    base.ggml_init.restype, base.ggml_init.argtypes = vp, [_GgmlInit]
-    base.ggml_new_tensor.restype = vp
-    base.ggml_new_tensor.argtypes = [vp, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
-    base.ggml_ssm_scan.restype, base.ggml_ssm_scan.argtypes = vp, [vp] * 8 + [ctypes.c_int64]
-    base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = vp, [vp]
-    base.ggml_build_forward_expand.argtypes = [vp, vp]
-    base.ggml_free.argtypes = [vp]
-    cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
-    ctx = base.ggml_init(_GgmlInit(64 << 20, None, False))
-
-    def tensor(arr, ggml_type=0):  # 0: GGML_TYPE_F32, 26: GGML_TYPE_I32
-        arr = np.ascontiguousarray(arr)
-        ne = (ctypes.c_int64 * 4)(*arr.shape[::-1], *[1] * (4 - arr.ndim))
-        t = base.ggml_new_tensor(ctx, ggml_type, arr.ndim, ne)
-        ctypes.memmove(ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents.data, arr.ctypes.data, arr.nbytes)
-        return t
-
-    try:
-        out = base.ggml_ssm_scan(ctx, tensor(s0[None]), tensor(x[None]), tensor(dt[None]), tensor(a[:, None]),
-                                 tensor(B[None]), tensor(C[None]), tensor(np.zeros(1, np.int32), 26), 1)
-        graph = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(graph, out)
-        cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
-        data = ctypes.cast(ctypes.cast(out, ctypes.POINTER(_GgmlTensor)).contents.data, ctypes.POINTER(ctypes.c_float))
-        res = np.ctypeslib.as_array(data, shape=(x.size + s0.size,)).copy()
-    finally:
-        base.ggml_free(ctx)
+    res = run_op("ssm_scan", lambda tensor: ([tensor(s0[None]), tensor(x[None]), tensor(dt[None]), tensor(a[:, None]),
+                                              tensor(B[None]), tensor(C[None]), tensor(np.zeros(1, np.int32), GGML_I32)],
+                                             []), x.size + s0.size)
     return res[:x.size].reshape(x.shape), res[x.size:].reshape(s0.shape)
 
 

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from .delta_net import silu_row
 from .elementwise import rms_scale
 from .shortconv import causal_conv_row, keep_last_inputs, seq_spans
-from .target import halving_sum, splat
+from .target import f32x16_reduce, splat
 from .vexp import expf_row
 
 _SILU_WIDTH = 16  # ggml_vec_swiglu_f32's vector (AVX-512): a row's tail past its last whole 16 takes expf
@@ -153,8 +153,7 @@ def _make_scan_rows(R: int):
             a = [builder.load(p) for p in acc[r]]
             # GGML_F32x16_REDUCE: chains 0 + 2 and 1 + 3, then those, then the lanes
             # (_mm512_reduce_add_ps); no whole step: all lanes +0.0, so the sum starts from 0.0f all the same
-            total = cgutils.alloca_once_value(
-                builder, halving_sum(builder, builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3]))))
+            total = cgutils.alloca_once_value(builder, f32x16_reduce(builder, a))
             with cgutils.for_range(builder, builder.sub(N, tail)) as loop:  # the rest one fused step at a time
                 j = builder.add(tail, loop.index)
                 p = builder.gep(sa.data, [builder.add(rows[r], j)])

@@ -79,6 +79,14 @@ def halving_sum(builder, v):
     return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
+def f32x16_reduce(builder, chains):
+    """ggml's GGML_F32x16_REDUCE of its four 16-lane chains (GGML_F32_ARR): chains 0 + 2 and 1 + 3,
+    then those, then the lanes halved (_mm512_reduce_add_ps) -- how ggml_vec_dot_f32 and
+    ggml_ssm_scan end a sum on AVX-512."""
+    a = chains
+    return halving_sum(builder, builder.fadd(builder.fadd(a[0], a[2]), builder.fadd(a[1], a[3])))
+
+
 def splat(builder, x, n: int = VECTOR_WIDTH):
     """A scalar (float32 or integer) broadcast to an n-lane vector (default: VECTOR_WIDTH)."""
     vt = ir.VectorType(x.type, n)

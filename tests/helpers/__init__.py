@@ -14,6 +14,7 @@ no test module imports another.
   must stay within llama.cpp's.
 - exact_forward: the float64 forward pass that arbitrates between backends' roundings.
 - llama_quantize: llama.cpp's own quantizer, the reference of `infer quantize`.
+- ggml_ops: one ggml op from llama.cpp's own libggml (the kernels that match ggml bit for bit).
 - quant_blocks: random quantized blocks with valid scales.
 - prompts: many-script prompts the embedded Gemma is run on against llama.cpp.
 - fake_hub: a local Hugging Face Hub over HTTP (FakeHub, FakeRepo) for pull tests.

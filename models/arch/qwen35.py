@@ -16,7 +16,9 @@ head, RoPE over the first rope.dimension_count dims of each head, attention, tim
 `attn_output`. llama.cpp rotates with its interleaved multi-section RoPE (IMROPE); a text token's
 positions are equal in every section, which makes it NeoX RoPE wherever every rotated pair falls
 in a time/height/width section (checked: the fourth, extra section would rotate by position 0).
-Multi-token-prediction layers (`nextn_predict_layers`) are refused (a follow-up).
+Multi-token-prediction layers (the last `nextn_predict_layers` blocks, `blk.N.nextn.*`) are
+loaded by llama.cpp only for its MTP drafts and skipped by its graph: infer runs the blocks before
+them (models/config.py) and never reads theirs.
 """
 from __future__ import annotations
 
@@ -52,8 +54,6 @@ def _imrope_is_neox(sections: Any, n_rot: int) -> bool:
 def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     """The recurrent layers and the gated delta net's sizes; ValueError for metadata that does not
     describe a qwen35 infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
-    if int(get("nextn_predict_layers", 0) or 0):
-        raise ValueError("multi-token-prediction layers (nextn_predict_layers) are not supported")
     sizes = ssm_sizes(get)
     S, hk, hv = sizes["ssm_state_size"], sizes["ssm_group_count"], sizes["ssm_dt_rank"]
     if hv % hk or sizes["ssm_inner_size"] != hv * S:
@@ -61,9 +61,11 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
                          f"and time_step_rank a multiple of group_count {hk}")
     flags = get("attention.recurrent_layers", None)
     if flags is not None:
-        if not hasattr(flags, "__len__") or len(flags) != n_layer:
-            raise ValueError(f"attention.recurrent_layers must give a flag for each of {n_layer} layers")
-        layer_recurrent = tuple(bool(v) for v in flags)
+        # a flag for every block, the multi-token-prediction layers' (past n_layer) included
+        n_all = n_layer + int(get("nextn_predict_layers", 0) or 0)
+        if not hasattr(flags, "__len__") or len(flags) != n_all:
+            raise ValueError(f"attention.recurrent_layers must give a flag for each of {n_all} layers")
+        layer_recurrent = tuple(bool(v) for v in flags[:n_layer])
     else:
         interval = int(get("full_attention_interval", 4))
         if interval < 1:

@@ -114,11 +114,30 @@ def _rope_parameters(hp: dict[str, Any]) -> dict[str, Any]:
 
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """What llama.cpp's converter writes for Qwen3.5: the common keys, the gated delta net's ssm.*
-    sizes, full_attention_interval, RoPE over partial_rotary_factor of each head and its sections.
-    llama.cpp also writes layer_types as attention.recurrent_layers; here a layer_types that the
-    interval does not describe is refused (infer's GGUF writers have no boolean arrays)."""
-    extra = generic_kvs(kv, hp, path)
+    """What llama.cpp's converter writes for Qwen3.5 (its Qwen3_5TextModel / Qwen3_5MoeTextModel):
+    Qwen3-Next's keys (gated_delta_net_kvs), and RoPE's sections, [11, 11, 10, 0] where the
+    checkpoint has none."""
+    extra = gated_delta_net_kvs(kv, hp, path)
+    sections = list(_rope_parameters(hp).get("mrope_section") or _DEFAULT_SECTIONS)
+    kv.add("{arch}.rope.dimension_sections", VT.ARRAY, np.array((sections + [0] * 4)[:4], np.int32))
+    return extra
+
+
+def gated_delta_net_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's Qwen3NextModel writes (Qwen3.5's converter too): the common keys, each
+    expert's and the shared expert's width where the model has experts, the gated delta net's ssm.*
+    sizes, full_attention_interval, RoPE over partial_rotary_factor of each head. llama.cpp also
+    writes layer_types as attention.recurrent_layers; here a layer_types that the interval does not
+    describe is refused (infer's GGUF writers have no boolean arrays)."""
+    moe = bool(hp.get("num_experts"))
+    # a MoE checkpoint may have no dense width (Qwen3.5 MoE's): the converter writes it only if given
+    extra = generic_kvs(kv, hp, path, ff_optional=moe)
+    if moe:
+        if hp.get("mlp_only_layers"):  # dense layers among the MoE ones: llama.cpp's graphs have none
+            raise ConvertError(f"{path}: mlp_only_layers {hp['mlp_only_layers']} (dense layers) are not supported")
+        kv.u32("{arch}.expert_feed_forward_length", need(hp, "moe_intermediate_size", path))
+        if hp.get("shared_expert_intermediate_size") is not None:
+            kv.u32("{arch}.expert_shared_feed_forward_length", hp["shared_expert_intermediate_size"])
     n_layer = int(need(hp, "num_hidden_layers", path))
     interval = int(hp.get("full_attention_interval", 4))
     types = hp.get("layer_types")
@@ -140,8 +159,6 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     head_dim = int(hp.get("head_dim") or int(need(hp, "hidden_size", path)) // int(need(hp, "num_attention_heads", path)))
     rp = _rope_parameters(hp)
     kv.u32("{arch}.rope.dimension_count", int(head_dim * float(rp.get("partial_rotary_factor", 0.25))))
-    sections = list(rp.get("mrope_section") or _DEFAULT_SECTIONS)
-    kv.add("{arch}.rope.dimension_sections", VT.ARRAY, np.array((sections + [0] * 4)[:4], np.int32))
     return extra
 
 
@@ -182,8 +199,13 @@ def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray]
         elif ".out_proj." in name:
             steps.append(lambda w: _v_heads_tiled(w, 1, hk, per_k, dv))
     if name.endswith(".A_log"):
-        steps.append(lambda w: -np.exp(w.astype(np.float32)))
+        steps.append(negated_exp)
     return steps
+
+
+def negated_exp(a_log: np.ndarray) -> np.ndarray:
+    """A = -exp(A_log): the converter stores the delta net's decay rate, not its log."""
+    return -np.exp(a_log.astype(np.float32))
 
 
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:

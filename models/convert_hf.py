@@ -87,6 +87,10 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Matrices llama.cpp's converter always writes as float32 (its prepare_tensors: FFN_GATE_INP,
+# FFN_GATE_INP_SHEXP): the experts' routers and the shared expert's gate.
+_F32_ROUTERS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
@@ -190,6 +194,9 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             shift = spec.hf_norm_shift and name.endswith("norm.weight") and not name.endswith(spec.hf_norm_shift_except)
             out_type = int(GT.F32)
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
+        elif gguf_name.endswith(_F32_ROUTERS):
+            out_type = int(GT.F32)
+            steps.append(lambda w, t=type_id: np.ascontiguousarray(to_f32(w, t), np.float32))
         if spec.hf_tensor_steps is not None:
             steps += spec.hf_tensor_steps(name, hp)
         if spec.hf_tensor_shape is not None:

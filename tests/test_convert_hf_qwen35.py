@@ -147,7 +147,10 @@ def test_moe_metadata_and_tensors(converted_moe):
             np.testing.assert_array_equal(bf(p + f"ffn_{w}_exps.weight", (N_EXPERT, *shape)), want)
             shared = weights[f"{hp}shared_expert.{w}_proj.weight"]
             np.testing.assert_array_equal(bf(p + f"ffn_{w}_shexp.weight", shared.shape), shared)
-        np.testing.assert_array_equal(bf(p + "ffn_gate_inp.weight", (N_EXPERT, D)), weights[hp + "gate.weight"])
+        # the router and the shared expert's gate in float32, as llama.cpp's converter writes them
+        for t, hf in (("ffn_gate_inp", "gate"), ("ffn_gate_inp_shexp", "shared_expert_gate")):
+            assert gguf.GGMLQuantizationType(names[p + t + ".weight"].tensor_type).name == "F32"
+            np.testing.assert_array_equal(np.asarray(names[p + t + ".weight"].data).reshape(-1, D), weights[hp + hf + ".weight"])
         assert names[p + "ffn_gate_inp_shexp.weight"].shape.tolist() == [D, 1]
     a = np.asarray(names["blk.0.ssm_a"].data)
     z = bf("blk.0.attn_gate.weight", (4, 32, D))

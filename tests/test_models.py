@@ -186,21 +186,16 @@ def test_tensors_infer_would_ignore_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
-def test_mtp_layers_are_left_unread(tmp_path, arch):
+def test_mtp_layers_are_left_out_of_the_config(tmp_path, arch):
     # A multi-token-prediction block, as llama.cpp's converter writes one (the last of block_count's
     # blocks, nextn_predict_layers of them, with their blk.N.nextn.* tensors): llama.cpp runs the
-    # blocks before it, and so does infer: the logits of the same file without it, to the bit.
+    # blocks before it, and so does infer (the logits: test_mtp_layers_are_skipped_as_llama_cpp_skips_them).
     path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)
-    plain = write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=tiny_seed(arch))
-    out = {}
-    for p in (path, plain):
-        model = load_model(p).for_context(N_CTX)
-        runner = CpuRunner(model.config, model.weights, n_threads=2)
-        out[p] = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
-    assert model.config.n_layer == load_model(path).config.n_layer == model.metadata[f"{arch}.block_count"]
-    np.testing.assert_array_equal(out[path], out[plain])
+    plain = load_model(write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=tiny_seed(arch)))
+    model = load_model(path)
+    assert model.metadata[f"{arch}.block_count"] == 5 and model.config == plain.config
     # the flags of attention.recurrent_layers count the MTP block too (llama.cpp's converter writes it false)
-    meta = dict(load_model(path).metadata)
+    meta = dict(model.metadata)
     flags = [*model.config.layer_recurrent, False]
     assert ModelConfig.from_metadata({**meta, f"{arch}.attention.recurrent_layers": flags}).layer_recurrent == \
         model.config.layer_recurrent
@@ -212,11 +207,16 @@ def test_mtp_layers_are_left_unread(tmp_path, arch):
 
 @pytest.mark.reference
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
-def test_mtp_layers_are_skipped_by_llama_cpp_too(tmp_path, arch):
+def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
+    # the logits of the file without the MTP block, to the bit, in llama.cpp and in infer
     path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)
     plain = write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=tiny_seed(arch))
     ref = llama_cpp_logits(path, PROMPT)
     np.testing.assert_array_equal(ref, llama_cpp_logits(plain, PROMPT))
-    model = load_model(path).for_context(N_CTX)
-    runner = CpuRunner(model.config, model.weights, n_threads=2)
-    assert_matches_llama_cpp(runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy(), path, arch)
+    out = {}
+    for p in (path, plain):
+        model = load_model(p).for_context(N_CTX)
+        runner = CpuRunner(model.config, model.weights, n_threads=2)
+        out[p] = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+    np.testing.assert_array_equal(out[path], out[plain])
+    assert_matches_llama_cpp(out[path], path, arch)

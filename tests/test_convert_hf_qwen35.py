@@ -205,3 +205,15 @@ def test_moe_logits_match_hf_math_llama_cpp_and_infer(converted_moe):
     print(f"{arch}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
     assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("variant", ["qwen35", "qwen35moe", "qwen3next"])
+def test_folder_is_not_run_unconverted(tmp_path, variant):
+    # the folder itself (the MLX loader's path) would skip the converter's transforms: refused, naming the fix
+    from infer.models.loader import ModelLoadError
+    from infer.models.mlx_folder import load_mlx_folder
+
+    make_qwen35(tmp_path / variant, seed=5, variant=variant)
+    with pytest.raises(ModelLoadError, match=f"a {variant} checkpoint's tensors need llama.cpp's converter's "
+                                             "transforms.*infer quantize"):
+        load_mlx_folder(tmp_path / variant)

@@ -206,6 +206,13 @@ class ModelConfig:
             raise ModelConfigError(f"{arch}: block_count, embedding_length and head_count must be positive")
         if not 1 <= n_layer <= MAX_LAYERS:  # before a per-layer array is read against it
             raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
+        # Multi-token-prediction layers are the last nextn_predict_layers blocks: llama.cpp's model
+        # (hparams.n_layer()) is the blocks before them, which is all infer runs; their tensors stay unread.
+        n_nextn = int(get("nextn_predict_layers", 0) or 0)
+        if not 0 <= n_nextn < n_layer:
+            raise ModelConfigError(f"{arch}: nextn_predict_layers {n_nextn} is out of range (0..{n_layer - 1}, "
+                                   f"below block_count)")
+        n_layer -= n_nextn
         # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
         try:
             hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gguf
 import numpy as np
@@ -87,6 +87,10 @@ def unpermute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Matrices llama.cpp's converter always writes as float32 (its prepare_tensors: FFN_GATE_INP,
+# FFN_GATE_INP_SHEXP): the experts' routers and the shared expert's gate.
+_F32_ROUTERS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
 
@@ -148,11 +152,15 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
         if m:  # one expert's matrix: stacked with the others below
             experts.setdefault((m[1], m[3]), {})[int(m[2])] = (hf_name, e)
             continue
+        m = _FUSED_EXPERTS.match(name)
+        if m:  # every expert's matrices in one tensor already
+            out += _fused_experts(namer, m[1], m[2], e, hf_name)
+            continue
         if name == "lm_head.weight" and tied:
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
         parts = spec.hf_tensor_parts(name, hp) if spec.hf_tensor_parts is not None else None
         if parts:
-            out += [_row_part(namer, part, lo, hi, e, hf_name) for part, lo, hi in parts]
+            out += [_row_part(namer, part, rows, e, hf_name) for part, rows in parts]
             continue
         gguf_name = namer.gguf_name(hf_name, e.path)
         if e.dtype not in ST_DTYPES:
@@ -186,6 +194,9 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             shift = spec.hf_norm_shift and name.endswith("norm.weight") and not name.endswith(spec.hf_norm_shift_except)
             out_type = int(GT.F32)
             steps.append(lambda w, t=type_id, s=shift: norm_f32(w, t, s))
+        elif gguf_name.endswith(_F32_ROUTERS):
+            out_type = int(GT.F32)
+            steps.append(lambda w, t=type_id: np.ascontiguousarray(to_f32(w, t), np.float32))
         if spec.hf_tensor_steps is not None:
             steps += spec.hf_tensor_steps(name, hp)
         if spec.hf_tensor_shape is not None:
@@ -199,14 +210,39 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     return out, n_embd_rows
 
 
-def _row_part(namer: TensorNamer, part: str, lo: int, hi: int, e: StEntry, hf_name: str) -> SourceTensor:
-    """Rows lo:hi of a checkpoint matrix, converted as if the checkpoint named them `part`."""
+def _row_part(namer: TensorNamer, part: str, rows: Sequence[int], e: StEntry, hf_name: str) -> SourceTensor:
+    """The given rows of a checkpoint matrix, in that order, converted as if the checkpoint named
+    them `part`."""
     if e.dtype not in ST_DTYPES:
         st_array(e, hf_name)  # raises the dtype error
-    if len(e.shape) != 2 or not 0 <= lo < hi <= e.shape[0]:
-        raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows {lo}:{hi} to convert as {part}")
-    return SourceTensor(namer.gguf_name(part, e.path), (hi - lo, e.shape[1]), int(ST_DTYPES[e.dtype][1]),
-                        _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[lo:hi])]))
+    idx = np.asarray(rows, dtype=np.int64)
+    if len(e.shape) != 2 or not idx.size or idx.min() < 0 or idx.max() >= e.shape[0]:
+        raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows "
+                           f"{idx.min(initial=0)}..{idx.max(initial=0)} to convert as {part}")
+    return SourceTensor(namer.gguf_name(part, e.path), (idx.size, e.shape[1]), int(ST_DTYPES[e.dtype][1]),
+                        _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[idx])]))
+
+
+# All of a layer's experts in one tensor (transformers 5's layout):
+# gate_up_proj (experts, 2 * ff, embd), each expert's gate rows then its up rows, and down_proj
+# (experts, embd, ff); llama.cpp's Qwen2MoeModel splits the first in two and renames them.
+_FUSED_EXPERTS = re.compile(r"^((?:model\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(?:\.weight)?$")
+
+
+def _fused_experts(namer: TensorNamer, prefix: str, kind: str, e: StEntry, hf_name: str) -> list[SourceTensor]:
+    if e.dtype not in ST_DTYPES:
+        st_array(e, hf_name)  # raises the dtype error
+    shape, type_id = tuple(e.shape), int(ST_DTYPES[e.dtype][1])
+    if len(shape) != 3 or kind == "gate_up_proj" and shape[1] % 2:
+        raise ConvertError(f"{e.path}: {hf_name} has shape {shape}, expected (experts, rows, columns)"
+                           + (" with an even row count (gate, then up)" if kind == "gate_up_proj" else ""))
+    if kind == "down_proj":
+        return [SourceTensor(namer.gguf_name(f"{prefix}.down_proj.weight", e.path), shape, type_id,
+                             _loader(e, hf_name, []))]
+    ff = shape[1] // 2
+    return [SourceTensor(namer.gguf_name(f"{prefix}.{w}.weight", e.path), (shape[0], ff, shape[2]), type_id,
+                         _loader(e, hf_name, [lambda a, lo=lo: np.ascontiguousarray(a[:, lo:lo + ff])]))
+            for w, lo in (("gate_proj", 0), ("up_proj", ff))]
 
 
 # One expert's matrix in a mixture-of-experts checkpoint (qwen3moe: mlp.experts.E.gate_proj; Mixtral:

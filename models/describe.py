@@ -77,6 +77,7 @@ def _describe_gguf(found: LocatedModel) -> ModelInfo:
         stats[1] += t.nbytes
     details = [(label, str(arch_key(key))) for label, key in (
         ("embedding length", "embedding_length"), ("layers", "block_count"),
+        ("multi-token-prediction layers (of those, not run)", "nextn_predict_layers"),
         ("attention heads", "attention.head_count"), ("kv heads", "attention.head_count_kv"),
         ("feed forward length", "feed_forward_length"), ("sliding window", "attention.sliding_window"),
     ) if arch_key(key) is not None]

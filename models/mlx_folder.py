@@ -47,6 +47,13 @@ def _load(folder: Path) -> Model:
                              "model*.safetensors and tokenizer.json)")
     config = read_json(config_path, "model config")
     arch, hp = text_hparams(config, config_path)
+    spec = architecture(arch)
+    if spec.hf_tensor_steps is not None:
+        # qwen35's V-head reorder and -exp(A_log) (the exporter refuses these architectures likewise):
+        # read as stored, the tensors would not be what the layer computes with
+        raise ModelLoadError(f"{folder}: a {arch} checkpoint's tensors need llama.cpp's converter's transforms, "
+                             f"which a Hugging Face / MLX folder is not run with; convert it first "
+                             f"(infer quantize {folder} out.gguf)")
     kv, extra = hparam_kvs(arch, hp, folder.resolve().name, config_path)
     # The values a GGUF would hold: float32 keys rounded to float32, so configs compare equal.
     metadata: dict[str, Any] = {key: float(np.float32(value)) if vtype == VT.FLOAT32 else value

@@ -380,7 +380,7 @@ def test_qwen35_state_pool_holds_conv_tails_and_delta_matrices(tmp_path):
     ("ssm.conv_kernel", 1, "ssm.conv_kernel 1 is out of range"),
     ("full_attention_interval", 0, "must be positive"),
     ("full_attention_interval", 5, "every layer recurrent"),
-    ("nextn_predict_layers", 1, "multi-token-prediction"),
+    ("nextn_predict_layers", 4, "nextn_predict_layers 4 is out of range"),  # as many as block_count
     ("rope.dimension_sections", np.array([2, 2, 1, 1], np.int32), "extra section"),
 ])
 def test_qwen35_metadata_refused(tmp_path, key, value, message):

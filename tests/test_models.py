@@ -8,6 +8,7 @@ from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_lo
 from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
+from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
 ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
@@ -182,3 +183,40 @@ def test_tensors_infer_would_ignore_are_refused(tmp_path):
     extra = {**g.tensors, "blk.0.attn_output.bias": np.zeros(256, np.float32)}
     with pytest.raises(ModelLoadError, match="'blk.0.attn_output.bias' is not supported"):
         collect_weights(extra, g.path, model.config)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_mtp_layers_are_left_out_of_the_config(tmp_path, arch):
+    # A multi-token-prediction block, as llama.cpp's converter writes one (the last of block_count's
+    # blocks, nextn_predict_layers of them, with their blk.N.nextn.* tensors): llama.cpp runs the
+    # blocks before it, and so does infer (the logits: test_mtp_layers_are_skipped_as_llama_cpp_skips_them).
+    path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)
+    plain = load_model(write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=tiny_seed(arch)))
+    model = load_model(path)
+    assert model.metadata[f"{arch}.block_count"] == 5 and model.config == plain.config
+    # the flags of attention.recurrent_layers count the MTP block too (llama.cpp's converter writes it false)
+    meta = dict(model.metadata)
+    flags = [*model.config.layer_recurrent, False]
+    assert ModelConfig.from_metadata({**meta, f"{arch}.attention.recurrent_layers": flags}).layer_recurrent == \
+        model.config.layer_recurrent
+    with pytest.raises(ModelConfigError, match="recurrent_layers must give a flag for each of 5 layers"):
+        ModelConfig.from_metadata({**meta, f"{arch}.attention.recurrent_layers": flags[:-1]})
+    with pytest.raises(ModelConfigError, match=r"nextn_predict_layers 5 is out of range \(0\.\.4"):
+        ModelConfig.from_metadata({**meta, f"{arch}.nextn_predict_layers": 5})
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
+    # the logits of the file without the MTP block, to the bit, in llama.cpp and in infer
+    path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)
+    plain = write_tiny_model(tmp_path / f"plain-{arch}.gguf", arch, seed=tiny_seed(arch))
+    ref = llama_cpp_logits(path, PROMPT)
+    np.testing.assert_array_equal(ref, llama_cpp_logits(plain, PROMPT))
+    out = {}
+    for p in (path, plain):
+        model = load_model(p).for_context(N_CTX)
+        runner = CpuRunner(model.config, model.weights, n_threads=2)
+        out[p] = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+    np.testing.assert_array_equal(out[path], out[plain])
+    assert_matches_llama_cpp(out[path], path, arch)

@@ -110,12 +110,12 @@ def hf_text_name(name: str) -> str | None:
     return name.replace(".shared_mlp.output_linear.", ".mlp.down_proj.")
 
 
-def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, int, int]] | None:
+def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, range]] | None:
     """The shared MLP's input_linear: the gate's rows, then up's (the converter's split)."""
     if not name.endswith(".shared_mlp.input_linear.weight"):
         return None
     ff, base = int(hp["shared_intermediate_size"]), name[:-len("shared_mlp.input_linear.weight")]
-    return [(base + "mlp.gate_proj.weight", 0, ff), (base + "mlp.up_proj.weight", ff, 2 * ff)]
+    return [(base + "mlp.gate_proj.weight", range(ff)), (base + "mlp.up_proj.weight", range(ff, 2 * ff))]
 
 
 def _mamba_shape(name: str, hp: dict[str, Any]) -> tuple[int, ...] | None:

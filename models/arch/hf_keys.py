@@ -30,7 +30,8 @@ INT_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_att
                "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                "original_max_position_embeddings", "conv_L_cache", "block_ff_dim", "block_multiple_of",
                "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
-               "linear_num_value_heads", "full_attention_interval", "num_dense_layers")
+               "linear_num_value_heads", "full_attention_interval", "num_dense_layers",
+               "shared_expert_intermediate_size")
 FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_logit_softcapping",
                  "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",
                  "residual_multiplier", "logits_scaling", "norm_eps", "block_ffn_dim_multiplier")
@@ -144,9 +145,11 @@ def head_counts(hp: dict[str, Any], path: Path) -> tuple[int, int]:
     return n_head, n_head_kv
 
 
-def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) -> dict[str, np.ndarray]:
+def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False,
+                ff_optional: bool = False) -> dict[str, np.ndarray]:
     """The converter's common keys; llama: also what its LlamaModel adds (vocab_size, the RoPE
-    dimension count, Llama 3.1's rope_freqs). Returns the tensors made from the config, by name."""
+    dimension count, Llama 3.1's rope_freqs); ff_optional: intermediate_size written only where
+    the config has it (a model of experts only). Returns the tensors made from the config, by name."""
     n_embd = int(need(hp, "hidden_size", path))
     n_head, n_head_kv = head_counts(hp, path)
     head_dim = hp.get("head_dim")
@@ -156,7 +159,8 @@ def generic_kvs(kv: Kvs, hp: dict[str, Any], path: Path, llama: bool = False) ->
         kv.u32("{arch}.context_length", n_ctx)
     kv.u32("{arch}.embedding_length", n_embd)
     kv.u32("{arch}.block_count", need(hp, "num_hidden_layers", path))
-    kv.u32("{arch}.feed_forward_length", need(hp, "intermediate_size", path))
+    if not ff_optional or hp.get("intermediate_size") is not None:
+        kv.u32("{arch}.feed_forward_length", need(hp, "intermediate_size", path))
     kv.u32("{arch}.attention.head_count", n_head)
     kv.u32("{arch}.attention.head_count_kv", n_head_kv)
     theta = rope_theta(hp, None)

@@ -16,7 +16,9 @@ head, RoPE over the first rope.dimension_count dims of each head, attention, tim
 `attn_output`. llama.cpp rotates with its interleaved multi-section RoPE (IMROPE); a text token's
 positions are equal in every section, which makes it NeoX RoPE wherever every rotated pair falls
 in a time/height/width section (checked: the fourth, extra section would rotate by position 0).
-Multi-token-prediction layers (`nextn_predict_layers`) are refused (a follow-up).
+Multi-token-prediction layers (the last `nextn_predict_layers` blocks, `blk.N.nextn.*`) are
+loaded by llama.cpp only for its MTP drafts and skipped by its graph: infer runs the blocks before
+them (models/config.py) and never reads theirs.
 """
 from __future__ import annotations
 
@@ -52,8 +54,6 @@ def _imrope_is_neox(sections: Any, n_rot: int) -> bool:
 def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     """The recurrent layers and the gated delta net's sizes; ValueError for metadata that does not
     describe a qwen35 infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
-    if int(get("nextn_predict_layers", 0) or 0):
-        raise ValueError("multi-token-prediction layers (nextn_predict_layers) are not supported")
     sizes = ssm_sizes(get)
     S, hk, hv = sizes["ssm_state_size"], sizes["ssm_group_count"], sizes["ssm_dt_rank"]
     if hv % hk or sizes["ssm_inner_size"] != hv * S:
@@ -61,9 +61,11 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
                          f"and time_step_rank a multiple of group_count {hk}")
     flags = get("attention.recurrent_layers", None)
     if flags is not None:
-        if not hasattr(flags, "__len__") or len(flags) != n_layer:
-            raise ValueError(f"attention.recurrent_layers must give a flag for each of {n_layer} layers")
-        layer_recurrent = tuple(bool(v) for v in flags)
+        # a flag for every block, the multi-token-prediction layers' (past n_layer) included
+        n_all = n_layer + int(get("nextn_predict_layers", 0) or 0)
+        if not hasattr(flags, "__len__") or len(flags) != n_all:
+            raise ValueError(f"attention.recurrent_layers must give a flag for each of {n_all} layers")
+        layer_recurrent = tuple(bool(v) for v in flags[:n_layer])
     else:
         interval = int(get("full_attention_interval", 4))
         if interval < 1:
@@ -112,11 +114,30 @@ def _rope_parameters(hp: dict[str, Any]) -> dict[str, Any]:
 
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """What llama.cpp's converter writes for Qwen3.5: the common keys, the gated delta net's ssm.*
-    sizes, full_attention_interval, RoPE over partial_rotary_factor of each head and its sections.
-    llama.cpp also writes layer_types as attention.recurrent_layers; here a layer_types that the
-    interval does not describe is refused (infer's GGUF writers have no boolean arrays)."""
-    extra = generic_kvs(kv, hp, path)
+    """What llama.cpp's converter writes for Qwen3.5 (its Qwen3_5TextModel / Qwen3_5MoeTextModel):
+    Qwen3-Next's keys (gated_delta_net_kvs), and RoPE's sections, [11, 11, 10, 0] where the
+    checkpoint has none."""
+    extra = gated_delta_net_kvs(kv, hp, path)
+    sections = list(_rope_parameters(hp).get("mrope_section") or _DEFAULT_SECTIONS)
+    kv.add("{arch}.rope.dimension_sections", VT.ARRAY, np.array((sections + [0] * 4)[:4], np.int32))
+    return extra
+
+
+def gated_delta_net_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """What llama.cpp's Qwen3NextModel writes (Qwen3.5's converter too): the common keys, each
+    expert's and the shared expert's width where the model has experts, the gated delta net's ssm.*
+    sizes, full_attention_interval, RoPE over partial_rotary_factor of each head. llama.cpp also
+    writes layer_types as attention.recurrent_layers; here a layer_types that the interval does not
+    describe is refused (infer's GGUF writers have no boolean arrays)."""
+    moe = bool(hp.get("num_experts"))
+    # a MoE checkpoint may have no dense width (Qwen3.5 MoE's): the converter writes it only if given
+    extra = generic_kvs(kv, hp, path, ff_optional=moe)
+    if moe:
+        if hp.get("mlp_only_layers"):  # dense layers among the MoE ones: llama.cpp's graphs have none
+            raise ConvertError(f"{path}: mlp_only_layers {hp['mlp_only_layers']} (dense layers) are not supported")
+        kv.u32("{arch}.expert_feed_forward_length", need(hp, "moe_intermediate_size", path))
+        if hp.get("shared_expert_intermediate_size") is not None:
+            kv.u32("{arch}.expert_shared_feed_forward_length", hp["shared_expert_intermediate_size"])
     n_layer = int(need(hp, "num_hidden_layers", path))
     interval = int(hp.get("full_attention_interval", 4))
     types = hp.get("layer_types")
@@ -138,8 +159,6 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     head_dim = int(hp.get("head_dim") or int(need(hp, "hidden_size", path)) // int(need(hp, "num_attention_heads", path)))
     rp = _rope_parameters(hp)
     kv.u32("{arch}.rope.dimension_count", int(head_dim * float(rp.get("partial_rotary_factor", 0.25))))
-    sections = list(rp.get("mrope_section") or _DEFAULT_SECTIONS)
-    kv.add("{arch}.rope.dimension_sections", VT.ARRAY, np.array((sections + [0] * 4)[:4], np.int32))
     return extra
 
 
@@ -180,8 +199,13 @@ def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray]
         elif ".out_proj." in name:
             steps.append(lambda w: _v_heads_tiled(w, 1, hk, per_k, dv))
     if name.endswith(".A_log"):
-        steps.append(lambda w: -np.exp(w.astype(np.float32)))
+        steps.append(negated_exp)
     return steps
+
+
+def negated_exp(a_log: np.ndarray) -> np.ndarray:
+    """A = -exp(A_log): the converter stores the delta net's decay rate, not its log."""
+    return -np.exp(a_log.astype(np.float32))
 
 
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:

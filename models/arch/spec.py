@@ -90,10 +90,11 @@ class Architecture:
     # (text-model tensor name, its shape, hyperparameters) -> its GGUF shape where a step reshapes it
     # (granitehybrid's Mamba-2 A and D as (heads, 1), its norm as (groups, width)); None: as stored
     hf_tensor_shape: Callable[..., tuple[int, ...]] | None = None
-    # (text-model tensor name, hyperparameters) -> [(the HF name each part converts as, first row, end
-    # row)] where llama.cpp's converter splits one tensor by rows (granitehybrid's shared_mlp.input_linear:
-    # gate, then up); None or []: whole
-    hf_tensor_parts: Callable[..., list[tuple[str, int, int]] | None] | None = None
+    # (text-model tensor name, hyperparameters) -> [(the HF name each part converts as, its rows in
+    # order)] where llama.cpp's converter splits one tensor by rows (granitehybrid's
+    # shared_mlp.input_linear: gate, then up; qwen3next's in_proj_qkvz, whose rows it also
+    # regroups); None or []: whole
+    hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)

@@ -1,6 +1,9 @@
 """A tiny random Hugging Face Qwen3.5 folder (Qwen3_5ForCausalLM: gated delta nets around a gated
 attention layer, more value heads than key heads) and a numpy forward pass of transformers'
-Qwen3.5 math in float64, the reference for converted logits."""
+Qwen3.5 math in float64, the reference for converted logits. Its variants: Qwen3.5 MoE
+(Qwen3_5MoeForCausalLM: the MLP a mixture of experts beside a gated shared expert) and Qwen3-Next
+(Qwen3NextForCausalLM: the MoE layers with in_proj_qkvz and in_proj_ba fused per key head), the
+same math."""
 from __future__ import annotations
 
 import json
@@ -15,18 +18,24 @@ LIN = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_hea
        "linear_num_key_heads": 2, "linear_num_value_heads": 4}
 PARTIAL = 0.5  # of each head's dims rotated
 EPS, THETA = 1e-6, 1000000.0
+# the mixture of experts of the qwen35moe and qwen3next variants
+N_EXPERT, N_USED, MOE_FF, SHARED_FF = 4, 2, 64, 96
+VARIANTS = {"qwen35": ("qwen3_5_text", "Qwen3_5ForCausalLM"), "qwen35moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
+            "qwen3next": ("qwen3_next", "Qwen3NextForCausalLM")}
 
 
-def make_qwen35(folder: Path, seed: int) -> dict[str, np.ndarray]:
+def make_qwen35(folder: Path, seed: int, variant: str = "qwen35") -> dict[str, np.ndarray]:
     """The checkpoint (matrices and the conv kernel BF16; norms, A_log, dt_bias F32; tied embeddings);
-    returns the float32 weights the HF model computes with."""
+    returns the float32 weights the HF model computes with, by Qwen3.5's names (Qwen3-Next's fused
+    matrices unfused; the experts one matrix each, under mlp.experts.E.*)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     tok = train_bpe("qwen")
     tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
-    cfg = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": D,
+    model_type, hf_class = VARIANTS[variant]
+    cfg = {"model_type": model_type, "architectures": [hf_class], "hidden_size": D,
            "intermediate_size": F, "num_hidden_layers": len(QWEN35_TYPES), "num_attention_heads": H,
            "num_key_value_heads": HKV, "head_dim": HD, "layer_types": QWEN35_TYPES, "full_attention_interval": 2,
            **LIN, "max_position_embeddings": 256, "rms_norm_eps": EPS,
@@ -34,6 +43,14 @@ def make_qwen35(folder: Path, seed: int) -> dict[str, np.ndarray]:
                                "mrope_section": [6, 5, 5], "mrope_interleaved": True},
            "vocab_size": vocab, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
            "eos_token_id": ids["<|im_end|>"]}
+    if variant != "qwen35":
+        cfg.update(num_experts=N_EXPERT, num_experts_per_tok=N_USED, moe_intermediate_size=MOE_FF,
+                   shared_expert_intermediate_size=SHARED_FF, norm_topk_prob=True, decoder_sparse_step=1,
+                   mlp_only_layers=[])
+        if variant == "qwen35moe":
+            del cfg["intermediate_size"]  # Qwen3.5 MoE's config has no dense width
+        else:  # Qwen3-Next: plain partial RoPE, no sections
+            cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": PARTIAL}
     (folder / "config.json").write_text(json.dumps(cfg))
     tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
             "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
@@ -66,6 +83,8 @@ def make_qwen35(folder: Path, seed: int) -> dict[str, np.ndarray]:
             add(a + "in_proj_z.weight", normal(hv * dv, D))
             add(a + "in_proj_b.weight", normal(hv, D))
             add(a + "in_proj_a.weight", normal(hv, D))
+            if variant == "qwen3next":
+                _fuse_qwen3next(stored, weights, a)
             add(a + "conv1d.weight", rng.uniform(-L ** -0.5, L ** -0.5, size=(C, 1, L)))
             add(a + "dt_bias", rng.uniform(0.5, 1.5, size=hv), "F32")
             add(a + "A_log", np.log(rng.uniform(0.05, 1.0, size=hv)), "F32")
@@ -78,11 +97,64 @@ def make_qwen35(folder: Path, seed: int) -> dict[str, np.ndarray]:
             add(p + "self_attn.o_proj.weight", normal(D, H * HD))
             add(p + "self_attn.q_norm.weight", shifted(HD), "F32")
             add(p + "self_attn.k_norm.weight", shifted(HD), "F32")
-        add(p + "mlp.gate_proj.weight", normal(F, D))
-        add(p + "mlp.up_proj.weight", normal(F, D))
-        add(p + "mlp.down_proj.weight", normal(D, F))
+        if variant == "qwen35":
+            add(p + "mlp.gate_proj.weight", normal(F, D))
+            add(p + "mlp.up_proj.weight", normal(F, D))
+            add(p + "mlp.down_proj.weight", normal(D, F))
+            continue
+        add(p + "mlp.gate.weight", normal(N_EXPERT, D) * 20)  # a router whose choices differ
+        for e in range(N_EXPERT):
+            for w, shape in (("gate_proj", (MOE_FF, D)), ("up_proj", (MOE_FF, D)), ("down_proj", (D, MOE_FF))):
+                add(p + f"mlp.experts.{e}.{w}.weight", normal(*shape))
+        for w, shape in (("gate_proj", (SHARED_FF, D)), ("up_proj", (SHARED_FF, D)), ("down_proj", (D, SHARED_FF))):
+            add(p + f"mlp.shared_expert.{w}.weight", normal(*shape))
+        add(p + "mlp.shared_expert_gate.weight", normal(1, D) * 20)
+        if variant == "qwen35moe" and i > 0:  # transformers 5's fused experts (the first layer's stay apart)
+            _fuse_experts(stored, p + "mlp.experts.")
     write_safetensors(folder / "model.safetensors", stored)
     return weights
+
+
+def _fuse_qwen3next(stored: dict[str, tuple[np.ndarray, str]], weights: dict[str, np.ndarray], a: str) -> None:
+    """Qwen3-Next's in_proj_qkvz and in_proj_ba in place of Qwen3.5's four matrices: per key head,
+    its q, k, v, z rows (and its value heads' b rows, then their a rows)."""
+    hk, dk = LIN["linear_num_key_heads"], LIN["linear_key_head_dim"]
+    qkv, z, b, al = (stored.pop(a + n)[0] for n in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight",
+                                                     "in_proj_a.weight"))
+    q, k, v = np.split(qkv, [hk * dk, 2 * hk * dk])
+    per = lambda m: np.split(m, hk)  # each key head's rows
+    stored[a + "in_proj_qkvz.weight"] = (np.concatenate([np.concatenate(g) for g in zip(per(q), per(k), per(v), per(z))]),
+                                         "BF16")
+    stored[a + "in_proj_ba.weight"] = (np.concatenate([np.concatenate(g) for g in zip(per(b), per(al))]), "BF16")
+
+
+def _fuse_experts(stored: dict[str, tuple[np.ndarray, str]], e: str) -> None:
+    """A layer's experts as transformers 5 stores them: gate_up_proj (experts, 2 * ff, D), each
+    expert's gate rows then its up rows; down_proj (experts, D, ff)."""
+    mats = {w: [stored.pop(f"{e}{x}.{w}.weight")[0] for x in range(N_EXPERT)]
+            for w in ("gate_proj", "up_proj", "down_proj")}
+    stored[e + "gate_up_proj"] = (np.stack([np.concatenate(g) for g in zip(mats["gate_proj"], mats["up_proj"])]), "BF16")
+    stored[e + "down_proj"] = (np.stack(mats["down_proj"]), "BF16")
+
+
+def _moe(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+    """Qwen3.5 MoE's / Qwen3-Next's sparse MoE block: softmax router, the top N_USED experts with
+    their weights renormalized, plus the shared expert times sigmoid of its gate."""
+    silu = lambda x: x / (1 + np.exp(-x))
+    ffn = lambda x, g, u, d: (silu(x @ g.T) * (x @ u.T)) @ d.T
+    logits = h @ w[p + "mlp.gate.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        top = np.argsort(-probs[t])[:N_USED]
+        for e in top:
+            x = p + f"mlp.experts.{e}."
+            out[t] += probs[t, e] / probs[t, top].sum() * ffn(h[t], w[x + "gate_proj.weight"], w[x + "up_proj.weight"],
+                                                               w[x + "down_proj.weight"])
+    s = p + "mlp.shared_expert."
+    shared = ffn(h, w[s + "gate_proj.weight"], w[s + "up_proj.weight"], w[s + "down_proj.weight"])
+    return out + shared / (1 + np.exp(-(h @ w[p + "mlp.shared_expert_gate.weight"].T)))
 
 
 def qwen35_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
@@ -147,6 +219,9 @@ def qwen35_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
             o = o @ w[p + "self_attn.o_proj.weight"].T
         x = x + o
         h = rms(x) * (1 + w[p + "post_attention_layernorm.weight"])
-        x = x + (silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
-            w[p + "mlp.down_proj.weight"].T
+        if p + "mlp.gate.weight" in w:
+            x = x + _moe(w, p, h)
+        else:
+            x = x + (silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ \
+                w[p + "mlp.down_proj.weight"].T
     return (rms(x) * (1 + w["model.norm.weight"])) @ w["model.embed_tokens.weight"].T

@@ -190,12 +190,14 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
 
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
                      chat_template: str | None = None, n_ctx: int = 256,
-                     rope_scaling: tuple[str, float, int] | None = None) -> Path:
+                     rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0) -> Path:
     """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout);
     split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
     PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first); chat_template:
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
-    context) of its RoPE scaling."""
+    context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next): that many multi-token-prediction
+    blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
+    blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next")
     gdn = arch in GDN_ARCHS
@@ -209,11 +211,18 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     lfm = arch in ("lfm2", "lfm2moe")
     recurrent = (LFM2_RECURRENT if lfm else GRANITEH_RECURRENT if arch == "granitehybrid" else
                  tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if gdn else (False,) * n_layer)
+    if nextn:
+        if not gdn:
+            raise ValueError(f"no multi-token-prediction blocks for {arch}")
+        recurrent += (False,) * nextn
+        n_layer += nextn  # block_count counts them
     # lfm2, granitehybrid: head_count_kv per layer, 0 for a recurrent layer (as llama.cpp's converter writes it)
     add_common_kvs(w, arch, D, 0 if arch == "qwen35moe" else F, n_layer, H,
                    [0 if r else Hkv for r in recurrent] if lfm or arch == "granitehybrid" else Hkv, hd, n_ctx)
     if lfm:
         w.add_shortconv_l_cache(LFM2_L_CACHE)
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
     if gdn:
         w.add_full_attention_interval(QWEN35_INTERVAL)
         w.add_ssm_conv_kernel(QWEN35_CONV)
@@ -386,6 +395,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "ffn_up.weight", (F, D), types["ffn_up"])
         if not layer_moe:
             add(p + "ffn_down.weight", (D, F), types["ffn_down"])
+        if i >= n_layer - nextn:  # an MTP block's own tensors
+            add(p + "nextn.eh_proj.weight", (D, 2 * D), types["attn_output"])
+            for name in ("enorm", "hnorm", "shared_head_norm"):
+                add(p + f"nextn.{name}.weight", (D,))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -426,7 +426,8 @@ def test_granitehybrid_state_pool_holds_conv_tails_and_scan_states(tmp_path):
     ("ssm.conv_kernel", 1, "ssm.conv_kernel 1 is out of range"),
     ("attention.head_count_kv", np.array([0, 2, 0], np.uint32), "3 values for 4 layers"),
     ("attention.head_count_kv", np.array([0, 0, 0, 0], np.uint32), "one positive KV head count"),
-    ("expert_count", 4, "mixture-of-experts"),
+    # experts (Granite 4.0 H Tiny, Small) run, but not without a count of them per token
+    ("expert_count", 4, r"needs 0 < expert_used_count <= expert_count, got 0 of 4"),
 ])
 def test_granitehybrid_metadata_refused(tmp_path, key, value, message):
     meta = dict(load_model(write_tiny_model(tmp_path / "g.gguf", "granitehybrid", seed=2)).metadata)
@@ -438,6 +439,22 @@ def test_granitehybrid_metadata_refused(tmp_path, key, value, message):
         meta[f"granitehybrid.{key}"] = value
     with pytest.raises(ModelConfigError, match=message):
         ModelConfig.from_metadata(meta)
+
+
+def test_granitehybrid_expert_widths(tmp_path):
+    # as llama.cpp: its experts are feed_forward_length wide, and its ungated shared expert exists
+    # where expert_shared_feed_forward_length > 0 in a file with experts (the dense Granite 4.0 H
+    # files have the key too, the shared MLP's width, which is their dense FFN)
+    model = load_model(write_tiny_model(tmp_path / "g.gguf", "granitehybrid-moe", seed=2))
+    cfg, meta = model.config, dict(model.metadata)
+    assert (cfg.n_ff, cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_expert, cfg.n_expert_used) == (512, 512, 256, 8, 3)
+    assert all(lw.experts and lw.shexp is not None and lw.shexp_gate is None for lw in model.weights.layers)
+    del meta["granitehybrid.expert_shared_feed_forward_length"]
+    assert ModelConfig.from_metadata(meta).n_ff_shexp == 0
+    for key in ("expert_count", "expert_used_count"):
+        del meta[f"granitehybrid.{key}"]
+    meta["granitehybrid.expert_shared_feed_forward_length"] = 512
+    assert ModelConfig.from_metadata(meta).n_ff_shexp == 0
 
 
 def test_shared_expert_widths(tmp_path):

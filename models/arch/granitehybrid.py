@@ -1,7 +1,8 @@
-"""IBM Granite 4.0 H (llama.cpp's LLM_ARCH_GRANITE_HYBRID): Mamba-2 layers interleaved with
-attention layers, each followed by the gated SiLU FFN, pre-norm, with dense granite's four
-multipliers (granite.py: embedding_scale, residual_scale on both blocks' outputs, attention.scale,
-logit_scale) (llama.cpp's src/models/granite-hybrid.cpp, mamba-base.cpp's build_mamba2_layer).
+"""IBM Granite 4.0 H (Micro; Tiny and Small with experts; llama.cpp's LLM_ARCH_GRANITE_HYBRID):
+Mamba-2 layers interleaved with attention layers, each followed by the gated SiLU FFN (or the
+experts, below), pre-norm, with dense granite's four multipliers (granite.py: embedding_scale,
+residual_scale on both blocks' outputs, attention.scale, logit_scale) (llama.cpp's
+src/models/granite-hybrid.cpp, mamba-base.cpp's build_mamba2_layer).
 
 Which layers are recurrent: those whose `attention.head_count_kv` (a value per layer) is 0. A
 Mamba-2 layer: `ssm_in` gives z (I = ssm.inner_size), xBC (x, then B and C: ssm.group_count groups
@@ -11,8 +12,15 @@ state), SiLU; the selective scan per head with a scalar `ssm_a`, softplus(dt + `
 head's group's B and C, over the sequence's "ssm" state (backends/cpu/mamba.py); plus x times
 `ssm_d`; times SiLU(z); RMSNorm per group times `ssm_norm`; `ssm_out`. An attention layer is
 granite's, without RoPE where rope.scaling.finetuned is false (the Granite 4.0 H models: NoPE).
-llama.cpp runs only an inner size of twice n_embd. The mixture-of-experts variants (Granite 4.0
-H Tiny and Small: experts and a shared expert) are refused for now (a follow-up).
+llama.cpp runs only an inner size of twice n_embd.
+
+The mixture-of-experts variants (Granite 4.0 H Tiny and Small: a file with expert_count > 0) have
+experts in every layer's FFN in place of the dense one, as granite-hybrid.cpp's build_layer_ffn:
+the router's softmax over all experts, the top expert_used_count, their weights renormalized to
+sum 1 and never scaled (build_moe_ffn with norm_w true; expert_weights_scale and
+expert_gating_func are not read), each a SiLU-gated FFN of feed_forward_length; plus, where
+expert_shared_feed_forward_length > 0, a shared expert (ffn_*_shexp) of that width over every token,
+its output added to the experts' as it is (no gate); the sum times residual_scale, then the residual.
 """
 from __future__ import annotations
 
@@ -35,8 +43,6 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     """The layers' kinds from the per-layer head_count_kv, the attention layers' one KV head count,
     the Mamba-2 sizes and whether attention rotates by position. ValueError for metadata that does
     not describe a granitehybrid infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
-    if int(get("expert_count", 0) or 0):
-        raise ValueError("the mixture-of-experts variant (expert_count > 0) is not supported yet")
     kv = get("attention.head_count_kv", None)
     if kv is None:
         raise ValueError("attention.head_count_kv is missing (a value per layer, 0 for a Mamba-2 layer)")
@@ -161,6 +167,8 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
 ARCHITECTURE = Architecture(
     name="granitehybrid",
     rope_neox=False,
+    experts="optional",
+    shared_expert="plain",
     hf_model_types=("granitemoehybrid",),
     hf_class="GraniteMoeHybridForCausalLM",
     hf_permute_qk=True,

@@ -15,7 +15,7 @@ ARCHITECTURE = replace(
     qwen35.ARCHITECTURE,
     name="qwen35moe",
     experts="always",
-    shared_expert=True,
+    shared_expert="sigmoid",
     hf_model_types=(),  # the HF converter does not take Qwen3.5 MoE checkpoints yet
     hf_class="",
 )

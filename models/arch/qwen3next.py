@@ -19,7 +19,7 @@ ARCHITECTURE = replace(
     qwen35.ARCHITECTURE,
     name="qwen3next",
     experts="always",
-    shared_expert=True,
+    shared_expert="sigmoid",
     ssm_v_heads_grouped=True,
     hf_model_types=(),  # the HF converter does not take Qwen3-Next checkpoints yet
     hf_class="",

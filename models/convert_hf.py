@@ -200,13 +200,14 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
 
 
 def _row_part(namer: TensorNamer, part: str, lo: int, hi: int, e: StEntry, hf_name: str) -> SourceTensor:
-    """Rows lo:hi of a checkpoint matrix, converted as if the checkpoint named them `part`."""
+    """Rows lo:hi of a checkpoint matrix (of each expert's, in a 3-D tensor of experts), converted as
+    if the checkpoint named them `part`."""
     if e.dtype not in ST_DTYPES:
         st_array(e, hf_name)  # raises the dtype error
-    if len(e.shape) != 2 or not 0 <= lo < hi <= e.shape[0]:
+    if len(e.shape) not in (2, 3) or not 0 <= lo < hi <= e.shape[-2]:
         raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows {lo}:{hi} to convert as {part}")
-    return SourceTensor(namer.gguf_name(part, e.path), (hi - lo, e.shape[1]), int(ST_DTYPES[e.dtype][1]),
-                        _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[lo:hi])]))
+    return SourceTensor(namer.gguf_name(part, e.path), (*e.shape[:-2], hi - lo, e.shape[-1]),
+                        int(ST_DTYPES[e.dtype][1]), _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[..., lo:hi, :])]))
 
 
 # One expert's matrix in a mixture-of-experts checkpoint (qwen3moe: mlp.experts.E.gate_proj; Mixtral:

@@ -69,26 +69,26 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
 # -- the HF converter (llama.cpp's GraniteHybridModel: GraniteMoeModel's keys, Mamba2Model's tensors)
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """What llama.cpp's converter writes for GraniteMoeHybridForCausalLM without experts: granite's
-    keys (head_dim ignored) and the shared MLP's width, the Mamba-2 sizes from the mamba_* keys,
-    head_count_kv per layer (0 for a "mamba" layer of layer_types), RoPE off (rope.scaling.finetuned
-    false, context_length 2**20) when any layer is Mamba-2. The mixture-of-experts checkpoints (Tiny,
-    Small) are refused, as is what the converter would pad or refuse (a vocabulary not a multiple of
-    8, an FFN width other than the shared MLP's)."""
-    if hp.get("num_local_experts"):
-        raise ConvertError(f"{path}: a granitemoehybrid with experts (num_local_experts) is not supported yet")
+    """What llama.cpp's converter writes for GraniteMoeHybridForCausalLM: granite's keys (head_dim
+    ignored; with experts, expert_count and expert_used_count: each expert intermediate_size wide)
+    and the shared MLP's width where it has one, the Mamba-2 sizes from the mamba_* keys,
+    head_count_kv per layer (0 for a "mamba" layer of layer_types), RoPE off
+    (rope.scaling.finetuned false, context_length 2**20) when any layer is Mamba-2. Refused: what
+    the converter would pad or refuse (a vocabulary not a multiple of 8) and, without experts, an
+    FFN width other than the shared MLP's (llama.cpp sizes that FFN by intermediate_size)."""
     n_layer = int(need(hp, "num_hidden_layers", path))
     types = hp.get("layer_types")
     if not isinstance(types, list) or len(types) != n_layer or not set(types) <= {"mamba", "attention"}:
         raise ConvertError(f"{path}: layer_types must name each of {n_layer} layers \"mamba\" or \"attention\"")
-    ff, shared = need(hp, "intermediate_size", path), need(hp, "shared_intermediate_size", path)
-    if ff != shared:
+    ff, shared = need(hp, "intermediate_size", path), hp.get("shared_intermediate_size")
+    if not hp.get("num_local_experts") and ff != shared:
         raise ConvertError(f"{path}: intermediate_size {ff} differs from shared_intermediate_size {shared} "
                            "(llama.cpp sizes the shared MLP by the former)")
     if int(need(hp, "vocab_size", path)) % 8:
         raise ConvertError(f"{path}: vocab_size not a multiple of 8 (llama.cpp's converter pads it) is not supported")
     extra = granite.hf_kvs(kv, {k: v for k, v in hp.items() if k != "head_dim"}, path)
-    kv.u32("{arch}.expert_shared_feed_forward_length", shared)
+    if shared:  # GraniteMoeModel writes it where the config has a (nonzero) one
+        kv.u32("{arch}.expert_shared_feed_forward_length", shared)
     d_inner = int(hp.get("mamba_expand") or 2) * int(need(hp, "hidden_size", path))
     kv.u32("{arch}.ssm.conv_kernel", need(hp, "mamba_d_conv", path))
     kv.u32("{arch}.ssm.state_size", need(hp, "mamba_d_state", path))
@@ -110,18 +110,27 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
 
 
 def hf_text_name(name: str) -> str | None:
-    """dt_bias named as the converter renames it (dt_proj.bias, gguf's ssm_dt); the shared MLP's
-    output as the dense FFN's down projection (without experts it is the layer's FFN)."""
-    name = name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias")
-    return name.replace(".shared_mlp.output_linear.", ".mlp.down_proj.")
+    """dt_bias named as the converter renames it (dt_proj.bias, gguf's ssm_dt)."""
+    return name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias")
 
 
 def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, int, int]] | None:
-    """The shared MLP's input_linear: the gate's rows, then up's (the converter's split)."""
-    if not name.endswith(".shared_mlp.input_linear.weight"):
-        return None
-    ff, base = int(hp["shared_intermediate_size"]), name[:-len("shared_mlp.input_linear.weight")]
-    return [(base + "mlp.gate_proj.weight", 0, ff), (base + "mlp.up_proj.weight", ff, 2 * ff)]
+    """The converter's splits and renames (GraniteMoeModel.modify_tensors): the experts'
+    input_linear (experts, 2 intermediate_size, hidden) into gate_exps, then up_exps; the shared
+    MLP's input_linear into gate, then up: the shared expert's (ffn_*_shexp) beside experts, else
+    the dense FFN's, whose down projection its output_linear (whole) then is. Names as the HF
+    layouts that gguf's table maps to those tensors."""
+    experts = bool(hp.get("num_local_experts"))
+    for suffix, ff, kind in ((".block_sparse_moe.input_linear.weight", "intermediate_size", "mlp.experts."),
+                             (".shared_mlp.input_linear.weight", "shared_intermediate_size",
+                              "mlp.shared_expert." if experts else "mlp.")):
+        if name.endswith(suffix):
+            n, base = int(hp[ff]), name[:-len(suffix)] + "."
+            return [(base + kind + "gate_proj.weight", 0, n), (base + kind + "up_proj.weight", n, 2 * n)]
+    if name.endswith(".shared_mlp.output_linear.weight") and not experts:
+        base = name[:-len("shared_mlp.output_linear.weight")]
+        return [(base + "mlp.down_proj.weight", 0, int(hp["hidden_size"]))]
+    return None
 
 
 def _mamba_shape(name: str, hp: dict[str, Any]) -> tuple[int, ...] | None:

@@ -94,8 +94,8 @@ class Architecture:
     # (granitehybrid's Mamba-2 A and D as (heads, 1), its norm as (groups, width)); None: as stored
     hf_tensor_shape: Callable[..., tuple[int, ...]] | None = None
     # (text-model tensor name, hyperparameters) -> [(the HF name each part converts as, first row, end
-    # row)] where llama.cpp's converter splits one tensor by rows (granitehybrid's shared_mlp.input_linear:
-    # gate, then up); None or []: whole
+    # row)] where llama.cpp's converter splits one tensor by rows (of each expert's matrix in a 3-D
+    # tensor) or renames it by the config (granitehybrid's input_linear: gate, then up); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, int, int]] | None] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present

@@ -244,13 +244,16 @@ class ModelConfig:
         n_expert_used = int(get("expert_used_count", 0)) if n_expert else 0
         if (n_expert or spec.experts == "always") and not 0 < n_expert_used <= n_expert:
             raise ModelConfigError(f"{arch} needs 0 < expert_used_count <= expert_count, got {n_expert_used} of {n_expert}")
-        # each expert's width, else llama.cpp's default: n_ff (llama), n_ff / n_expert_used (qwen3moe);
-        # the shared expert's, else n_ff
+        # each expert's width, else llama.cpp's default: n_ff (llama, granitehybrid), n_ff / n_expert_used
+        # (qwen3moe); the shared expert's (Architecture.shared_expert): a sigmoid-gated one's, else n_ff;
+        # a plain one only where the key is > 0 in a file with experts (granitehybrid's n_ff_shexp)
         n_ff_exp = int(get("expert_feed_forward_length", 0)) or (
             n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
-        n_ff_shexp = int(get("expert_shared_feed_forward_length", 0)) or n_ff if spec.shared_expert else 0
+        shexp_key = int(get("expert_shared_feed_forward_length", 0))
+        n_ff_shexp = (shexp_key or n_ff if spec.shared_expert == "sigmoid" else
+                      shexp_key if spec.shared_expert == "plain" and n_expert else 0)
         _check_widths(arch, n_embd, n_ff, n_ff_exp, n_ff_shexp)
-        if n_expert and not n_ff_exp or spec.shared_expert and not n_ff_shexp:
+        if n_expert and not n_ff_exp or spec.shared_expert == "sigmoid" and not n_ff_shexp:
             raise ModelConfigError(f"{arch}: no expert width (expert_feed_forward_length, "
                                    f"expert_shared_feed_forward_length or feed_forward_length)")
         dense_lead = int(get("leading_dense_block_count", 0)) if n_expert else 0

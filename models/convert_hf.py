@@ -211,16 +211,16 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
 
 
 def _row_part(namer: TensorNamer, part: str, rows: Sequence[int], e: StEntry, hf_name: str) -> SourceTensor:
-    """The given rows of a checkpoint matrix, in that order, converted as if the checkpoint named
-    them `part`."""
+    """The given rows of a checkpoint matrix (of each expert's, in a 3-D tensor of experts), in that
+    order, converted as if the checkpoint named them `part`."""
     if e.dtype not in ST_DTYPES:
         st_array(e, hf_name)  # raises the dtype error
     idx = np.asarray(rows, dtype=np.int64)
-    if len(e.shape) != 2 or not idx.size or idx.min() < 0 or idx.max() >= e.shape[0]:
+    if len(e.shape) not in (2, 3) or not idx.size or idx.min() < 0 or idx.max() >= e.shape[-2]:
         raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows "
                            f"{idx.min(initial=0)}..{idx.max(initial=0)} to convert as {part}")
-    return SourceTensor(namer.gguf_name(part, e.path), (idx.size, e.shape[1]), int(ST_DTYPES[e.dtype][1]),
-                        _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[idx])]))
+    return SourceTensor(namer.gguf_name(part, e.path), (*e.shape[:-2], idx.size, e.shape[-1]),
+                        int(ST_DTYPES[e.dtype][1]), _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[..., idx, :])]))
 
 
 # All of a layer's experts in one tensor (transformers 5's layout):

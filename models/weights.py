@@ -50,7 +50,7 @@ class LayerWeights:
     router: Matrix | None = None
     experts: tuple[tuple[Matrix, Matrix, Matrix], ...] = ()
     # the shared expert (Architecture.shared_expert): its gate, up (n_ff_shexp, n_embd) and down
-    # (n_embd, n_ff_shexp) matrices, and the (1, n_embd) row of its sigmoid gate
+    # (n_embd, n_ff_shexp) matrices, and the (1, n_embd) row of its sigmoid gate (None: added ungated)
     shexp: tuple[Matrix, Matrix, Matrix] | None = None
     shexp_gate: Matrix | None = None
     # gpt-oss (architecture.extra_biases, attn_sinks): the attention output's bias (n_embd,), the
@@ -263,11 +263,12 @@ def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
                     for e in range(E))
     out = {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
            "experts": experts}
-    if cfg.architecture.shared_expert:
+    if cfg.n_ff_shexp:  # a shared expert (Architecture.shared_expert), with its gate's row where sigmoid-gated
         Fs = cfg.n_ff_shexp
         out["shexp"] = (get(p + "ffn_gate_shexp.weight", (Fs, D)), get(p + "ffn_up_shexp.weight", (Fs, D)),
                         get(p + "ffn_down_shexp.weight", (D, Fs)))
-        out["shexp_gate"] = _row(get(p + "ffn_gate_inp_shexp.weight", None), D, p + "ffn_gate_inp_shexp.weight")
+        if cfg.architecture.shared_expert == "sigmoid":
+            out["shexp_gate"] = _row(get(p + "ffn_gate_inp_shexp.weight", None), D, p + "ffn_gate_inp_shexp.weight")
     return out
 
 

@@ -42,13 +42,14 @@ def _layer(a) -> str:
         parts.append(f"{a.recurrent_kind} beside the attention layers, a state per sequence")
     if a.attn_output_gate:
         parts.append("sigmoid-gated attention output")
+    shared = {"sigmoid": "sigmoid-gated shared expert", "plain": "ungated shared expert"}.get(a.shared_expert, "")
     if a.experts == "always":
         gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router"}
         parts.append("mixture of experts" + gating.get(a.moe_gating, ""))
-        if a.shared_expert:
-            parts.append("sigmoid-gated shared expert")
+        if shared:
+            parts.append(shared)
     elif a.experts == "optional":
-        parts.append("dense, or experts where the file has them")
+        parts.append("dense, or experts" + (f" with an {shared}" if shared else "") + " where the file has them")
     if a.qk_norm:
         parts.append({"head": "Q/K norms per head", "all": "Q/K norms over the whole projection"}[a.qk_norm])
     if not a.pre_norms:

@@ -1,8 +1,10 @@
-"""HF checkpoint -> GGUF for granitehybrid (tests/helpers/hf_granitehybrid.py's tiny folder: Granite
-4.0 H without experts): the keys llama.cpp's converter writes (granite's multipliers, the ssm.*
-sizes from the mamba_* keys, head_count_kv per layer, RoPE off), the shared MLP's input split into
-gate and up, A = -exp(A_log) and A, D, the grouped norm reshaped; and logits of the HF math,
-llama.cpp and infer agreeing."""
+"""HF checkpoint -> GGUF for granitehybrid (tests/helpers/hf_granitehybrid.py's tiny folders: Granite
+4.0 H without experts, and with them as Granite 4.0 H Tiny): the keys llama.cpp's converter writes
+(granite's multipliers, the ssm.* sizes from the mamba_* keys, head_count_kv per layer, RoPE off;
+the expert counts and widths), the shared MLP's input split into gate and up (the dense FFN's, or
+the shared expert's beside experts), the experts' input split into gate_exps and up_exps, A =
+-exp(A_log) and A, D, the grouped norm reshaped; and logits of the HF math, llama.cpp and infer
+agreeing."""
 from __future__ import annotations
 
 import gguf
@@ -10,7 +12,16 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from helpers.hf_granitehybrid import GH_TYPES, MAMBA, granitehybrid_forward, make_granitehybrid
+from helpers.hf_granitehybrid import (
+    GH_EXPERTS,
+    GH_FF_EXP,
+    GH_FF_SHARED,
+    GH_TYPES,
+    GH_USED,
+    MAMBA,
+    granitehybrid_forward,
+    make_granitehybrid,
+)
 from helpers.hf_models import HKV, D, F, from_bf16
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.convert_hf import write_gguf_unquantized
@@ -24,6 +35,17 @@ def converted(tmp_path_factory):
     folder = tmp_path_factory.mktemp("granitehybrid") / "Tiny-granitehybrid"
     weights = make_granitehybrid(folder, seed=29)
     return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-granitehybrid.gguf")
+
+
+@pytest.fixture(scope="module")
+def converted_moe(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("granitehybrid-moe") / "Tiny-granitehybrid-moe"
+    weights = make_granitehybrid(folder, seed=31, experts=True)
+    return folder, weights, write_gguf_unquantized(folder, folder.parent / "tiny-granitehybrid-moe.gguf")
+
+
+def _bf16_data(t) -> np.ndarray:
+    return from_bf16(np.asarray(t.data).view(np.uint16))
 
 
 def test_metadata_and_tensors(converted):
@@ -53,8 +75,7 @@ def test_metadata_and_tensors(converted):
     assert "blk.0.ssm_dt.bias" in names and "blk.0.ffn_down.weight" in names and "output.weight" not in names
 
 
-@pytest.mark.reference
-def test_logits_match_hf_math_llama_cpp_and_infer(converted):
+def _assert_logits_agree(converted, what: str) -> None:
     folder, weights, out = converted
     hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
@@ -65,12 +86,55 @@ def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     want = granitehybrid_forward(weights, ids)
     # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
     tol = 0.02 * np.abs(want).max()
-    print(f"granitehybrid: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
+    print(f"{what}: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
     assert np.abs(ref - want).max() <= tol
     np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
     model = load_model(out)
     runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
-    print(f"granitehybrid: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
+    print(f"{what}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
     assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.reference
+def test_logits_match_hf_math_llama_cpp_and_infer(converted):
+    _assert_logits_agree(converted, "granitehybrid")
+
+
+def test_experts_metadata_and_tensors(converted_moe):
+    # as llama.cpp's GraniteMoeModel: experts intermediate_size wide (feed_forward_length; no
+    # expert_feed_forward_length), input_linear's halves per expert as gate_exps and up_exps,
+    # output_linear as down_exps, the router as ffn_gate_inp (float32), the shared MLP as ffn_*_shexp
+    folder, weights, out = converted_moe
+    r = gguf.GGUFReader(out)
+    kv = {f.name: f.contents() for f in r.fields.values()}
+    g = "granitehybrid."
+    assert kv[g + "expert_count"] == GH_EXPERTS and kv[g + "expert_used_count"] == GH_USED
+    assert kv[g + "feed_forward_length"] == GH_FF_EXP and kv[g + "expert_shared_feed_forward_length"] == GH_FF_SHARED
+    assert g + "expert_feed_forward_length" not in kv
+    names = {t.name: t for t in r.tensors}
+    for i in range(len(GH_TYPES)):
+        p, hf = f"blk.{i}.", f"model.layers.{i}."
+        both = weights[hf + "block_sparse_moe.input_linear.weight"]
+        for part, want in (("gate", both[:, :GH_FF_EXP]), ("up", both[:, GH_FF_EXP:])):
+            t = names[p + f"ffn_{part}_exps.weight"]
+            assert t.shape.tolist()[::-1] == [GH_EXPERTS, GH_FF_EXP, D]
+            np.testing.assert_array_equal(_bf16_data(t).reshape(want.shape), want)
+        np.testing.assert_array_equal(_bf16_data(names[p + "ffn_down_exps.weight"]).reshape(GH_EXPERTS, D, GH_FF_EXP),
+                                      weights[hf + "block_sparse_moe.output_linear.weight"])
+        router = names[p + "ffn_gate_inp.weight"]  # float32, as llama.cpp's converter writes every router
+        assert router.tensor_type == gguf.GGMLQuantizationType.F32
+        np.testing.assert_array_equal(np.asarray(router.data).reshape(GH_EXPERTS, D),
+                                      weights[hf + "block_sparse_moe.router.layer.weight"])
+        shared = weights[hf + "shared_mlp.input_linear.weight"]
+        for part, want in (("gate", shared[:GH_FF_SHARED]), ("up", shared[GH_FF_SHARED:])):
+            np.testing.assert_array_equal(_bf16_data(names[p + f"ffn_{part}_shexp.weight"]).reshape(want.shape), want)
+        np.testing.assert_array_equal(_bf16_data(names[p + "ffn_down_shexp.weight"]).reshape(D, GH_FF_SHARED),
+                                      weights[hf + "shared_mlp.output_linear.weight"])
+        assert not {p + f"ffn_{n}.weight" for n in ("gate", "up", "down")} & names.keys()
+
+
+@pytest.mark.reference
+def test_experts_logits_match_hf_math_llama_cpp_and_infer(converted_moe):
+    _assert_logits_agree(converted_moe, "granitehybrid with experts")

@@ -24,7 +24,7 @@ from infer.models.loader import load_model
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference
 
-ARCHS = [*names(), "llama-moe"]
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
 TINY_CTX = 64
 TINY_PROMPT = [1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7, 19, 45, 200, 201]
 # not products: bit-identical to llama.cpp's from its inputs (norms, embeddings, the activations,

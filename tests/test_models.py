@@ -11,7 +11,8 @@ from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-ARCHS = [*names(), "llama-moe"]  # every registered architecture, and llama with experts (Mixtral)
+# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

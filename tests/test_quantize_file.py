@@ -21,14 +21,17 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
-              "qwen35moe": GT.BF16, "qwen3next": GT.F16}
+              "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
                       nan_in: str | None = None, seed: int = 0) -> Path:
-    """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input."""
+    """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input
+    ("granitehybrid-moe": granitehybrid with experts F wide and a shared expert, Granite 4.0 H Tiny's layout)."""
     rng = np.random.default_rng(seed)
+    granite_moe = arch == "granitehybrid-moe"
+    arch = "granitehybrid" if granite_moe else arch
     H, Hkv, hd, n_vocab = 4, 2, 64, 320
     n_layer = n_layer or (6 if arch == "gemma3" else 3)
     w = gguf.GGUFWriter(str(path), arch)
@@ -59,15 +62,17 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next")
+    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next") or granite_moe
+    Fe = F if granite_moe else N_FF_EXP  # granitehybrid's experts are feed_forward_length wide
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
-        w.add_expert_feed_forward_length(N_FF_EXP)
+        if not granite_moe:
+            w.add_expert_feed_forward_length(N_FF_EXP)
     if arch == "lfm2moe":
         w.add_leading_dense_block_count(1)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    if gdn and moe:
+    if gdn and moe or granite_moe:
         w.add_expert_shared_feed_forward_length(N_FF_EXP)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
@@ -154,11 +159,12 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
             if arch == "lfm2moe":
                 add(p + "exp_probs_b.bias", (N_EXPERT,))
-            add(p + "ffn_gate_exps.weight", (N_EXPERT, N_FF_EXP, D))
-            add(p + "ffn_up_exps.weight", (N_EXPERT, N_FF_EXP, D))
-            add(p + "ffn_down_exps.weight", (N_EXPERT, D, N_FF_EXP))
-            if gdn:  # the shared expert, its gate a (D,) row (never quantized: one dimension)
-                add(p + "ffn_gate_inp_shexp.weight", (D,))
+            add(p + "ffn_gate_exps.weight", (N_EXPERT, Fe, D))
+            add(p + "ffn_up_exps.weight", (N_EXPERT, Fe, D))
+            add(p + "ffn_down_exps.weight", (N_EXPERT, D, Fe))
+            if gdn or granite_moe:  # the shared expert, a gdn's gate a (D,) row (never quantized: one dimension)
+                if gdn:
+                    add(p + "ffn_gate_inp_shexp.weight", (D,))
                 add(p + "ffn_gate_shexp.weight", (N_FF_EXP, D))
                 add(p + "ffn_up_shexp.weight", (N_FF_EXP, D))
                 add(p + "ffn_down_shexp.weight", (D, N_FF_EXP))
@@ -214,17 +220,19 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
-    tied embeddings too (lfm2moe's convolution kernels stay F32); a model without experts is all Q8_0."""
+    tied embeddings too (lfm2moe's convolution kernels and granitehybrid's Mamba-2 kernels, A, D and
+    norms stay F32); a model without experts is all Q8_0."""
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_model(models[arch], ours, QuantizeOptions(type="MXFP4_MOE", threads=2))
     llama_quantize(models[arch], ref, "MXFP4_MOE")
     assert_same_file(ours, ref)
     g = read_gguf(ours)
     types = {n: t.type_name for n, t in g.tensors.items()
-             if len(t.shape) > 1 and "gate_inp" not in n and "shortconv.conv" not in n}
+             if len(t.shape) > 1 and "gate_inp" not in n and "shortconv.conv" not in n
+             and not n.endswith(("ssm_conv1d.weight", "ssm_a", "ssm_d", "ssm_norm.weight"))}
     want = {n: "MXFP4" if n.endswith("_exps.weight") else "Q8_0" for n in types}
     assert types == want and g.metadata["general.file_type"] == 38
     assert ("MXFP4" in types.values()) == (arch != "llama")

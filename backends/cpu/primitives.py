@@ -216,11 +216,14 @@ class CpuPrimitives:
         (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
         for w, col in ly.shexp_down:
             qmatmul(w, act, y, mm, col)
-        for w, col in ly.shexp_gate:
-            qmatmul(w, h, g, mm, col)
         if self.trace is not None:
             self._seen("ffn_shexp", il, y)
-        add_gated(o, y, g)
+        if ly.shexp_gate:  # qwen35moe, qwen3next: times the sigmoid of its gate's logit
+            for w, col in ly.shexp_gate:
+                qmatmul(w, h, g, mm, col)
+            add_gated(o, y, g)
+        else:  # granitehybrid: added as it is (ggml_add, one float32 sum per element)
+            o += y
         if self.trace is not None:
             self._seen("ffn_out", il, o)
         return o

@@ -204,8 +204,11 @@ class MlxPrimitives:
                       self.states.conv[j], self.states.ssm[j], self.conv_plan, self.step_plan)
 
     def shared_expert(self, h: mx.array, o: mx.array, ly: Any, il: int) -> mx.array:
-        # as the cpu backend: the gated FFN of h times sigmoid(ffn_gate_inp_shexp · h), added to o
+        # as the cpu backend: the gated FFN of h, times sigmoid(ffn_gate_inp_shexp · h) where the layer
+        # has that gate (qwen35moe, qwen3next), added to o
         y = self.linear(ly.shexp_down, self.glu(self.linear(ly.shexp, h, "ffn_shexp_gate_up", il), il), "ffn_shexp", il)
+        if not ly.shexp_gate:  # granitehybrid: added as it is
+            return o + y
         g = self.linear(ly.shexp_gate, h, "shared_expert_gate", il)  # (T, 1)
         return o + y * (1.0 / (1.0 + mx.exp(-g)))
 

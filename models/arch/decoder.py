@@ -59,8 +59,8 @@ class Primitives(Protocol[A]):
 
     def shared_expert(self, h: A, o: A, ly: Any, il: int) -> A:
         """The experts' output o plus the layer's shared expert: the gated FFN of h
-        (ffn_{gate,up,down}_shexp) times sigmoid(ffn_gate_inp_shexp · h) (qwen35moe, qwen3next)
-        ("ffn_out")."""
+        (ffn_{gate,up,down}_shexp), times sigmoid(ffn_gate_inp_shexp · h) where the layer has that
+        gate (qwen35moe, qwen3next; granitehybrid's is added as it is) ("ffn_out")."""
 
     def shortconv(self, bcx: A, ly: Any, il: int) -> A:
         """LFM2's gated short convolution from in_proj's B | C | x (T, 3 n_embd): C * conv(B * x),

@@ -1,7 +1,8 @@
-"""IBM Granite 4.0 H (llama.cpp's LLM_ARCH_GRANITE_HYBRID): Mamba-2 layers interleaved with
-attention layers, each followed by the gated SiLU FFN, pre-norm, with dense granite's four
-multipliers (granite.py: embedding_scale, residual_scale on both blocks' outputs, attention.scale,
-logit_scale) (llama.cpp's src/models/granite-hybrid.cpp, mamba-base.cpp's build_mamba2_layer).
+"""IBM Granite 4.0 H (Micro; Tiny and Small with experts; llama.cpp's LLM_ARCH_GRANITE_HYBRID):
+Mamba-2 layers interleaved with attention layers, each followed by the gated SiLU FFN (or the
+experts, below), pre-norm, with dense granite's four multipliers (granite.py: embedding_scale,
+residual_scale on both blocks' outputs, attention.scale, logit_scale) (llama.cpp's
+src/models/granite-hybrid.cpp, mamba-base.cpp's build_mamba2_layer).
 
 Which layers are recurrent: those whose `attention.head_count_kv` (a value per layer) is 0. A
 Mamba-2 layer: `ssm_in` gives z (I = ssm.inner_size), xBC (x, then B and C: ssm.group_count groups
@@ -11,8 +12,15 @@ state), SiLU; the selective scan per head with a scalar `ssm_a`, softplus(dt + `
 head's group's B and C, over the sequence's "ssm" state (backends/cpu/mamba.py); plus x times
 `ssm_d`; times SiLU(z); RMSNorm per group times `ssm_norm`; `ssm_out`. An attention layer is
 granite's, without RoPE where rope.scaling.finetuned is false (the Granite 4.0 H models: NoPE).
-llama.cpp runs only an inner size of twice n_embd. The mixture-of-experts variants (Granite 4.0
-H Tiny and Small: experts and a shared expert) are refused for now (a follow-up).
+llama.cpp runs only an inner size of twice n_embd.
+
+The mixture-of-experts variants (Granite 4.0 H Tiny and Small: a file with expert_count > 0) have
+experts in every layer's FFN in place of the dense one, as granite-hybrid.cpp's build_layer_ffn:
+the router's softmax over all experts, the top expert_used_count, their weights renormalized to
+sum 1 and never scaled (build_moe_ffn with norm_w true; expert_weights_scale and
+expert_gating_func are not read), each a SiLU-gated FFN of feed_forward_length; plus, where
+expert_shared_feed_forward_length > 0, a shared expert (ffn_*_shexp) of that width over every token,
+its output added to the experts' as it is (no gate); the sum times residual_scale, then the residual.
 """
 from __future__ import annotations
 
@@ -35,8 +43,6 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
     """The layers' kinds from the per-layer head_count_kv, the attention layers' one KV head count,
     the Mamba-2 sizes and whether attention rotates by position. ValueError for metadata that does
     not describe a granitehybrid infer runs (ModelConfig.from_metadata makes it a ModelConfigError)."""
-    if int(get("expert_count", 0) or 0):
-        raise ValueError("the mixture-of-experts variant (expert_count > 0) is not supported yet")
     kv = get("attention.head_count_kv", None)
     if kv is None:
         raise ValueError("attention.head_count_kv is missing (a value per layer, 0 for a Mamba-2 layer)")
@@ -63,26 +69,26 @@ def recurrent(get: Callable[[str, Any], Any], n_layer: int) -> dict[str, Any]:
 # -- the HF converter (llama.cpp's GraniteHybridModel: GraniteMoeModel's keys, Mamba2Model's tensors)
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """What llama.cpp's converter writes for GraniteMoeHybridForCausalLM without experts: granite's
-    keys (head_dim ignored) and the shared MLP's width, the Mamba-2 sizes from the mamba_* keys,
-    head_count_kv per layer (0 for a "mamba" layer of layer_types), RoPE off (rope.scaling.finetuned
-    false, context_length 2**20) when any layer is Mamba-2. The mixture-of-experts checkpoints (Tiny,
-    Small) are refused, as is what the converter would pad or refuse (a vocabulary not a multiple of
-    8, an FFN width other than the shared MLP's)."""
-    if hp.get("num_local_experts"):
-        raise ConvertError(f"{path}: a granitemoehybrid with experts (num_local_experts) is not supported yet")
+    """What llama.cpp's converter writes for GraniteMoeHybridForCausalLM: granite's keys (head_dim
+    ignored; with experts, expert_count and expert_used_count: each expert intermediate_size wide)
+    and the shared MLP's width where it has one, the Mamba-2 sizes from the mamba_* keys,
+    head_count_kv per layer (0 for a "mamba" layer of layer_types), RoPE off
+    (rope.scaling.finetuned false, context_length 2**20) when any layer is Mamba-2. Refused: what
+    the converter would pad or refuse (a vocabulary not a multiple of 8) and, without experts, an
+    FFN width other than the shared MLP's (llama.cpp sizes that FFN by intermediate_size)."""
     n_layer = int(need(hp, "num_hidden_layers", path))
     types = hp.get("layer_types")
     if not isinstance(types, list) or len(types) != n_layer or not set(types) <= {"mamba", "attention"}:
         raise ConvertError(f"{path}: layer_types must name each of {n_layer} layers \"mamba\" or \"attention\"")
-    ff, shared = need(hp, "intermediate_size", path), need(hp, "shared_intermediate_size", path)
-    if ff != shared:
+    ff, shared = need(hp, "intermediate_size", path), hp.get("shared_intermediate_size")
+    if not hp.get("num_local_experts") and ff != shared:
         raise ConvertError(f"{path}: intermediate_size {ff} differs from shared_intermediate_size {shared} "
                            "(llama.cpp sizes the shared MLP by the former)")
     if int(need(hp, "vocab_size", path)) % 8:
         raise ConvertError(f"{path}: vocab_size not a multiple of 8 (llama.cpp's converter pads it) is not supported")
     extra = granite.hf_kvs(kv, {k: v for k, v in hp.items() if k != "head_dim"}, path)
-    kv.u32("{arch}.expert_shared_feed_forward_length", shared)
+    if shared:  # GraniteMoeModel writes it where the config has a (nonzero) one
+        kv.u32("{arch}.expert_shared_feed_forward_length", shared)
     d_inner = int(hp.get("mamba_expand") or 2) * int(need(hp, "hidden_size", path))
     kv.u32("{arch}.ssm.conv_kernel", need(hp, "mamba_d_conv", path))
     kv.u32("{arch}.ssm.state_size", need(hp, "mamba_d_state", path))
@@ -104,18 +110,27 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
 
 
 def hf_text_name(name: str) -> str | None:
-    """dt_bias named as the converter renames it (dt_proj.bias, gguf's ssm_dt); the shared MLP's
-    output as the dense FFN's down projection (without experts it is the layer's FFN)."""
-    name = name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias")
-    return name.replace(".shared_mlp.output_linear.", ".mlp.down_proj.")
+    """dt_bias named as the converter renames it (dt_proj.bias, gguf's ssm_dt)."""
+    return name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias")
 
 
 def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, range]] | None:
-    """The shared MLP's input_linear: the gate's rows, then up's (the converter's split)."""
-    if not name.endswith(".shared_mlp.input_linear.weight"):
-        return None
-    ff, base = int(hp["shared_intermediate_size"]), name[:-len("shared_mlp.input_linear.weight")]
-    return [(base + "mlp.gate_proj.weight", range(ff)), (base + "mlp.up_proj.weight", range(ff, 2 * ff))]
+    """The converter's splits and renames (GraniteMoeModel.modify_tensors): the experts'
+    input_linear (experts, 2 intermediate_size, hidden) into gate_exps, then up_exps; the shared
+    MLP's input_linear into gate, then up: the shared expert's (ffn_*_shexp) beside experts, else
+    the dense FFN's, whose down projection its output_linear (whole) then is. Names as the HF
+    layouts that gguf's table maps to those tensors."""
+    experts = bool(hp.get("num_local_experts"))
+    for suffix, ff, kind in ((".block_sparse_moe.input_linear.weight", "intermediate_size", "mlp.experts."),
+                             (".shared_mlp.input_linear.weight", "shared_intermediate_size",
+                              "mlp.shared_expert." if experts else "mlp.")):
+        if name.endswith(suffix):
+            n, base = int(hp[ff]), name[:-len(suffix)] + "."
+            return [(base + kind + "gate_proj.weight", range(n)), (base + kind + "up_proj.weight", range(n, 2 * n))]
+    if name.endswith(".shared_mlp.output_linear.weight") and not experts:
+        base = name[:-len("shared_mlp.output_linear.weight")]
+        return [(base + "mlp.down_proj.weight", range(int(hp["hidden_size"])))]
+    return None
 
 
 def _mamba_shape(name: str, hp: dict[str, Any]) -> tuple[int, ...] | None:
@@ -161,6 +176,8 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
 ARCHITECTURE = Architecture(
     name="granitehybrid",
     rope_neox=False,
+    experts="optional",
+    shared_expert="plain",
     hf_model_types=("granitemoehybrid",),
     hf_class="GraniteMoeHybridForCausalLM",
     hf_permute_qk=True,

@@ -20,7 +20,7 @@ ARCHITECTURE = replace(
     qwen35.ARCHITECTURE,
     name="qwen35moe",
     experts="always",
-    shared_expert=True,
+    shared_expert="sigmoid",
     hf_model_types=("qwen3_5_moe_text", "qwen3_5_moe"),
     hf_class="Qwen3_5MoeForCausalLM",
 )

@@ -57,7 +57,7 @@ ARCHITECTURE = replace(
     qwen35.ARCHITECTURE,
     name="qwen3next",
     experts="always",
-    shared_expert=True,
+    shared_expert="sigmoid",
     ssm_v_heads_grouped=True,
     hf_model_types=("qwen3_next",),
     hf_class="Qwen3NextForCausalLM",

@@ -57,10 +57,13 @@ class Architecture:
     # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
     # bias, extra_biases) is added to the probabilities for the choice alone.
     moe_gating: str = "softmax"
-    # a shared expert beside the routed ones (qwen35moe, qwen3next): a gated FFN of every token
-    # (ffn_{gate,up,down}_shexp) whose output, times sigmoid(ffn_gate_inp_shexp · h), is added to
-    # the experts' weighted sum (llama.cpp's build_layer_ffn of those architectures)
-    shared_expert: bool = False
+    # a shared expert beside the routed ones: a gated FFN of every token (ffn_{gate,up,down}_shexp)
+    # whose output is added to the experts' weighted sum (llama.cpp's build_layer_ffn of these
+    # architectures). "": none; "sigmoid" (qwen35moe, qwen3next): in every layer of experts, of
+    # width expert_shared_feed_forward_length (else feed_forward_length), its output times
+    # sigmoid(ffn_gate_inp_shexp · h); "plain" (granitehybrid): added as it is, in the layers of
+    # experts of a file whose expert_shared_feed_forward_length is > 0
+    shared_expert: str = ""
     # a gated delta net's value heads grouped by key head (value head h reads key head h // (Hv / Hk):
     # qwen3next) rather than tiled (h % Hk: qwen35, whose converter reorders the V heads for it)
     ssm_v_heads_grouped: bool = False
@@ -91,9 +94,9 @@ class Architecture:
     # (granitehybrid's Mamba-2 A and D as (heads, 1), its norm as (groups, width)); None: as stored
     hf_tensor_shape: Callable[..., tuple[int, ...]] | None = None
     # (text-model tensor name, hyperparameters) -> [(the HF name each part converts as, its rows in
-    # order)] where llama.cpp's converter splits one tensor by rows (granitehybrid's
-    # shared_mlp.input_linear: gate, then up; qwen3next's in_proj_qkvz, whose rows it also
-    # regroups); None or []: whole
+    # order (of each expert's matrix in a 3-D tensor of experts))] where llama.cpp's converter splits
+    # one tensor by rows or renames it by the config (granitehybrid's input_linear: gate, then up;
+    # qwen3next's in_proj_qkvz, whose rows it also regroups); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present

@@ -266,9 +266,11 @@ def _exact_moe(cfg, lw, h):
 def _exact_shared_expert(cfg, lw, h):
     """qwen35moe.cpp's and qwen3next.cpp's shared expert: build_ffn(cur, ffn_up_shexp, ffn_gate_shexp,
     ffn_down_shexp, SILU, PAR) times ggml_sigmoid(ffn_gate_inp_shexp · cur), one gate per token
-    (what the trunk adds to the experts' output)."""
+    (what the trunk adds to the experts' output); granite-hybrid.cpp's: the FFN alone (no gate)."""
     gate, up, down = lw.shexp
     y = _exact_ffn(cfg, h, gate, up, down)
+    if lw.shexp_gate is None:
+        return y
     g = h @ _dense(lw.shexp_gate).T  # (T, 1)
     return y / (1 + np.exp(-g))
 

@@ -1,7 +1,7 @@
-"""A tiny random Hugging Face Granite 4.0 H folder (GraniteMoeHybridForCausalLM without experts:
-Mamba-2 layers around an attention layer without positions, the shared MLP as the FFN, granite's
-multipliers) and a numpy forward pass of transformers' GraniteMoeHybrid math in float64, the
-reference for converted logits."""
+"""A tiny random Hugging Face Granite 4.0 H folder (GraniteMoeHybridForCausalLM: Mamba-2 layers
+around an attention layer without positions, the shared MLP as the FFN, granite's multipliers; with
+experts, Granite 4.0 H Tiny's layout: a router and experts beside the shared MLP) and a numpy
+forward pass of transformers' GraniteMoeHybrid math in float64, the reference for converted logits."""
 from __future__ import annotations
 
 import json
@@ -28,11 +28,15 @@ GH_TYPES = ["mamba", "attention", "mamba"]
 MAMBA = {"mamba_n_heads": 8, "mamba_d_head": 64, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
          "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_chunk_size": 256}
 EPS = 1e-5
+# with experts: how many, how many per token, each one's width (intermediate_size) and the shared
+# MLP's (shared_intermediate_size), different so that a swap would show
+GH_EXPERTS, GH_USED, GH_FF_EXP, GH_FF_SHARED = 4, 2, 256, 384
 
 
-def make_granitehybrid(folder: Path, seed: int) -> dict[str, np.ndarray]:
+def make_granitehybrid(folder: Path, seed: int, experts: bool = False) -> dict[str, np.ndarray]:
     """The checkpoint (matrices and the conv kernel BF16; norms, biases, A_log, D, dt_bias F32;
-    tied embeddings); returns the float32 weights the HF model computes with."""
+    tied embeddings); experts: GH_EXPERTS of them (block_sparse_moe) beside the shared MLP. Returns
+    the float32 weights the HF model computes with."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     tok = train_bpe("qwen")
@@ -46,6 +50,10 @@ def make_granitehybrid(folder: Path, seed: int) -> dict[str, np.ndarray]:
            "max_position_embeddings": 4096, "rms_norm_eps": EPS, "rope_theta": 10000.0, "vocab_size": vocab,
            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "hidden_act": "silu",
            "eos_token_id": ids["<|im_end|>"]}
+    if experts:
+        cfg.update(num_local_experts=GH_EXPERTS, num_experts_per_tok=GH_USED, intermediate_size=GH_FF_EXP,
+                   shared_intermediate_size=GH_FF_SHARED)
+    Fs = cfg["shared_intermediate_size"]
     (folder / "config.json").write_text(json.dumps(cfg))
     tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
             "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
@@ -87,8 +95,13 @@ def make_granitehybrid(folder: Path, seed: int) -> dict[str, np.ndarray]:
             add(p + "self_attn.k_proj.weight", normal(HKV * HD, D))
             add(p + "self_attn.v_proj.weight", normal(HKV * HD, D))
             add(p + "self_attn.o_proj.weight", normal(D, H * HD))
-        add(p + "shared_mlp.input_linear.weight", normal(2 * F, D))  # gate, then up
-        add(p + "shared_mlp.output_linear.weight", normal(D, F))
+        if experts:  # a decisive router (near-ties would let BF16 roundings pick other experts)
+            moe = p + "block_sparse_moe."
+            add(moe + "router.layer.weight", 20 * normal(GH_EXPERTS, D))
+            add(moe + "input_linear.weight", normal(GH_EXPERTS, 2 * GH_FF_EXP, D))  # per expert gate, then up
+            add(moe + "output_linear.weight", normal(GH_EXPERTS, D, GH_FF_EXP))
+        add(p + "shared_mlp.input_linear.weight", normal(2 * Fs, D))  # gate, then up
+        add(p + "shared_mlp.output_linear.weight", normal(D, Fs))
     write_safetensors(folder / "model.safetensors", stored)
     return weights
 
@@ -99,7 +112,9 @@ def granitehybrid_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarra
     with bias and SiLU; the scan with softplus(dt + dt_bias), A = -exp(A_log), B and C per group;
     plus D x; the gated RMSNorm per group: RMSNorm(y * SiLU(z)) * w); attention without positions,
     scaled by attention_multiplier; the shared MLP (input_linear's gate and up halves); tied lm_head
-    divided by logits_scaling."""
+    divided by logits_scaling. With experts (a router in w): the router's top GH_USED logits per
+    token, softmaxed among themselves, weigh those experts' gated SiLU FFNs, to which the shared MLP's
+    output is added."""
     T = len(ids)
     gm = GRANITE_MULTIPLIERS
     nh, hd, G, N, L = (MAMBA[k] for k in ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
@@ -144,5 +159,15 @@ def granitehybrid_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarra
         x = x + o * gm["residual_multiplier"]
         h = rms(x) * w[p + "post_attention_layernorm.weight"]
         gate, up = np.split(h @ w[p + "shared_mlp.input_linear.weight"].T, 2, axis=-1)
-        x = x + (silu(gate) * up) @ w[p + "shared_mlp.output_linear.weight"].T * gm["residual_multiplier"]
+        o = (silu(gate) * up) @ w[p + "shared_mlp.output_linear.weight"].T
+        moe = p + "block_sparse_moe."
+        if moe + "router.layer.weight" in w:
+            logits = h @ w[moe + "router.layer.weight"].T
+            for t in range(T):
+                top = np.argsort(-logits[t])[:GH_USED]
+                wts = np.exp(logits[t, top] - logits[t, top].max())
+                for e, wt in zip(top, wts / wts.sum()):
+                    g, u = np.split(h[t] @ w[moe + "input_linear.weight"][e].T, 2)
+                    o[t] += wt * (silu(g) * u) @ w[moe + "output_linear.weight"][e].T
+        x = x + o * gm["residual_multiplier"]
     return (rms(x) * w["model.norm.weight"]) @ w["model.embed_tokens.weight"].T / gm["logits_scaling"]

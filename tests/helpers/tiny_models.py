@@ -68,6 +68,12 @@ ARCH_TYPES = {
     "granitehybrid": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_1, "attn_v": GT.Q4_K, "attn_output": GT.Q5_K,
                       "ssm_in": GT.Q4_K, "ssm_out": GT.Q6_K, "ffn_gate": GT.Q5_K, "ffn_up": GT.Q4_K,
                       "ffn_down": GT.Q8_0, "token_embd": GT.Q6_K},
+    # granitehybrid-moe: granitehybrid's layers with experts packed alike (Granite 4.0 H Tiny's
+    # layout: experts feed_forward_length wide) and an ungated shared expert
+    "granitehybrid-moe": {"attn_q": GT.Q5_0, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q4_K,
+                          "ssm_in": GT.Q8_0, "ssm_out": GT.Q5_K, "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q5_K,
+                          "ffn_up_exps": GT.Q5_K, "ffn_down_exps": GT.Q6_K, "ffn_gate_shexp": GT.Q6_K,
+                          "ffn_up_shexp": GT.Q4_K, "ffn_down_shexp": GT.Q5_0, "token_embd": GT.Q8_0},
     # qwen35moe: qwen35's layers with experts packed alike and a shared expert (its gate a (D,) F32 row)
     "qwen35moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                   "attn_qkv": GT.Q5_K, "attn_gate": GT.Q8_0, "ssm_beta": GT.BF16, "ssm_alpha": GT.F16,
@@ -120,7 +126,7 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 # that judge a random model's agreement against llama.cpp's own spread were tuned on those weights).
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
-              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13}
+              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14}
 
 
 def tiny_seed(arch: str) -> int:
@@ -191,7 +197,8 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
                      chat_template: str | None = None, n_ctx: int = 256,
                      rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0) -> Path:
-    """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout);
+    """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout;
+    "granitehybrid-moe": granitehybrid with experts and a shared expert, Granite 4.0 H Tiny's);
     split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
     PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first); chat_template:
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
@@ -199,12 +206,12 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
     rng = np.random.default_rng(seed)
-    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next")
+    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe")
     gdn = arch in GDN_ARCHS
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
     types = ARCH_TYPES[arch]
-    arch = "llama" if arch == "llama-moe" else arch
+    arch = {"llama-moe": "llama", "granitehybrid-moe": "granitehybrid"}.get(arch, arch)
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
@@ -267,9 +274,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch == "lfm2moe":  # as llama.cpp's converter writes them
             w.add_leading_dense_block_count(LFM2MOE_DENSE_LEAD)
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        if arch != "llama":  # llama takes feed_forward_length as the experts' width
+        if arch not in ("llama", "granitehybrid"):  # those take feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
-        if gdn:
+        if gdn or arch == "granitehybrid":
             w.add_expert_shared_feed_forward_length(N_FF_SHEXP)
     if arch in ("granite", "granitehybrid"):  # the four multipliers, each away from 1
         w.add_embedding_scale(3.0)
@@ -374,7 +381,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD)
         if layer_moe:  # the router and the experts' 3-D tensors
             t = types
-            Fe = F if arch == "llama" else N_FF_EXP
+            Fe = F if arch in ("llama", "granitehybrid") else N_FF_EXP
             add(p + "ffn_gate_inp.weight", (n_expert, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
                 add(p + f"ffn_{name}_exps.weight", (n_expert, *shape), t[f"ffn_{name}_exps"])
@@ -384,9 +391,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
                 add(p + "ffn_gate_inp.bias", (N_EXPERT,))
                 for name, width in (("gate", Fe), ("up", Fe), ("down", D)):
                     add(p + f"ffn_{name}_exps.bias", (N_EXPERT, width), GT.F32)
-            if gdn:  # the shared expert, and its gate's row (a sigmoid's input of about unit size)
+            if gdn or arch == "granitehybrid":  # the shared expert
                 for name, shape in (("gate", (N_FF_SHEXP, D)), ("up", (N_FF_SHEXP, D)), ("down", (D, N_FF_SHEXP))):
                     add(p + f"ffn_{name}_shexp.weight", shape, t[f"ffn_{name}_shexp"])
+            if gdn:  # and its gate's row (a sigmoid's input of about unit size)
                 w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal(0, 0.1, size=D).astype(np.float32))
         elif arch == "phi3":  # gate and up in one matrix, gate first
             add(p + "ffn_up.weight", (2 * F, D), types["ffn_up"])

@@ -295,6 +295,9 @@ def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[Matrix, Matrix]:
     per_head = wq.raw.reshape(n_head, 2, hd, -1)
     q = np.ascontiguousarray(per_head[:, 0]).reshape(n_head * hd, -1)
     gate = np.ascontiguousarray(per_head[:, 1]).reshape(n_head * hd, -1)
+    # the file's pages the copies were read from are not read again: not kept resident beside them
+    # (Qwen3.5-4B: 90 MiB)
+    wq.release()
     cols = wq.shape[1]
     return QTensor(wq.type_id, (n_head * hd, cols), q), QTensor(wq.type_id, (n_head * hd, cols), gate)
 
@@ -340,7 +343,9 @@ def _beta_alpha(ba: Matrix, n_k_heads: int, p: str) -> tuple[Matrix, Matrix]:
     def part(i: int) -> QTensor:
         return QTensor(ba.type_id, shape, np.ascontiguousarray(grouped[:, i]).reshape(shape[0], -1))
 
-    return part(0), part(1)
+    beta, alpha = part(0), part(1)
+    ba.release()  # as _q_and_gate: the pages copied from are not read again
+    return beta, alpha
 
 
 def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:

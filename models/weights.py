@@ -10,7 +10,7 @@ import numpy as np
 
 from infer.quant.affine import AffineTensor
 from infer.quant.errors import InferError
-from infer.quant.tensor import QTensor
+from infer.quant.tensor import QTensor, StackedRows
 from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
@@ -31,7 +31,7 @@ class LayerWeights:
     layer (ModelConfig.layer_recurrent) has no attention matrices (None) but its own."""
 
     attn_norm: np.ndarray | None
-    wq: Matrix | None
+    wq: Matrix | StackedRows | None  # StackedRows: a gated attention's (attn_gate below)
     wk: Matrix | None
     wv: Matrix | None
     wo: Matrix | None
@@ -69,8 +69,8 @@ class LayerWeights:
     shortconv: np.ndarray | None = None
     shortconv_out: Matrix | None = None
     # Qwen3.5's gated attention (Architecture.attn_output_gate): the gate's rows of attn_q (n_head *
-    # head_dim, n_embd), taken out of the file's per-head interleaving of Q and gate
-    attn_gate: Matrix | None = None
+    # head_dim, n_embd), taken out of the file's per-head interleaving of Q and gate (as wq is)
+    attn_gate: StackedRows | None = None
     # Qwen3.5's gated delta net (a recurrent layer; ModelConfig.ssm_*): Q|K|V (conv channels,
     # n_embd), z (inner, n_embd), beta and alpha (value heads, n_embd); the convolution's kernel
     # (conv channels, width) float32, oldest input first; dt bias, A, per value head; the output
@@ -287,17 +287,15 @@ def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
             "shortconv_out": get(p + "shortconv.out_proj.weight", (D, D))}
 
 
-def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[Matrix, Matrix]:
+def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[StackedRows, StackedRows]:
     """Q's rows and the gate's rows of a gated attention's attn_q, whose rows are per head Q's
-    head_dim then the gate's (llama.cpp's views of Qcur_full): two matrices, rows copied once."""
+    head_dim then the gate's (llama.cpp's views of Qcur_full): two matrices of per-head views of
+    the file, copied only by a backend that needs them whole (quant.tensor.StackedRows)."""
     if not isinstance(wq, QTensor):
         raise ModelLoadError(f"{path}: {p}attn_q.weight in {type(wq).__name__} form cannot be split into Q and gate")
     hd = wq.shape[0] // (2 * n_head)
-    per_head = wq.raw.reshape(n_head, 2, hd, -1)
-    q = np.ascontiguousarray(per_head[:, 0]).reshape(n_head * hd, -1)
-    gate = np.ascontiguousarray(per_head[:, 1]).reshape(n_head * hd, -1)
-    cols = wq.shape[1]
-    return QTensor(wq.type_id, (n_head * hd, cols), q), QTensor(wq.type_id, (n_head * hd, cols), gate)
+    return (StackedRows(tuple(rows(wq, 2 * h * hd, (2 * h + 1) * hd) for h in range(n_head))),
+            StackedRows(tuple(rows(wq, (2 * h + 1) * hd, (2 * h + 2) * hd) for h in range(n_head))))
 
 
 def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
@@ -341,7 +339,9 @@ def _beta_alpha(ba: Matrix, n_k_heads: int, p: str) -> tuple[Matrix, Matrix]:
     def part(i: int) -> QTensor:
         return QTensor(ba.type_id, shape, np.ascontiguousarray(grouped[:, i]).reshape(shape[0], -1))
 
-    return part(0), part(1)
+    beta, alpha = part(0), part(1)
+    ba.release()  # as _q_and_gate: the pages copied from are not read again
+    return beta, alpha
 
 
 def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:

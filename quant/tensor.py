@@ -54,6 +54,53 @@ class QTensor:
         return dequantize(self.raw, self.type_id, self.shape)
 
 
+@dataclass(frozen=True, eq=False)
+class StackedRows:
+    """A matrix whose rows are its parts' rows one after another: QTensors of one type and row
+    length, views of the file's rows in another order (a gated attention's Q, whose rows sit in
+    attn_q per head between the gate's).  Nothing is copied until a backend asks for the matrix
+    whole; the cpu backend packs the parts straight from the file instead, so the weights are not
+    held twice (a copy beside the packed matrix)."""
+
+    parts: tuple[QTensor, ...]
+
+    @property
+    def type_id(self) -> int:
+        return self.parts[0].type_id
+
+    @property
+    def type_name(self) -> str:
+        return self.parts[0].type_name
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    @property
+    def n(self) -> int:
+        return self.parts[0].n
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.n
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def whole(self) -> QTensor:
+        """The matrix as one QTensor: its parts' rows copied into memory, in order."""
+        return QTensor(self.type_id, self.shape, np.concatenate([p.raw for p in self.parts]))
+
+    def release(self) -> None:
+        """QTensor.release of every part."""
+        for p in self.parts:
+            p.release()
+
+    def dequantize(self) -> np.ndarray:
+        return self.whole().dequantize()
+
+
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14 (the constant: Python >= 3.13)
 
 

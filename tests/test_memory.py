@@ -2,6 +2,7 @@
 --no-mmap reads nothing from the file after loading, --mlock pins the weights."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.cpu.repack import PackedWeight
 from infer.backends.cpu.runner import CpuRunner
+from infer.models.gguf_file import read_gguf
 from infer.models.loader import load_model
+from infer.quant.tensor import file_offset
 
 linux = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps")
 
@@ -68,6 +72,38 @@ def test_packed_tensors_leave_the_mapping(gemma_path):
     _logits(runner, IDS)
     assert _mapping_rss(model.weights.output.raw) < 0.05 * size
     assert isinstance(runner.output, PackedWeight)
+
+
+def _present_bytes(addr: int, nbytes: int) -> int:
+    """Bytes of [addr, addr + nbytes) whose pages this process has mapped in (/proc/self/pagemap's
+    present bit): one mapping's pages, whatever the page cache holds."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = addr // page, (addr + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = np.frombuffer(f.read((last - first + 1) * 8), np.uint64)
+    return int((entries >> np.uint64(63)).sum()) * page
+
+
+@linux
+def test_split_attn_q_is_not_copied(tmp_path):
+    """Qwen3.5's attn_q holds per head Q's rows then the gate's: loading splits it into per-head
+    views of the file (models/weights.py), not copies, and the cpu backend packs Q and the gate
+    from them and releases the file's pages: one copy of attn_q in memory, the packed one (a copy
+    and its file pages beside it cost Qwen3.5-4B 180 MiB)."""
+    path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", seed=tiny_seed("qwen35"))
+    model = load_model(path)
+    il = model.config.layer_recurrent.index(False)  # a gated attention layer
+    lw = model.weights.layers[il]
+    assert all(_is_mapped(p.raw) for w in (lw.wq, lw.attn_gate) for p in w.parts)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
+    assert all(isinstance(w, PackedWeight) for w, _ in runner.layers[il].qkv)
+    embd = model.weights.token_embd.raw  # a view of the model's map of the file
+    t = read_gguf(path).tensors[f"blk.{il}.attn_q.weight"].raw
+    assert t.nbytes > 16 * 4096
+    addr = embd.__array_interface__["data"][0] + file_offset(t)[1] - file_offset(embd)[1]
+    # released a part at a time, whole pages each: at most a page where two parts meet stays (the 4B: 1 MiB)
+    assert _present_bytes(addr, t.nbytes) <= (len(lw.wq.parts) + len(lw.attn_gate.parts) + 1) * 4096
 
 
 @linux

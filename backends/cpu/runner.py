@@ -17,7 +17,7 @@ import numba
 import numpy as np
 
 from infer.backends.batch import Batch
-from infer.quant.tensor import QTensor
+from infer.quant.tensor import QTensor, StackedRows
 
 from .hugepages import HugeArena, huge_empty
 from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
@@ -47,22 +47,34 @@ def _in_memory(w: QTensor) -> QTensor:
     return copy
 
 
+def _parts(w) -> tuple:
+    """The QTensors whose rows make up a weight: a StackedRows' parts, else the weight itself."""
+    return w.parts if isinstance(w, StackedRows) else (w,)
+
+
 def _pack(w, mmap: bool, alloc=huge_empty):
-    """The repacked form of a QTensor, or for types kept as they are the QTensor itself (a copy
-    in memory unless mmap)."""
-    return _packed((w,), alloc) or (w if mmap else _in_memory(w))
+    """The repacked form of a QTensor (or StackedRows), or for types kept as they are the QTensor
+    itself (a copy in memory unless mmap; a StackedRows' rows copied whole, its file pages released)."""
+    packed = _packed(_parts(w), alloc)
+    if packed is not None:
+        return packed
+    if isinstance(w, StackedRows):
+        whole = w.whole()
+        w.release()
+        return whole
+    return w if mmap else _in_memory(w)
 
 
 def _products(ws, mmap: bool, alloc=huge_empty) -> list[tuple[object, int]]:
     """(weight, first output column) pairs computing the weights' products side by side: one
     stacked packed matrix if possible, else each weight (packed, or kept as it is) on its own."""
-    stacked = _packed(ws, alloc)
+    stacked = _packed([p for w in ws for p in _parts(w)], alloc)
     if stacked is not None:
         return [(stacked, 0)]
     out, col = [], 0
     for w in ws:
         out.append((_pack(w, mmap, alloc), col))
-        col += w.raw.shape[0]
+        col += sum(p.raw.shape[0] for p in _parts(w))
     return out
 
 

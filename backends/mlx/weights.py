@@ -47,7 +47,7 @@ import numpy as np
 from infer.quant import types as qt
 from infer.quant.affine import AffineTensor, pack
 from infer.quant.dequant import dequantize
-from infer.quant.tensor import QTensor
+from infer.quant.tensor import QTensor, StackedRows
 
 GROUP = 32  # MLX group size every GGML mapping uses
 REQUANT_BITS = {qt.Q6_K: 8, qt.Q3_K: 6, qt.Q2_K: 4}
@@ -220,8 +220,10 @@ class Matrix:
         return sum(a.nbytes for a in self.arrays())
 
 
-def upload(t: QTensor | AffineTensor, dtype=mx.float32) -> Matrix:
+def upload(t: QTensor | StackedRows | AffineTensor, dtype=mx.float32) -> Matrix:
     """A weight as a device Matrix; scales, biases and dense weights in dtype (the compute type)."""
+    if isinstance(t, StackedRows):  # its rows copied whole for the upload (a transient copy)
+        t = t.whole()
     if isinstance(t, AffineTensor):
         a = t
     elif t.type_id == qt.MXFP4:

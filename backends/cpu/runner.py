@@ -10,6 +10,7 @@ products likewise.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -222,17 +223,35 @@ class Workspace:
         self.xn = np.zeros((T, D), f32)
         nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
         gate = nq if cfg.architecture.attn_output_gate else 0  # the gate's columns after V
-        self.qkv = np.zeros((T, nq + nk + nv + gate), f32)
-        self.q = np.zeros((T, cfg.n_head, cfg.head_dim), f32)
+        # A layer's mixer (attention, or a recurrent layer's) and its FFN never hold scratch at once:
+        # the mixer ends in its output product (o) before the FFN begins. So the three sets of
+        # scratch below are views of one arena as large as the largest (a hybrid's 512-token batch:
+        # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another.
+        attention = {"qkv": (T, nq + nk + nv + gate), "q": (T, cfg.n_head, cfg.head_dim),
+                     "attn": (T, cfg.n_head * cfg.head_dim_v)}
+        ffn = {"gu": (T, 2 * F), "act": (T, F)}
+        recurrent: dict[str, tuple[int, ...]] = {}
+        if cfg.recurrent_layers and cfg.ssm_state_size:  # Mamba-2 mixers (mamba.py: z|xBC|dt) or gated
+            # delta nets (delta_net.py: Q|K|V, z, beta, alpha): in-projection, conv output, its scratch, y
+            C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
+            width = inner + C + cfg.ssm_dt_rank if cfg.mamba2 else C + inner + 2 * cfg.ssm_dt_rank
+            recurrent = {"ssm_in": (T, width), "ssm_xc": (T, C), "ssm_e": (T, C), "ssm_y": (T, inner)}
+        elif cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
+            recurrent = {"bcx": (T, 3 * D), "bx": (T, D), "conv_y": (T, D)}
+        sets = (attention, ffn, recurrent)
+        arena = np.zeros(max(sum(math.prod(shape) for shape in views.values()) for views in sets), f32)
+        for views in sets:
+            at = 0
+            for name, shape in views.items():
+                n = math.prod(shape)
+                setattr(self, name, arena[at:at + n].reshape(shape))
+                at += n
         self.qd = np.zeros((T, nq // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
         self.kf = np.zeros((cfg.n_head_kv, cfg.head_dim), f32)
         self.vf = np.zeros((cfg.n_head_kv, cfg.head_dim_v), f32)
         self.dxb = np.zeros(max(nq, nk, nv) // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
         self.bsum = np.zeros_like(self.dxb)
-        self.attn = np.zeros((T, cfg.n_head * cfg.head_dim_v), f32)
         self.o = np.zeros((T, D), f32)
-        self.gu = np.zeros((T, 2 * F), f32)
-        self.act = np.zeros((T, F), f32)
         self.positions = np.zeros(T, np.int32)
         half = cfg.n_rot // 2
         self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
@@ -244,22 +263,6 @@ class Workspace:
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
         self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size, cfg.n_ff_exp,
                                          cfg.n_ff_shexp), n_chunks)
-        if cfg.recurrent_layers and cfg.mamba2:  # Mamba-2 mixers (mamba.py): z|xBC|dt, conv output, y
-            C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
-            self.ssm_in = np.zeros((T, inner + C + cfg.ssm_dt_rank), f32)
-            self.ssm_xc = np.zeros((T, C), f32)
-            self.ssm_e = np.zeros((T, C), f32)
-            self.ssm_y = np.zeros((T, inner), f32)
-        elif cfg.recurrent_layers and cfg.ssm_state_size:  # gated delta nets (delta_net.py)
-            C, inner = cfg.ssm_conv_channels, cfg.ssm_inner_size
-            self.ssm_in = np.zeros((T, C + inner + 2 * cfg.ssm_dt_rank), f32)
-            self.ssm_xc = np.zeros((T, C), f32)
-            self.ssm_e = np.zeros((T, C), f32)
-            self.ssm_y = np.zeros((T, inner), f32)
-        elif cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
-            self.bcx = np.zeros((T, 3 * D), f32)
-            self.bx = np.zeros((T, D), f32)
-            self.conv_y = np.zeros((T, D), f32)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)

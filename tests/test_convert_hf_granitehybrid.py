@@ -10,7 +10,6 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
 
 from helpers.hf_granitehybrid import (
     GH_EXPERTS,
@@ -23,9 +22,8 @@ from helpers.hf_granitehybrid import (
     make_granitehybrid,
 )
 from helpers.hf_models import HKV, D, F, from_bf16
-from infer.backends.cpu.runner import CpuRunner
+from helpers.logits import assert_converted_agrees
 from infer.models.convert_hf import write_gguf_unquantized
-from infer.models.loader import load_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -75,31 +73,12 @@ def test_metadata_and_tensors(converted):
     assert "blk.0.ssm_dt.bias" in names and "blk.0.ffn_down.weight" in names and "output.weight" not in names
 
 
-def _assert_logits_agree(converted, what: str) -> None:
-    folder, weights, out = converted
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
-    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
-    llm.eval(ids)
-    ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
-    llm.close()
-    want = granitehybrid_forward(weights, ids)
-    # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
-    tol = 0.02 * np.abs(want).max()
-    print(f"{what}: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
-    assert np.abs(ref - want).max() <= tol
-    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
-    model = load_model(out)
-    runner = CpuRunner(model.config, model.weights, n_threads=2)
-    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
-    print(f"{what}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
-    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
 @pytest.mark.reference
 def test_logits_match_hf_math_llama_cpp_and_infer(converted):
-    _assert_logits_agree(converted, "granitehybrid")
+    folder, weights, out = converted
+    assert_converted_agrees(folder, out, lambda i: granitehybrid_forward(weights, i), "granitehybrid")
 
 
 def test_experts_metadata_and_tensors(converted_moe):
@@ -137,4 +116,5 @@ def test_experts_metadata_and_tensors(converted_moe):
 
 @pytest.mark.reference
 def test_experts_logits_match_hf_math_llama_cpp_and_infer(converted_moe):
-    _assert_logits_agree(converted_moe, "granitehybrid with experts")
+    folder, weights, out = converted_moe
+    assert_converted_agrees(folder, out, lambda i: granitehybrid_forward(weights, i), "granitehybrid with experts")

@@ -13,11 +13,10 @@ import shutil
 import gguf
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
 
 from helpers.hf_models import D, from_bf16, write_safetensors
 from helpers.hf_qwen35 import MOE_FF, N_EXPERT, N_USED, QWEN35_TYPES, SHARED_FF, make_qwen35, qwen35_forward
-from infer.backends.cpu.runner import CpuRunner
+from helpers.logits import assert_converted_agrees
 from infer.models.convert_hf import write_gguf_unquantized
 from infer.models.hf_files import read_safetensors_header, st_array
 from infer.models.loader import load_model
@@ -81,24 +80,7 @@ def test_multimodal_checkpoint_converts_its_text_model(converted, tmp_path):
 @pytest.mark.reference
 def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     folder, weights, out = converted
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
-    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
-    llm.eval(ids)
-    ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
-    llm.close()
-    want = qwen35_forward(weights, ids)
-    # as test_convert_hf: the HF math in float64, llama.cpp's rounded activations within 2% of max |logit|
-    tol = 0.02 * np.abs(want).max()
-    print(f"qwen35: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
-    assert np.abs(ref - want).max() <= tol
-    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
-    model = load_model(out)
-    runner = CpuRunner(model.config, model.weights, n_threads=2)
-    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
-    print(f"qwen35: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
-    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+    assert_converted_agrees(folder, out, lambda i: qwen35_forward(weights, i), "qwen35")
 
 
 def test_mlx_export_is_refused(converted):
@@ -188,23 +170,7 @@ def test_moe_mtp_block_is_left_out(converted_moe, tmp_path):
 @pytest.mark.reference
 def test_moe_logits_match_hf_math_llama_cpp_and_infer(converted_moe):
     arch, folder, weights, out = converted_moe
-    hf = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    ids = hf.encode("Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
-    llm = llama_cpp.Llama(model_path=str(out), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
-    llm.eval(ids)
-    ref = np.array(llm.scores[: len(ids)], dtype=np.float32)
-    llm.close()
-    want = qwen35_forward(weights, ids)
-    tol = 0.02 * np.abs(want).max()
-    print(f"{arch}: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
-    assert np.abs(ref - want).max() <= tol
-    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
-    model = load_model(out)
-    runner = CpuRunner(model.config, model.weights, n_threads=2)
-    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(64), all_logits=True).copy()
-    print(f"{arch}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
-    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+    assert_converted_agrees(folder, out, lambda i: qwen35_forward(weights, i), arch)
 
 
 @pytest.mark.parametrize("variant", ["qwen35", "qwen35moe", "qwen3next"])

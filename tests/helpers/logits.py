@@ -61,3 +61,28 @@ def mlx_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
 def cpu_logits(model, tokens=PROMPT, config=None) -> np.ndarray:
     cpu = CpuRunner(config or model.config, model.weights, n_threads=2)
     return cpu.forward(tokens, 0, cpu.new_kv_cache(64), all_logits=True).copy()
+
+
+def assert_converted_agrees(folder, out, hf_math, what: str) -> None:
+    """A converted checkpoint (folder: the HF model with its tokenizer.json; out: its GGUF) on one
+    sentence: llama.cpp within 2% of max |logit| of the HF model's own math (hf_math(ids): float64
+    logits; llama.cpp rounds activations), with its argmaxes; infer's cpu backend within 2% of
+    llama.cpp, with its argmaxes."""
+    from tokenizers import Tokenizer
+
+    from infer.models.loader import load_model
+
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+        "Hello world! The quick brown fox jumps over 12345 lazy dogs.", add_special_tokens=False).ids
+    ref = llama_cpp_logits(out, np.array(ids, np.int32))
+    want = hf_math(ids)
+    tol = 0.02 * np.abs(want).max()
+    print(f"{what}: max|llama.cpp - HF math| {np.abs(ref - want).max():.4g}, bound {tol:.4g}")
+    assert np.abs(ref - want).max() <= tol
+    np.testing.assert_array_equal(ref.argmax(-1), want.argmax(-1))
+    model = load_model(out)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
+    ours = runner.forward(np.array(ids, np.int32), 0, runner.new_kv_cache(N_CTX), all_logits=True).copy()
+    print(f"{what}: max|infer - llama.cpp| {np.abs(ours - ref).max():.4g}")
+    assert np.abs(ours - ref).max() <= 0.02 * np.abs(ref).max()
+    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))

@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 
 from .elementwise import rms_scale
 from .shortconv import causal_conv_row, keep_last_inputs, seq_spans
-from .target import f32x16_reduce, splat
+from .target import c_float32_args, f32x16_reduce, splat
 from .vexp import expf_row
 
 _SILU_WIDTH = 16  # ggml_vec_silu_f32's vector (AVX-512): the tail of a row past its last whole 16 takes expf
@@ -155,9 +155,7 @@ def _make_delta_rows(R: int):
 
     @intrinsic
     def delta_rows(typingctx, st, so, xc, qo, ko, vo, decay, beta, scale, y, yo):
-        arrays = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (st, xc, y))
-        if not (arrays and all(v == types.float32 for v in (decay, beta, scale))
-                and all(isinstance(i, types.Integer) for i in (so, qo, ko, vo, yo))):
+        if not c_float32_args((st, xc, y), (decay, beta, scale), (so, qo, ko, vo, yo)):
             return None
         return types.void(st, so, xc, qo, ko, vo, decay, beta, scale, y, yo), codegen
 

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from .delta_net import silu_row
 from .elementwise import rms_scale
 from .shortconv import causal_conv_row, keep_last_inputs, seq_spans
-from .target import f32x16_reduce, splat
+from .target import c_float32_args, f32x16_reduce, splat
 from .vexp import expf_row
 
 _SILU_WIDTH = 16  # ggml_vec_swiglu_f32's vector (AVX-512): a row's tail past its last whole 16 takes expf
@@ -168,9 +168,7 @@ def _make_scan_rows(R: int):
 
     @intrinsic
     def scan_rows(typingctx, st, so, xc, xo, bo, co, dA, sp, d, y, yo):
-        arrays = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (st, xc, y))
-        if not (arrays and all(v == types.float32 for v in (dA, sp, d))
-                and all(isinstance(i, types.Integer) for i in (so, xo, bo, co, yo))):
+        if not c_float32_args((st, xc, y), (dA, sp, d), (so, xo, bo, co, yo)):
             return None
         return types.void(st, so, xc, xo, bo, co, dA, sp, d, y, yo), codegen
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 from llvmlite import ir
+from numba import types
 from numba.core import config
 
 
@@ -92,3 +93,10 @@ def splat(builder, x, n: int = VECTOR_WIDTH):
     vt = ir.VectorType(x.type, n)
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
     return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n))
+
+
+def c_float32_args(arrays, floats, ints) -> bool:
+    """Whether an intrinsic's argument types are what its vector code assumes: C-contiguous float32
+    arrays, float32 scalars, integers (offsets); anything else is left to numba's typing error."""
+    return (all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in arrays)
+            and all(v == types.float32 for v in floats) and all(isinstance(i, types.Integer) for i in ints))

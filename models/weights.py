@@ -340,7 +340,7 @@ def _beta_alpha(ba: Matrix, n_k_heads: int, p: str) -> tuple[Matrix, Matrix]:
         return QTensor(ba.type_id, shape, np.ascontiguousarray(grouped[:, i]).reshape(shape[0], -1))
 
     beta, alpha = part(0), part(1)
-    ba.release()  # as _q_and_gate: the pages copied from are not read again
+    ba.release()  # the file pages copied from are not read again
     return beta, alpha
 
 

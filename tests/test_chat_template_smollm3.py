@@ -3,44 +3,18 @@ engine/chat_template.py: thinking on by default ("Reasoning Mode: /think" in its
 reply writes its own <think>), off with enable_thinking=False or a "/no_think" in the system message
 (an empty thought closed in the prompt), the flags taken out of the custom instructions. The
 template writes no tool syntax, so tools take the generic family (described in the system message).
-FIXTURE is our condensation of it (its default instructions shortened, the logic as it is); where
-llama-cpp-python's vendored tree has the real one, it renders the same conversations the same way."""
+FIXTURE (helpers/smollm3_template.py) is our condensation of it (its default instructions
+shortened, the logic as it is); where llama-cpp-python's vendored tree has the real one, it renders
+the same conversations the same way."""
 from __future__ import annotations
 
 import pytest
 
 from helpers.llama_vocab import chat_template
+from helpers.smollm3_template import FIXTURE
 from infer.engine.chat_template import ChatTemplate
 from infer.engine.reasoning import opened_in_prompt, split_reply, style
 from infer.engine.tool_calls import family, parse_tools, prepare
-
-FIXTURE = """{%- if enable_thinking is not defined -%}{%- set enable_thinking = true -%}{%- endif -%}
-{%- set reasoning_mode = "/think" if enable_thinking else "/no_think" -%}
-{{- "<|im_start|>system\\n" -}}
-{%- if messages[0].role == "system" -%}
-    {%- set system_message = messages[0].content -%}
-    {%- if "/no_think" in system_message -%}{%- set reasoning_mode = "/no_think" -%}
-    {%- elif "/think" in system_message -%}{%- set reasoning_mode = "/think" -%}{%- endif -%}
-    {%- set custom_instructions = system_message.replace("/no_think", "").replace("/think", "").rstrip() -%}
-{%- endif -%}
-{{- "## Metadata\\n\\nKnowledge Cutoff Date: June 2025\\nReasoning Mode: " + reasoning_mode + "\\n\\n" -}}
-{{- "## Custom Instructions\\n\\n" -}}
-{%- if custom_instructions -%}{{- custom_instructions + "\\n\\n" -}}
-{%- elif reasoning_mode == "/think" -%}{{- "You are SmolLM. Think first: <think> Thought </think> Solution.\\n\\n" -}}
-{%- else -%}{{- "You are SmolLM.\\n\\n" -}}{%- endif -%}
-{{- "<|im_end|>\\n" -}}
-{%- for message in messages -%}
-    {%- set content = message.content if message.content is string else "" -%}
-    {%- if message.role == "user" -%}{{ "<|im_start|>user\\n" + content + "<|im_end|>\\n" }}
-    {%- elif message.role == "assistant" -%}
-        {{ "<|im_start|>assistant\\n" + ("" if reasoning_mode == "/think" else "<think>\\n\\n</think>\\n")
-           + content.lstrip("\\n") + "<|im_end|>\\n" }}
-    {%- elif message.role == "tool" -%}{{ "<|im_start|>user\\n" + content + "<|im_end|>\\n" }}
-    {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ "<|im_start|>assistant\\n" + ("" if reasoning_mode == "/think" else "<think>\\n\\n</think>\\n") }}
-{%- endif -%}"""
 
 CONVO = [
     {"role": "system", "content": "Be brief."},

@@ -14,7 +14,7 @@ from typing import Iterator
 from infer.quant.errors import InferError
 
 from .engine import Event, PromptError
-from .reasoning import split_reply, style
+from .reasoning import spelled_out, split_reply, style
 from .sampler import SamplingParams
 
 ROLES = ("system", "user", "assistant")
@@ -102,9 +102,10 @@ class Conversation:
         stats.prompt_tokens = len(ids)
         parts: list[str] = []
         self._last = None
-        harmony = style(self.llm.template.source) == "harmony"
-        if harmony:  # gpt-oss's channel markers are control tokens: spelled out, to tell the answer apart
-            params = replace(params, special=True)
+        kind = style(self.llm.template.source)
+        harmony = kind == "harmony"
+        if spelled_out(kind):  # gpt-oss's channel markers, Mistral's [THINK]: control tokens, spelled out
+            params = replace(params, special=True)  # to tell the answer apart
         try:
             for ev in self.llm.generate(ids, params):
                 parts.append(ev.text)

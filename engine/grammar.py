@@ -25,7 +25,7 @@ import numpy as np
 from infer.quant.errors import InferError
 
 from .reasoning import CLOSE as THINK_CLOSE
-from .reasoning import OPEN as THINK_OPEN
+from .reasoning import TAGS as THINK_TAGS
 
 KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
 # Whitespace JSON output may have between tokens: llama.cpp's json-schema-to-grammar SPACE_RULE
@@ -328,8 +328,8 @@ class LazyGrammar:
     """A grammar that waits until the reply shows one of its triggers (a tool call's marker;
     "^text": only at the start of the answer, after whitespace): then the reply from the trigger on
     is fed to it, and it holds the rest; if it refuses that text, the reply stays free for good.
-    A model's thinking (up to </think>, from a <think> it opens or the prompt opened: `thinking`)
-    is not searched: a call written while thinking is not the answer's."""
+    A model's thinking (up to </think>, from a <think> it opens or the prompt opened: `thinking`;
+    Mistral's [THINK] to [/THINK]) is not searched: a call written while thinking is not the answer's."""
 
     def __init__(self, matcher: GrammarMatcher, triggers: tuple[str, ...], thinking: bool = False):
         self.matcher, self.triggers, self.thinking = matcher, triggers, thinking
@@ -339,10 +339,13 @@ class LazyGrammar:
 
     def _answer_start(self) -> int | None:
         """Where the answer starts in the reply so far (None: still thinking)."""
-        if not (self.thinking or self.reply.lstrip().startswith(THINK_OPEN)):
+        body = self.reply.lstrip()
+        opened = next((close for open_, close in THINK_TAGS.values() if body.startswith(open_)), None)
+        if not (self.thinking or opened):
             return 0
-        end = self.reply.find(THINK_CLOSE)
-        return None if end < 0 else end + len(THINK_CLOSE)
+        close = opened or THINK_CLOSE  # a thought the prompt opened is a <think>
+        end = self.reply.find(close)
+        return None if end < 0 else end + len(close)
 
     def seen(self, piece: str) -> bool:
         """Take the reply's next text; True once the grammar holds (then use .started)."""

@@ -1,14 +1,19 @@
 """Reasoning models' thinking, kept apart from the answer.
 
-DeepSeek-R1 distills, Qwen3 and QwQ write their reasoning between <think> and </think> before the
-answer; some templates open the <think> in the prompt already, so the reply starts inside it.
+DeepSeek-R1 distills, Qwen3, QwQ and SmolLM3 write their reasoning between <think> and </think>
+before the answer; some templates open the <think> in the prompt already, so the reply starts
+inside it. Mistral's reasoning models (Magistral, Ministral 3) write it between [THINK] and
+[/THINK], control tokens of their vocabulary.
 llama.cpp returns the thinking as `reasoning_content` (its --reasoning-format deepseek, the
 default) and ollama as `thinking`; "none" leaves it in the text.
 """
 from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
+MISTRAL_OPEN, MISTRAL_CLOSE = "[THINK]", "[/THINK]"
 FORMATS = ("none", "deepseek")
+# each tagged style's (open, close) tags
+TAGS = {"think": (OPEN, CLOSE), "mistral": (MISTRAL_OPEN, MISTRAL_CLOSE)}
 
 
 def thinks(template_source: str) -> bool:
@@ -26,7 +31,8 @@ class ThinkStream:
     """Splits a streamed reply into (reasoning, content) pieces; a tag cut between two pieces is
     held back until it is whole."""
 
-    def __init__(self, inside: bool = False):
+    def __init__(self, inside: bool = False, tags: tuple[str, str] = (OPEN, CLOSE)):
+        self.open, self.close = tags
         self.inside = inside  # in the thinking now
         self.seen_open = inside
         self.done = False  # the thinking has ended: everything else is content
@@ -49,22 +55,22 @@ class ThinkStream:
                 if not stripped:  # whitespace before a possible <think>: wait for more
                     self.held = text
                     break
-                if stripped.startswith(OPEN):
+                if stripped.startswith(self.open):
                     self.inside = self.seen_open = True
-                    text = stripped[len(OPEN):]
+                    text = stripped[len(self.open):]
                     continue
-                if OPEN.startswith(stripped):  # the tag may still be arriving
+                if self.open.startswith(stripped):  # the tag may still be arriving
                     self.held = text
                     break
                 self.done = True  # no thinking: the whole reply is the answer
                 continue
-            i = text.find(CLOSE)
+            i = text.find(self.close)
             if i >= 0:
                 reasoning.append(text[:i])
-                text = text[i + len(CLOSE):]
+                text = text[i + len(self.close):]
                 self.inside, self.done, self.after_close = False, True, True
                 continue
-            keep = next((n for n in range(len(CLOSE) - 1, 0, -1) if text.endswith(CLOSE[:n])), 0)
+            keep = next((n for n in range(len(self.close) - 1, 0, -1) if text.endswith(self.close[:n])), 0)
             reasoning.append(text[:len(text) - keep])
             self.held = text[len(text) - keep:]
             break
@@ -89,11 +95,19 @@ _STOPS = (END, START, "<|return|>", "<|call|>")
 
 
 def style(template_source: str) -> str:
-    """How a model's template says it reasons: "harmony" (gpt-oss's channels), "think" (<think>
-    tags), or "" (it does not)."""
+    """How a model's template says it reasons: "harmony" (gpt-oss's channels), "mistral" ([THINK]
+    tags), "think" (<think> tags), or "" (it does not)."""
     if CHANNEL in template_source and MESSAGE in template_source:
         return "harmony"
+    if MISTRAL_OPEN in template_source and MISTRAL_CLOSE in template_source:
+        return "mistral"
     return "think" if thinks(template_source) else ""
+
+
+def spelled_out(kind: str) -> bool:
+    """Whether a style's markers are control tokens, so the reply must be detokenized with special
+    tokens spelled out for its splitter to see them (gpt-oss's channels, Mistral's [THINK])."""
+    return kind in ("harmony", "mistral")
 
 
 class HarmonyStream:
@@ -146,7 +160,7 @@ class HarmonyStream:
 
 def reply_stream(kind: str, opened: bool = False) -> "ThinkStream | HarmonyStream":
     """The splitter of a reply in a model's reasoning style (style()); opened: a <think> the prompt opened."""
-    return HarmonyStream() if kind == "harmony" else ThinkStream(opened)
+    return HarmonyStream() if kind == "harmony" else ThinkStream(opened, TAGS[kind])
 
 
 def split_reply(kind: str, text: str) -> tuple[str, str]:

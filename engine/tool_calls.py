@@ -5,6 +5,8 @@ Models write tool calls in their family's syntax, which their chat template also
 - llama3 (Llama 3.1-3.3): a JSON object {"name": ..., "parameters": {...}} as the whole reply,
   after an optional <|python_tag|>
 - mistral (Mistral Nemo, Small): [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]
+- mistral_args (Mistral Small 3.2, Ministral 3, Magistral, Devstral): [TOOL_CALLS]NAME[ARGS]{...} per
+  call (Small 3.2's template writes [CALL_ID]ID between them in earlier turns)
 - deepseek (DeepSeek-R1 distills, V3): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
 - qwen3coder (Qwen3-Coder, Qwen3.5, Nemotron Nano 3): <tool_call>\n<function=NAME>\n<parameter=P>\n
@@ -32,13 +34,14 @@ from infer.quant.errors import InferError
 from . import xml_tool_calls
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
-FAMILIES = ("hermes", "llama3", "mistral", "deepseek", "qwen3coder", "generic")
+FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply ("^text": only as the answer's first text, after
 # whitespace): the stream holds text back from there, and tool_choice "auto" starts its grammar there
 CALL_STARTS = MappingProxyType({
-    "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "mistral": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+    "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "mistral": ("[TOOL_CALLS]",),
+    "mistral_args": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
@@ -120,8 +123,8 @@ def family(template_source: str) -> str:
         return "qwen3coder"
     if "<tool_call>" in template_source and "<function=" not in template_source:  # not Qwen3-Coder's XML
         return "hermes"
-    if "[TOOL_CALLS]" in template_source and "[ARGS]" not in template_source:  # not Mistral Small 3.2's
-        return "mistral"
+    if "[TOOL_CALLS]" in template_source:  # Small 3.2's and Ministral 3's: the name, then [ARGS] and its JSON
+        return "mistral_args" if "[ARGS]" in template_source else "mistral"
     if "tool▁call" in template_source and "```json" in template_source:  # R1's fenced JSON, not V3.1's
         return "deepseek"
     if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
@@ -289,6 +292,11 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
         schema = _with_defs({"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})},
                             defs)
         body = f'start: {lit("[TOOL_CALLS]")} " "? args\nargs: {_lark_json(schema)}'
+    elif fam == "mistral_args":  # the name outside the JSON: one alternative per tool
+        rules = [f'call_{i}: {lit("[TOOL_CALLS]")} {json.dumps(t.name)} {lit("[ARGS]")} args_{i}\n'
+                 f'args_{i}: {_lark_json(as_llama_cpp(t.parameters))}' for i, t in enumerate(chosen)]
+        body = (f'start: call{"+" if parallel else ""}\n'
+                f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
     elif fam == "deepseek":  # the name outside the JSON: one alternative per tool
         rules = [f'call_{i}: {lit(DS_CALL)} "function" {lit(DS_SEP)} {json.dumps(t.name + chr(10) + "```json" + chr(10))} '
                  f'args_{i} {json.dumps(chr(10) + "```")} {lit(DS_CALL_END)}\n'
@@ -305,7 +313,7 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
 
 def new_id(fam: str = "") -> str:
     """A call id: OpenAI's shape, or the 9 letters and digits Mistral's templates require."""
-    return uuid.uuid4().hex[:9] if fam == "mistral" else "call_" + uuid.uuid4().hex[:24]
+    return uuid.uuid4().hex[:9] if fam in ("mistral", "mistral_args") else "call_" + uuid.uuid4().hex[:24]
 
 
 def _json_at(text: str, i: int) -> tuple[Any, int] | None:
@@ -368,6 +376,8 @@ def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[st
         got = _json_at(text, j + len(text[j:]) - len(text[j:].lstrip())) if i >= 0 else None
         calls = _calls(got[0], fam="mistral") if got else None
         return (text[:i].strip(), calls) if calls else (text, [])
+    if fam == "mistral_args":
+        return _parse_mistral_args(text)
     if fam == "deepseek":
         found = re.findall(re.escape(DS_CALL) + r"function" + re.escape(DS_SEP) + r"(.*?)\n```json\n(.*?)\n```"
                            + re.escape(DS_CALL_END), text, re.S)
@@ -385,6 +395,22 @@ def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[st
     got = _json_at(body, 0) if body.startswith("{") else None
     calls = _calls(got[0], "parameters") if got and not body[got[1]:].strip() else None
     return ("", calls) if calls else (text, [])
+
+
+def _parse_mistral_args(text: str) -> tuple[str, list[ToolCall]]:
+    """[TOOL_CALLS]NAME[ARGS]{...} per call (an optional [CALL_ID]ID before [ARGS], its 9 letters and
+    digits kept); anything malformed: the whole reply is content."""
+    head, *parts = text.split("[TOOL_CALLS]")
+    calls = []
+    for part in parts:
+        name, sep, rest = part.partition("[ARGS]")
+        name, _, own = name.partition("[CALL_ID]")
+        got = _json_at(rest, len(rest) - len(rest.lstrip())) if sep else None
+        if got is None or not _NAME.match(name.strip()) or rest[got[1]:].strip():
+            return text, []
+        cid = own.strip() if re.fullmatch(r"[A-Za-z0-9]{9}", own.strip()) else new_id("mistral_args")
+        calls.append(ToolCall(name.strip(), json.dumps(got[0], ensure_ascii=False), cid))
+    return (head.strip(), calls) if calls else (text, [])
 
 
 class ReplyStream:

@@ -29,13 +29,18 @@ def _rope_scale(get) -> float:
     return 1.0 / factor if factor > 0 and scaling != "none" else 1.0
 
 
-def _yarn_attn_factor(scale: float, attn_factor: float) -> float:
+def _yarn_attn_factor(scale: float, attn_factor: float, log_mul: float = 0.0) -> float:
     """The magnitude llama.cpp hands its YaRN RoPE (llama_context's yarn_attn_factor, float32 as
-    there): YaRN's 0.1 ln(factor) + 1, divided by the same term that ggml's rope multiplies in
-    again, times rope.scaling.attn_factor."""
+    there): YaRN's 0.1 ln(factor) + 1 (over 0.1 log_mul ln(factor) + 1 where the architecture
+    reads rope.scaling.yarn_log_multiplier: mistral3), divided by the same term that ggml's rope
+    multiplies in again, times rope.scaling.attn_factor."""
     f32 = np.float32
     factor = f32(1.0) / f32(scale)
-    mscale = f32(0.1) * np.log(factor) + f32(1.0) if factor > 1 else f32(1.0)
+
+    def mscale_of(m: float) -> np.float32:
+        return f32(f32(0.1) * f32(m)) * np.log(factor) + f32(1.0) if factor > 1 else f32(1.0)
+
+    mscale = mscale_of(1.0) / mscale_of(log_mul) if log_mul else mscale_of(1.0)
     return float(f32(mscale * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))) * f32(attn_factor))
 
 
@@ -102,6 +107,7 @@ class ModelConfig:
     rope_ext_factor: float = 0.0  # YaRN scaling: 1 (its ramp between scaled and unscaled angles); else 0
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
+    yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
     # hybrid models (Architecture.recurrent): per layer, whether it is recurrent (a per-sequence
     # state instead of a KV cache: LFM2's short convolution); () where no layer is
@@ -119,6 +125,19 @@ class ModelConfig:
     # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
     mamba2: bool = False
     rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
+    # per layer, attention without RoPE where the others have it (Architecture.nope_layers: smollm3's
+    # every 4th layer); () where no layer differs
+    layer_nope: tuple[bool, ...] = ()
+    # Llama 4's attention temperature (llama.cpp's f_attn_temp_scale, n_attn_temp_floor_scale,
+    # f_attn_temp_offset: mistral3): Q after RoPE times log(floor((pos + offset) / floor) + 1) *
+    # scale + 1 at each position; scale 0: none
+    attn_temp_scale: float = 0.0
+    attn_temp_floor: float = 0.0
+    attn_temp_offset: float = 0.0
+
+    def rope_at(self, il: int) -> bool:
+        """Whether layer il's attention rotates Q and K by their positions."""
+        return self.rope and not (self.layer_nope and self.layer_nope[il])
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -199,6 +218,9 @@ class ModelConfig:
                 raise ModelConfigError(f"per-layer values for {full!r} are not supported")
             return value
 
+        def raw(key: str, default: Any = None) -> Any:  # "<arch>.<key>" as it is, per-layer arrays included
+            return meta.get(f"{arch}.{key}", default)
+
         n_embd = int(get("embedding_length", required=True))
         n_head = int(get("attention.head_count", required=True))
         n_layer = int(get("block_count", required=True))
@@ -215,8 +237,7 @@ class ModelConfig:
         n_layer -= n_nextn
         # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
         try:
-            hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \
-                if spec.recurrent is not None else {}
+            hybrid = spec.recurrent(raw, n_layer) if spec.recurrent is not None else {}
         except ValueError as e:
             raise ModelConfigError(f"{arch}: {e}") from None
         n_head_kv = int(hybrid.pop("n_head_kv", None) or get("attention.head_count_kv", n_head))
@@ -261,6 +282,12 @@ class ModelConfig:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
+        if own.get("attn_temp_scale", 0.0) and not own.get("attn_temp_floor", 0.0) > 0:
+            raise ModelConfigError(f"{arch}: attention temperature scaling needs a positive "
+                                   f"rope.scaling.original_context_length")
+        layer_nope = tuple(bool(v) for v in spec.nope_layers(raw, n_layer)) if spec.nope_layers is not None else ()
+        if layer_nope and len(layer_nope) != n_layer:
+            raise ModelConfigError(f"{arch}: {len(layer_nope)} RoPE flags for {n_layer} layers")
         return cls(
             arch=arch,
             architecture=spec,
@@ -276,7 +303,7 @@ class ModelConfig:
             norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
-            rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor) if yarn else attn_factor,
+            rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
             rope_ext_factor=1.0 if yarn else 0.0,
             n_ctx_orig=int(get("rope.scaling.original_context_length", n_ctx_train)),
             rope_scale=rope_scale,
@@ -294,6 +321,7 @@ class ModelConfig:
             n_layer_dense_lead=dense_lead,
             n_ff_shexp=n_ff_shexp,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            layer_nope=layer_nope,
             **hybrid,
             **{k: float(v) for k, v in own.items()},
         )

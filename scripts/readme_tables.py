@@ -58,6 +58,8 @@ def _layer(a) -> str:
         parts.append("pre- and post-norms")
     if a.activation != "silu":
         parts.append({"gelu": "GELU", "swiglu_oai": "clamped SwiGLU"}.get(a.activation, a.activation))
+    if a.nope_layers is not None:
+        parts.append("no RoPE on some layers")
     if a.swa_pattern:
         parts.append(f"sliding window on {a.swa_pattern - 1} of {a.swa_pattern} layers")
     if any(a.default_softcaps):

@@ -47,6 +47,20 @@ def test_batched_equals_alone_moe(tmp_path, arch):
     assert together == alone(path, prompts, config)
 
 
+@pytest.mark.slow  # 1-2 s alone, 15-35 s when other work shares the two cores (threaded steps)
+@pytest.mark.parametrize("arch", ["mistral3", "smollm3"])
+def test_batched_equals_alone_per_position(tmp_path, arch):
+    # mistral3: Q times an attention temperature of each token's own position (its step 4 tokens in
+    # the tiny model); smollm3: layers without RoPE beside rotated ones. Sequences at other positions
+    # in one batch must still get exactly the tokens they get alone
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=12)
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
+    prompts = tiny_prompts()
+    together, widest = run_all(LLM.load(path, config), prompts)
+    assert widest == 8
+    assert together == alone(path, prompts, config)
+
+
 def test_grouped_experts_equal_expert_by_expert(tmp_path):
     # moe.experts_ffn (experts packed alike) against primitives' expert-by-expert loop: the same rows
     path = write_tiny_model(tmp_path / "tiny-llama-moe.gguf", "llama-moe", seed=13)

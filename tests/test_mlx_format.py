@@ -23,6 +23,7 @@ from helpers.hf_models import (
     write_safetensors,
 )
 from helpers.prompts import PROMPTS
+from helpers.tiny_models import write_tiny_model
 from infer.engine.hf_tokenizer import HFTokenizer
 from infer.engine.tokenizer import Tokenizer
 from infer.engine.tokenizer_json import write_tokenizer_files
@@ -498,3 +499,15 @@ def _last_logits(runner, cfg, seqs: list[list[int]], bs: int = 16) -> np.ndarray
                   (np.cumsum([len(s) for s in seqs]) - 1).astype(np.int32), np.arange(len(seqs), dtype=np.int64))
     pool = runner.new_kv_pool([int(start[-1])] * groups, bs)
     return np.array(runner.forward_batch(batch, pool), dtype=np.float64)
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "mistral3"])
+def test_per_layer_rope_and_attention_temperature_survive_an_export(arch, tmp_path):
+    """What config.json must carry beyond llama's: smollm3's layers without RoPE (no_rope_layers),
+    mistral3's YaRN betas, log multiplier and attention temperature (Ministral 3's rope_parameters
+    under its model_type): the folder loads back to the GGUF's config."""
+    gguf = write_tiny_model(tmp_path / f"{arch}.gguf", arch, seed=3, chat_template="[INST]{{ messages[0].content }}")
+    export_mlx(gguf, tmp_path / "out", MlxExportOptions(bits=8, group_size=32), write_tokenizer_files)
+    m, g = load_model(tmp_path / "out"), load_model(gguf)
+    assert m.config == g.config.__class__(**{**g.config.__dict__, "name": "out"})
+    assert any(g.config.layer_nope) if arch == "smollm3" else g.config.attn_temp_scale and g.config.yarn_log_mul

@@ -43,6 +43,8 @@ REPLIES = {
                '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "Let me check."),
     "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}, '
                 '{"name": "add", "arguments": {"a": 1, "b": 2}}]', ""),
+    "mistral_args": ('Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}',
+                     "Let me check."),
     "deepseek": (f'{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Paris"}}\n```{DS_CALL_END}'
                  f'{DS_CALL}function{DS_SEP}add\n```json\n{{"a": 1, "b": 2}}\n```{DS_CALL_END}{DS_END}', ""),
     "qwen3coder": ('Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
@@ -63,6 +65,8 @@ def test_replies_parse_whole_and_streamed(fam):
     assert len({c.id for c in calls}) == 2
     if fam == "mistral":  # its templates take 9 letters and digits: the model's own id, or a new one
         assert calls[0].id == "abcDEF123" and re.fullmatch(r"[A-Za-z0-9]{9}", calls[1].id)
+    elif fam == "mistral_args":
+        assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in calls)
     else:
         assert all(c.id.startswith("call_") for c in calls)
     for size in (1, 3, 7):  # streamed in pieces: the same calls, the content before them passed on
@@ -91,8 +95,8 @@ def test_family_from_the_template():
     assert family("{% if tools %}<tool_call>{% endif %}") == "hermes"
     assert family("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]") == "mistral"
     assert family("<｜tool▁calls▁begin｜>function<｜tool▁sep｜>{{ name }}\n```json\n") == "deepseek"
+    assert family("[TOOL_CALLS]{{ name }}[ARGS]{{ args }}") == "mistral_args"  # Mistral Small 3.2, Ministral 3
     # formats not read here fall back to the generic one
-    assert family("[TOOL_CALLS]{{ name }}[ARGS]{{ args }}") == "generic"  # Mistral Small 3.2
     assert family("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>") == "qwen3coder"  # Qwen3-Coder, 3.5
     assert family("'<tool_call><function=' ~ name ~ '>' <parameter=") == "generic"  # no newlines between tags
     assert family("<｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}") == "generic"  # DeepSeek V3.1
@@ -149,7 +153,8 @@ def test_parallel_grammars_take_several_calls(llm, fam):
     it refuses the second call."""
     tools = parse_tools([WEATHER, ADD])
     text = REPLIES[fam][0]
-    text = text[text.index("<tool_call>"):] if fam in ("hermes", "qwen3coder") else text  # no content first
+    marker = {"hermes": "<tool_call>", "qwen3coder": "<tool_call>", "mistral_args": "[TOOL_CALLS]"}.get(fam)
+    text = text[text.index(marker):] if marker else text  # no content first
     for parallel in (True, False):
         g, _ = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
         compiled = llm.engine.grammars.compile(g)
@@ -327,6 +332,7 @@ def test_mistral_space_before_the_array():
 @pytest.mark.parametrize("fam, before, call", [
     ("hermes", "Let me look that up. ", '<tool_call>\n{"name": "add", "arguments": {"a": 1'),
     ("mistral", "", '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 1'),
+    ("mistral_args", "Sure.", '[TOOL_CALLS]add[ARGS]{"a": 1'),
     ("llama3", "  ", '{"name": "add", "parameters": {"a": 1'),
     ("qwen3coder", "Sure. ", '<tool_call>\n<function=add>\n<parameter=a>\n1'),
 ])
@@ -346,9 +352,19 @@ def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     follow = b"0123456789<" if fam == "qwen3coder" else b"0123456789,}"
     assert allowed and all(p.strip(b" \t\n")[:1] in follow for p in allowed), allowed
     near_miss = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
-    miss = (before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=")
+    miss = (before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=").replace("add[", "sub[")
     assert not near_miss.seen(miss)  # a marker, then no call: free
     assert not near_miss.seen('{"name": "add"}') and near_miss.started is None
+
+
+def test_mistral_args_call_ids_and_malformed_calls():
+    # Small 3.2's template writes [CALL_ID] before [ARGS]: a 9-character id is kept
+    content, calls = parse_reply("mistral_args", '[TOOL_CALLS]add[CALL_ID]abcDEF123[ARGS]{"a": 1, "b": 2}')
+    assert content == "" and [(c.name, json.loads(c.arguments), c.id) for c in calls] == [
+        ("add", {"a": 1, "b": 2}, "abcDEF123")]
+    for bad in ('[TOOL_CALLS]add{"a": 1}', '[TOOL_CALLS]add[ARGS]{"a": 1', '[TOOL_CALLS]add[ARGS]{"a": 1} more',
+                '[TOOL_CALLS]a b[ARGS]{}'):
+        assert parse_reply("mistral_args", "Hi." + bad) == ("Hi." + bad, [])
 
 
 def test_held_text_goes_out_once_it_cannot_be_a_marker():
@@ -391,6 +407,11 @@ def test_lazy_grammars_wait_past_thinking_and_plain_json(llm):
     assert not lazy.seen("I could write <tool_call> here, but")  # still thinking: not the answer
     assert not lazy.seen(" no.</think>\n\nThe sum is ")
     assert lazy.seen('<tool_call>\n{"name": "add"')
+    g, triggers = grammar(tools, "mistral_args", "auto", None, True, llm.tokenizer.token_id)
+    lazy = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)  # Mistral's thought: [THINK] tags
+    assert not lazy.seen("[THINK]I could write [TOOL_CALLS]add here, but")
+    assert not lazy.seen(" no.[/THINK]The sum is ")
+    assert lazy.seen('[TOOL_CALLS]add[ARGS]{"a"')
     g, triggers = grammar(tools, "llama3", "auto", None, True, llm.tokenizer.token_id)
     lazy = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
     assert not lazy.seen('{"answer": 5}') and not lazy.given_up  # JSON that is no call stays free

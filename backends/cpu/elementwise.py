@@ -116,6 +116,19 @@ def rope_angles(cfg: Any, positions: np.ndarray, swa: bool, freq_factors: np.nda
                cos_out, sin_out)
 
 
+def attn_temperature(cfg: Any, positions: np.ndarray, q_scale: float, out: np.ndarray) -> None:
+    """out (T,) f32: what each position's Q is multiplied by after RoPE: q_scale (the prescale),
+    times Llama 4's attention temperature where the model has one (cfg.attn_temp_scale): as
+    llama.cpp's llm_graph_input_attn_temp computes it, the floor in float32, the log in double."""
+    out.fill(np.float32(q_scale))
+    if cfg.attn_temp_scale == 0.0:
+        return
+    f32 = np.float32
+    steps = np.floor((positions.astype(f32) + f32(cfg.attn_temp_offset)) / f32(cfg.attn_temp_floor))
+    temp = (np.log(steps.astype(np.float64) + 1.0) * float(f32(cfg.attn_temp_scale)) + 1.0).astype(f32)
+    out *= temp
+
+
 @njit(cache=True, inline="always")
 def _rotate(x, i, j, c, s):
     # x[i], x[j] rotated by the angle of cos c, sin s as llama.cpp's compiled rotate_pairs computes

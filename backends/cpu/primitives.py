@@ -18,7 +18,7 @@ from infer.quant.static_type import static_type
 
 from .attention import attention
 from .delta_net import delta_net
-from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
+from .elementwise import attn_temperature, embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
 from .glu import ACTIVATIONS, glu, glu_rows
 from .kv_pool import KVPool
 from .kv_write import qkv_post
@@ -45,7 +45,7 @@ class CpuPrimitives:
         # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
         self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
-        self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
+        self.q_scale = float(np.float32(cfg.attn_scale if arch.prescale_q else 1.0))
         self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
         self.attn_softcap = np.float32(cfg.attn_logit_softcap)
         self.residual_scale = np.float32(cfg.residual_scale)
@@ -70,11 +70,14 @@ class CpuPrimitives:
         ff = self.runner.freq_factors
         if cfg.rope:
             rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
-        else:  # no positions (NoPE): the rotation by angle 0 leaves Q and K exactly as they are
-            self.cos[0].fill(1.0)
-            self.sin[0].fill(0.0)
-        if self.any_swa:
+        if cfg.rope and self.any_swa:
             rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
+        # layers without positions (cfg.rope_at: granitehybrid's NoPE, smollm3's every 4th layer)
+        # rotate by angle 0, which leaves Q and K exactly as they are
+        self.cos[2].fill(1.0)
+        self.sin[2].fill(0.0)
+        self.q_scales = ws.q_scale[:T]
+        attn_temperature(cfg, batch.positions, self.q_scale, self.q_scales)
         self.prompt_end = batch.prompt_ends()
         self.trace = self.runner.trace
 
@@ -113,12 +116,12 @@ class CpuPrimitives:
 
     def attention(self, qkv: np.ndarray, ly: Any, il: int) -> np.ndarray:
         cfg, ws, batch, pool, T, r = self.cfg, self.ws, self.batch, self.pool, self.T, self.runner
-        rope = 1 if cfg.layer_swa[il] else 0
+        rope = 2 if not cfg.rope_at(il) else 1 if cfg.layer_swa[il] else 0
         g, kc, vc = pool.layer(il)
         q3 = ws.q[:T]
         qd = ws.qd[:T]
         qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
-                 self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
+                 self.neox, self.q_scales, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
                  r.rot_k, r.rot_v)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
                   pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,

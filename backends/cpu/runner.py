@@ -254,8 +254,10 @@ class Workspace:
         self.o = np.zeros((T, D), f32)
         self.positions = np.zeros(T, np.int32)
         half = cfg.n_rot // 2
-        self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
-        self.sin = np.zeros((2, T, half), f32)
+        # [0]: global layers, [1]: sliding-window layers, [2]: layers without RoPE (angle 0)
+        self.cos = np.zeros((3, T, half), f32)
+        self.sin = np.zeros((3, T, half), f32)
+        self.q_scale = np.zeros(T, f32)  # each token's Q multiplier after RoPE (qkv_post)
         n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
         # attention's scratch: a row per chunk, room in each for the scores of all the query heads
         # that share a KV head (attention.py serves them together)

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from infer.backends.batch import Batch
-from infer.backends.cpu.elementwise import rope_angles
+from infer.backends.cpu.elementwise import attn_temperature, rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
 from infer.backends.cpu.moe import GATING, route
 
@@ -76,7 +76,11 @@ class MlxPrimitives:
         self.ropes = [self._rope(False)] if cfg.rope else []
         if cfg.rope and any(cfg.layer_swa):
             self.ropes.append(self._rope(True))
-        self.q_scale = cfg.attn_scale if arch.prescale_q else 1.0
+        # what each token's Q is multiplied by after RoPE (the prescale, the attention temperature),
+        # as the cpu backend's one multiply; None where it is 1 throughout
+        scales = np.empty(self.T, np.float32)
+        attn_temperature(cfg, batch.positions, float(np.float32(cfg.attn_scale if arch.prescale_q else 1.0)), scales)
+        self.q_scales = None if (scales == 1.0).all() else mx.array(scales)[:, None, None]
         self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
 
     def _rope(self, swa: bool) -> tuple[mx.array, mx.array]:
@@ -117,12 +121,12 @@ class MlxPrimitives:
         q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
         if ly.q_norm is not None and not whole:  # over each head
             q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
-        if self.ropes:  # else NoPE: Q and K as they are (the cpu backend's rotation by angle 0)
+        if cfg.rope_at(il):  # else NoPE: Q and K as they are (the cpu backend's rotation by angle 0)
             cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
             neox = cfg.architecture.rope_neox
             q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
-        if self.q_scale != 1.0:
-            q = q * self.q_scale
+        if self.q_scales is not None:
+            q = q * self.q_scales
         q = _f16_round(q)  # as the cpu backend (and llama.cpp) before Q·K
         g, j = self.pool.layer_at[il]
         kc, vc = self.pool.k[g][j], self.pool.v[g][j]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from infer.engine.chat_template import ChatTemplateError
-from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, style
+from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, spelled_out, style
 from infer.engine.tool_calls import (
     ReplyStream,
     Tool,
@@ -31,11 +31,13 @@ class ChatPlan:
     messages: list[dict]
     variables: dict  # template variables (tools)
     family: str | None  # the tool-call syntax read from the reply (None: no tools in play)
-    reasoning: str  # how reasoning_content is split off: "think" (<think> tags), "harmony" (gpt-oss's channels), "" not
+    # how reasoning_content is split off: "think" (<think> tags), "mistral" ([THINK] tags), "harmony"
+    # (gpt-oss's channels), "" not
+    reasoning: str
     tools: list[Tool] = field(default_factory=list)
     triggers: tuple[str, ...] = ()  # where the tools' grammar starts ("auto": at a call)
-    # gpt-oss's channel markers are control tokens: spelled out, for the splitter or (--reasoning-format
-    # none) in the content, as llama.cpp leaves them; never silently dropped between channels
+    # gpt-oss's channel markers and Mistral's [THINK] are control tokens: spelled out, for the splitter
+    # or (--reasoning-format none) in the content, as llama.cpp leaves them; never silently dropped
     markers: bool = False
 
 
@@ -93,7 +95,7 @@ def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_fo
                            "reasoning_effort", "invalid_value")
         variables = {**variables, "reasoning_effort": effort}
     return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers,
-                    reasoning_style == "harmony"), g
+                    spelled_out(reasoning_style)), g
 
 
 def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job, bool]:

@@ -36,7 +36,7 @@ FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_lo
                  "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",
                  "residual_multiplier", "logits_scaling", "norm_eps", "block_ffn_dim_multiplier")
 ROPE_FLOATS = ("factor", "low_freq_factor", "high_freq_factor", "rope_theta", "attention_factor", "beta_fast",
-               "beta_slow")
+               "beta_slow", "mscale_all_dim", "llama_4_scaling_beta")
 F32_MAX = float(np.finfo(np.float32).max)  # GGUF keeps these as float32
 
 

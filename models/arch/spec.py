@@ -80,7 +80,10 @@ class Architecture:
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
-    recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    recurrent_kind: str = ""
+    # layers whose attention has no RoPE: (raw get, n_layer) -> a flag per layer (smollm3: every 4th,
+    # as llama.cpp's n_no_rope_layer_step); None: every layer rotates (ModelConfig.layer_nope)
+    nope_layers: Callable[..., tuple[bool, ...]] | None = None  # what its recurrent layers are, in words (the README's table)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

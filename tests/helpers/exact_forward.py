@@ -81,9 +81,12 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
             T = len(qs)
             yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
-            if cfg.rope:  # else no positions (granitehybrid's NoPE)
+            if cfg.rope_at(il):  # else no positions (granitehybrid's NoPE, smollm3's every 4th layer)
                 qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
                 ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+            if cfg.attn_temp_scale:  # Llama 4's attention temperature (mistral3): Q times a factor per position
+                steps = np.floor((np.arange(T) + cfg.attn_temp_offset) / cfg.attn_temp_floor)
+                qs = qs * (np.log(steps + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
             ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
             sc = np.einsum("thd,shd->hts", qs, ks) * cfg.attn_scale
             if cfg.attn_logit_softcap > 0:

@@ -81,8 +81,9 @@ def from_bf16(u: np.ndarray) -> np.ndarray:
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 
-def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
-    """A tiny random checkpoint; returns the float32 weights as the HF model computes with them."""
+def make_hf_model(folder: Path, arch: str, seed: int, n_layer: int = 2) -> dict[str, np.ndarray]:
+    """A tiny random checkpoint of n_layer layers; returns the float32 weights as the HF model
+    computes with them."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     style = "llama" if arch in ("llama", "mixtral") else "qwen"
@@ -91,7 +92,6 @@ def make_hf_model(folder: Path, arch: str, seed: int) -> dict[str, np.ndarray]:
     n_tok = tok.get_vocab_size()
     vocab = n_tok + (6 if arch == "qwen2" else 0)  # qwen pads its embedding past the tokenizer
     tied = arch in ("qwen2", "qwen3", "granite", "qwen3moe")
-    n_layer = 2
     cfg = {"model_type": "qwen3_moe" if arch == "qwen3moe" else arch,
            "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                               "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
@@ -215,9 +215,12 @@ def _moe(w: dict[str, np.ndarray], p: str, h: np.ndarray, arch: str) -> np.ndarr
     return out
 
 
-def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarray:
+def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int], nope: tuple[bool, ...] = (),
+               yarn: dict | None = None) -> np.ndarray:
     """The Hugging Face modelling code's math (rotate_half RoPE, GQA, SwiGLU; Granite's multipliers;
-    OLMo 2's output norms and whole-projection Q/K norms) in float64 numpy."""
+    OLMo 2's output norms and whole-projection Q/K norms) in float64 numpy. nope: per layer, no
+    RoPE (SmolLM3's no_rope_layers, inverted); yarn: Ministral 3's rope_parameters (YaRN's
+    frequencies, and Q times its Llama 4 attention temperature)."""
     eps, theta = 1e-5, 10000.0 if arch == "llama" else 1000000.0
     gm = GRANITE_MULTIPLIERS if arch == "granite" else {"embedding_multiplier": 1.0, "residual_multiplier": 1.0,
                                                          "attention_multiplier": HD ** -0.5, "logits_scaling": 1.0}
@@ -227,6 +230,14 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
     mscale = 1.0
     if arch == "phi3":  # LongRoPE within the original context: the short factors divide the frequencies
         inv, mscale = inv / PHI3_SHORT, PHI3_MSCALE
+    temp = np.ones(T)
+    if yarn is not None:  # transformers' _compute_yarn_parameters (mscale = mscale_all_dim: magnitude 1)
+        orig, factor = yarn["original_max_position_embeddings"], yarn["factor"]
+        dim = [HD * np.log(orig / (b * 2 * np.pi)) / (2 * np.log(theta)) for b in (yarn["beta_fast"], yarn["beta_slow"])]
+        lo, hi = max(np.floor(dim[0]), 0), min(np.ceil(dim[1]), HD - 1)
+        extrapolate = 1 - np.clip((np.arange(HD // 2) - lo) / max(hi - lo, 0.001), 0, 1)
+        inv = inv / factor * (1 - extrapolate) + inv * extrapolate
+        temp = 1 + yarn["llama_4_scaling_beta"] * np.log(1 + np.floor(np.arange(T) / orig))
     ang = np.arange(T)[:, None] * inv[None, :]
     cos, sin = (mscale * f(np.concatenate([ang, ang], -1)) for f in (np.cos, np.sin))
 
@@ -235,7 +246,7 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
         return x * cos[:, None] + half * sin[:, None]
 
     x = w["model.embed_tokens.weight"][ids].astype(np.float64) * gm["embedding_multiplier"]
-    for i in range(2):
+    for i in range(sum(k.endswith("post_attention_layernorm.weight") for k in w)):
         p = f"model.layers.{i}."
         h = x if arch == "olmo2" else rms(x, w[p + "input_layernorm.weight"])
         if arch == "phi3":
@@ -248,7 +259,9 @@ def hf_forward(w: dict[str, np.ndarray], arch: str, ids: list[int]) -> np.ndarra
         q, k, v = q.reshape(T, H, HD), k.reshape(T, HKV, HD), v.reshape(T, HKV, HD)
         if arch in ("qwen3", "qwen3moe"):
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
-        q, k = rope(q), rope(k)
+        if not (nope and nope[i]):
+            q, k = rope(q), rope(k)
+        q = q * temp[:, None, None]
         k, v = np.repeat(k, H // HKV, 1), np.repeat(v, H // HKV, 1)
         s = np.einsum("thd,shd->hts", q, k) * gm["attention_multiplier"]
         s = s + np.triu(np.full((T, T), -np.inf), 1)

@@ -90,6 +90,13 @@ ARCH_TYPES = {
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
                 "token_embd": GT.Q8_0, "output": GT.Q6_K},
+    # smollm3: llama's layers, every 4th without RoPE (N_LAYER: 4, so the last)
+    "smollm3": {"attn_q": GT.Q5_1, "attn_k": GT.Q6_K, "attn_v": GT.Q4_0, "attn_output": GT.Q8_0,
+                "ffn_gate": GT.Q5_K, "ffn_up": GT.Q4_1, "ffn_down": GT.Q5_0, "token_embd": GT.Q8_0},
+    # mistral3: llama's layers, YaRN with its betas and log multiplier, Llama 4's attention temperature
+    "mistral3": {"attn_q": GT.Q6_K, "attn_k": GT.Q5_1, "attn_v": GT.Q8_0, "attn_output": GT.Q4_1,
+                 "ffn_gate": GT.Q5_0, "ffn_up": GT.Q6_K, "ffn_down": GT.Q4_K, "token_embd": GT.Q6_K,
+                 "output": GT.Q8_0},
 }
 # A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
@@ -97,7 +104,7 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
 N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4,
-           "qwen35moe": 4, "qwen3next": 4}
+           "qwen35moe": 4, "qwen3next": 4, "smollm3": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 # lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
@@ -118,6 +125,10 @@ GRANITEH_RECURRENT, GRANITEH_CONV, GRANITEH_N, GRANITEH_G, GRANITEH_H = (True, F
 # the gated delta net's architectures (qwen35's layers); those of them with experts take 2 per token
 # and have a shared expert of this width
 GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 2, 256
+# mistral3: YaRN over 4 tokens (so the attention temperature, whose step is that original context,
+# changes every 4 positions of the test prompt), its betas away from llama.cpp's defaults, the
+# log multiplier and temperature of Ministral 3's files
+MISTRAL3_YARN, MISTRAL3_BETAS, MISTRAL3_LOG_MUL, MISTRAL3_TEMP = ("yarn", 4.0, 4), (16.0, 2.0), 1.0, 0.1
 
 
 # Each tiny model's seed where the tests compare every architecture (test_models,
@@ -126,7 +137,8 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 # that judge a random model's agreement against llama.cpp's own spread were tuned on those weights).
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
-              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14}
+              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
+              "mistral3": 16}
 
 
 def tiny_seed(arch: str) -> int:
@@ -210,6 +222,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     gdn = arch in GDN_ARCHS
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
+    if arch == "mistral3" and rope_scaling is None:  # as Ministral 3's files: YaRN and its keys
+        rope_scaling = MISTRAL3_YARN
     types = ARCH_TYPES[arch]
     arch = {"llama-moe": "llama", "granitehybrid-moe": "granitehybrid"}.get(arch, arch)
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
@@ -256,6 +270,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_rope_scaling_type(gguf.RopeScalingType(kind))
         w.add_rope_scaling_factor(factor)
         w.add_rope_scaling_orig_ctx_len(orig)
+    if arch == "mistral3":
+        w.add_rope_scaling_yarn_beta_fast(MISTRAL3_BETAS[0])
+        w.add_rope_scaling_yarn_beta_slow(MISTRAL3_BETAS[1])
+        w.add_rope_scaling_yarn_log_mul(MISTRAL3_LOG_MUL)
+        w.add_attn_temperature_scale(MISTRAL3_TEMP)
     if arch.startswith("gemma") or arch == "gpt-oss":
         w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
     if arch == "gemma2":  # caps small enough to bend these tiny models' scores and logits

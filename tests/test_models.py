@@ -11,8 +11,9 @@ from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
+# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
+# glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -207,7 +208,7 @@ def test_mtp_layers_are_left_out_of_the_config(tmp_path, arch):
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next", "glm4moe"])
 def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
     # the logits of the file without the MTP block, to the bit, in llama.cpp and in infer
     path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)

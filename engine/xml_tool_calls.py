@@ -1,5 +1,6 @@
 """Tool calls in XML, as Qwen3-Coder, Qwen3.5 and Nemotron Nano 3 write them (llama.cpp's
-"Qwen3-Coder" format):
+"Qwen3-Coder" format), and as GLM-4.5 / 4.6 / 4.7 write them (llama.cpp's "GLM 4.5" format, at
+the end of this module):
 
     <tool_call>
     <function=get_weather>
@@ -123,3 +124,69 @@ def parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
             return None
         out.append((name, args))
     return out
+
+
+# GLM-4.5 / 4.6 / 4.7: the tool's name right after <tool_call>, then each argument as a key and a
+# value, with newlines between the tags (GLM-4.5, 4.6) or none (GLM-4.7):
+#
+#     <tool_call>get_weather
+#     <arg_key>city</arg_key>
+#     <arg_value>Paris</arg_value>
+#     </tool_call>
+#
+# Values are written as Qwen3-Coder's are (a string as it is, anything else as JSON) and read back
+# the same way, by the tool's schema.
+GLM_KEY, GLM_VALUE = ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")
+_GLM_CALL = re.compile(r"<tool_call>\s*([^<\n]+?)\s*((?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>\s*)*)"
+                       r"</tool_call>", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+# a string value: any text up to the first value close (lazy: the value cannot contain it)
+GLM_STRING_VALUE = 'glm_string[lazy]: /(?s:.*?)<\\/arg_value>/'
+
+
+def glm_parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
+    """(name, arguments) of each GLM call in a reply, or None if its calls are not well formed."""
+    found = list(_GLM_CALL.finditer(text))
+    if not found or text.count(OPEN) != len(found):
+        return None
+    schemas = {t.name: t.parameters.get("properties", {}) if isinstance(t.parameters, dict) else {} for t in tools}
+    out = []
+    for m in found:
+        name = m.group(1).strip()
+        args = {}
+        for a in _GLM_ARG.finditer(m.group(2)):
+            if GLM_KEY[0] in a.group(2) or GLM_VALUE[0] in a.group(2):  # a value left unclosed
+                return None
+            key = a.group(1).strip()
+            args[key] = value(a.group(2), schemas.get(name, {}).get(key))
+        out.append((name, args))
+    return out
+
+
+def glm_grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
+                     json_rule: Callable[[dict, dict], str], own_defs: Callable[[dict, str], tuple[dict, dict]]) -> str:
+    """grammar_body's grammar for GLM's calls: each argument's key and value tags, a newline
+    before each tag or none (as the model's template writes them), a string value's text up to its
+    close, any other value JSON."""
+    rules, calls = [GLM_STRING_VALUE, 'nl: "\\n"?'], []
+    for i, tool in enumerate(tools):
+        params, defs = own_defs(tool.parameters, f"t{i}_")
+        props = params.get("properties", {}) if isinstance(params, dict) else {}
+        required = [p for p in params.get("required", []) if p in props] if isinstance(params, dict) else []
+        args = []
+        for j, (pname, pschema) in enumerate(props.items()):
+            types = types_of(pschema)
+            if types is not None and "string" not in types:
+                val = f'{json_rule(as_llama_cpp(pschema), as_llama_cpp(defs))} "</arg_value>"'
+            else:  # text (a string, or one of several types: what a model writes)
+                val = "glm_string"
+            key = json.dumps(GLM_KEY[0] + pname + GLM_KEY[1])
+            rules.append(f'arg_{i}_{j}: nl {key} nl "{GLM_VALUE[0]}" {val}')
+            args.append((pname, f"arg_{i}_{j}"))
+        order = [rule for name, rule in args if name in required]
+        optional = [rule for name, rule in args if name not in required]
+        body = " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
+        rules.append(f'call_{i}: {lit(OPEN)} {json.dumps(tool.name)} {body} nl {lit(CLOSE)}')
+        calls.append(f"call_{i}")
+    more = ' ("\\n" call)*' if parallel else ""
+    return "\n".join([f"start: call{more}", f'call: {" | ".join(calls)}', *rules])

@@ -43,6 +43,9 @@ def scalars(get: MetaGet, n_embd: int, n_head: int, head_dim: int, n_layer: int)
     if gating is not None and int(gating) not in (0, _SIGMOID):  # 0: none written, sigmoid
         raise ValueError(f"expert_gating_func {gating} is not supported (2: sigmoid)")
     sections = get("rope.dimension_sections", None)
+    groups = get("expert_group_count", None)
+    if groups is not None and int(groups) > 1:  # llama.cpp's grouped choice (DeepSeek-V3's), not GLM's
+        raise ValueError(f"expert_group_count {groups} is not supported (1)")
     if sections is not None and not _mrope_is_neox([int(v) for v in sections], int(get("rope.dimension_count",
                                                                                          head_dim))):
         raise ValueError(f"rope.dimension_sections {list(sections)} rotate some pairs by the extra section's "
@@ -59,13 +62,38 @@ def _mrope_is_neox(sections: list[int], n_rot: int) -> bool:
     return total == 0 or all(i % total < first3 for i in range(n_rot // 2))
 
 
+def hf_text_hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the MTP layers counted in num_hidden_layers: llama.cpp's converter writes
+    them as the last blocks (block_count counts them), which is how they are named and converted."""
+    nextn = config.get("num_nextn_predict_layers")
+    if isinstance(nextn, int) and not isinstance(nextn, bool) and nextn > 0 \
+            and isinstance(config.get("num_hidden_layers"), int):
+        return {**config, "num_hidden_layers": config["num_hidden_layers"] + nextn}
+    return dict(config)
+
+
+def hf_text_name(name: str) -> str:
+    """The router's selection bias with a .bias suffix, as llama.cpp's converter renames it
+    (e_score_correction_bias -> gguf's exp_probs_b.bias)."""
+    if name.endswith(".e_score_correction_bias"):
+        return name.removesuffix("_bias") + ".bias"
+    return name
+
+
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
-    """The keys llama.cpp's Glm4MoeModel writes after the common ones."""
+    """The keys llama.cpp's Glm4MoeModel writes after the common ones (its TextModel's expert and
+    expert-group counts among them)."""
     extra = generic_kvs(kv, hp, path)
+    for key, gguf_key in (("num_experts_per_tok", "expert_used_count"), ("n_group", "expert_group_count"),
+                          ("topk_group", "expert_group_used_count")):
+        if hp.get(key) is not None:
+            kv.u32("{arch}." + gguf_key, hp[key])
     n_embd, n_head = int(need(hp, "hidden_size", path)), int(need(hp, "num_attention_heads", path))
     head_dim = int(hp.get("head_dim") or n_embd // n_head)
-    rp = hp.get("rope_parameters") if isinstance(hp.get("rope_parameters"), dict) else {}
-    factor = float(rp.get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.5)))
+    rp = hp.get("rope_parameters") or hp.get("rope_scaling")  # where llama.cpp's converter looks first
+    factor = (rp if isinstance(rp, dict) else {}).get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.5))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise ConvertError(f"{path}: partial_rotary_factor {factor!r} is not a number")
     n_rot = int(head_dim * factor)
     if not 2 <= n_rot <= head_dim or n_rot % 2:
         raise ConvertError(f"{path}: partial_rotary_factor {factor} gives {n_rot} rotated dims of {head_dim}")
@@ -100,4 +128,8 @@ ARCHITECTURE = Architecture(
     hf_model_types=("glm4_moe",),
     hf_class="Glm4MoeForCausalLM",
     hf_kvs=hf_kvs,
+    hf_text_hparams=hf_text_hparams,
+    hf_text_name=hf_text_name,
+    # llama.cpp's _set_vocab_glm: a turn ends at the next <|user|> (eot) or <|observation|> (eom)
+    hf_special_tokens=(("bos", "[gMASK]"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"), ("eom", "<|observation|>")),
 )

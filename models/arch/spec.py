@@ -106,6 +106,9 @@ class Architecture:
     # qwen3next's in_proj_qkvz, whose rows it also regroups); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
+    # (kind, added token's text) of special tokens llama.cpp's converter names by their text where
+    # the tokenizer's settings give none (glm4moe: bos [gMASK], eot <|user|>, ...)
+    hf_special_tokens: tuple[tuple[str, str], ...] = ()
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
     # HF names (suffixes) of depthwise convolution kernels stored (n_embd, 1, L): llama.cpp's converter

@@ -265,10 +265,12 @@ class ModelConfig:
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
         final_cap, attn_cap = spec.default_softcaps
-        try:  # an architecture's own keys, checked by its module
-            own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
-        except ValueError as e:
+        try:  # values of an architecture's keys that infer does not run, refused by its module
+            if spec.check_metadata is not None:
+                spec.check_metadata(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_rot)
+        except (ValueError, TypeError) as e:  # TypeError: a value of the wrong kind (an array for a number)
             raise ModelConfigError(f"{arch}: {e}") from None
+        own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         norm_weights, weights_scale = spec.moe_norm_weights, 1.0
         if spec.moe_weights_from_file:  # llama.cpp's defaults: not renormalized, a scale of 0 is none
             norm_weights = bool(get("expert_weights_norm", False))

@@ -21,44 +21,42 @@ layer's experts stacked."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGUFValueType as VT
 
 from ..hf_files import ConvertError, Kvs
 from .hf_keys import generic_kvs, need
-from .spec import Architecture, MetaGet
+from .spec import Architecture
 
 # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID: its converter writes it, its loader takes an
 # absent key as it
 _SIGMOID = 2
 
 
-def scalars(get: MetaGet, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[str, float]:
-    """No hyperparameters of its own; checks the keys llama.cpp reads for it that infer does not
-    run otherwise (ValueError): a gating other than sigmoid, and M-RoPE sections (the vision
-    model's) that would rotate some text pair by another position than the token's."""
+def check_metadata(get: Callable[[str, Any], Any], n_rot: int) -> None:
+    """ValueError for the values of keys llama.cpp reads for it that infer does not run: a gating
+    other than sigmoid, grouped expert choice, and M-RoPE sections (the vision model's) that
+    rotate some of a text token's pairs by another position than its own."""
     gating = get("expert_gating_func", None)
     if gating is not None and int(gating) not in (0, _SIGMOID):  # 0: none written, sigmoid
         raise ValueError(f"expert_gating_func {gating} is not supported (2: sigmoid)")
-    sections = get("rope.dimension_sections", None)
     groups = get("expert_group_count", None)
     if groups is not None and int(groups) > 1:  # llama.cpp's grouped choice (DeepSeek-V3's), not GLM's
         raise ValueError(f"expert_group_count {groups} is not supported (1)")
-    if sections is not None and not _mrope_is_neox([int(v) for v in sections], int(get("rope.dimension_count",
-                                                                                         head_dim))):
-        raise ValueError(f"rope.dimension_sections {list(sections)} rotate some pairs by the extra section's "
-                         f"position (not supported)")
-    return {}
+    sections = get("rope.dimension_sections", None)
+    if sections is not None and not _mrope_is_neox([int(v) for v in sections], n_rot):
+        raise ValueError(f"rope.dimension_sections {[int(v) for v in sections]} rotate some pairs by the extra "
+                         f"section's position (not supported)")
 
 
 def _mrope_is_neox(sections: list[int], n_rot: int) -> bool:
-    """Whether ggml's M-RoPE with these sections (time, height, width, extra) rotates a text
-    token as NeoX RoPE does: its pair i takes the position of section (i mod their sum), the
-    token's position in the first three and 0 in the extra one."""
-    s = sections + [0] * (4 - len(sections))
-    first3, total = sum(s[:3]), sum(s[:4])
+    """Whether ggml's M-RoPE with these sections (time, height, width, extra) rotates a text token
+    as NeoX RoPE does: its pair i takes the position of the section of i mod their sum, the token's
+    own in the first three, 0 in the extra one (llama.cpp's positions of a text token)."""
+    s = (sections + [0] * 4)[:4]
+    first3, total = sum(s[:3]), sum(s)
     return total == 0 or all(i % total < first3 for i in range(n_rot // 2))
 
 
@@ -124,7 +122,7 @@ ARCHITECTURE = Architecture(
     shared_expert="counted",
     extra_biases=("exp_probs_b.bias",),
     ffn_norm_tensor="post_attention_norm",
-    scalars=scalars,
+    check_metadata=check_metadata,
     hf_model_types=("glm4_moe",),
     hf_class="Glm4MoeForCausalLM",
     hf_kvs=hf_kvs,

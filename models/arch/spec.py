@@ -88,6 +88,9 @@ class Architecture:
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
     recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    # (raw get) -> None, a ValueError for metadata llama.cpp runs and infer does not (glm4moe: another
+    # gating, grouped expert choice); raw get reads "<arch>.<key>" as it is, arrays included
+    check_metadata: Callable[..., None] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

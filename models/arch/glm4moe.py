@@ -1,5 +1,5 @@
-"""GLM-4.5 / GLM-4.5-Air / GLM-4.6 (Z.ai; llama.cpp's LLM_ARCH_GLM4_MOE), as src/models/glm4-moe.cpp
-builds it: pre-norm layers whose attention has Q/K/V biases, per-head Q/K RMSNorm where the file
+"""GLM-4.5 / GLM-4.5-Air / GLM-4.6 (Z.ai; llama.cpp's LLM_ARCH_GLM4_MOE): as src/models/glm4-moe.cpp
+builds it, pre-norm layers whose attention has Q/K/V biases, per-head Q/K RMSNorm where the file
 has it (GLM-4.5, not -Air), and NeoX RoPE over the first rope.dimension_count dims of each head
 (half of them in the released models); the pre-FFN norm is stored as post_attention_norm. The
 first leading_dense_block_count layers keep a dense SwiGLU FFN; the others have a mixture of

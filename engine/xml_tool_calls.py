@@ -166,8 +166,8 @@ def glm_parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
 def glm_grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
                      json_rule: Callable[[dict, dict], str], own_defs: Callable[[dict, str], tuple[dict, dict]]) -> str:
     """grammar_body's grammar for GLM's calls: each argument's key and value tags, a newline
-    before each tag or none (as the model's template writes them), a string value's text up to its
-    close, any other value JSON."""
+    before each tag and call or none (as the model's template writes them), a string value's text
+    up to its close, any other value JSON."""
     rules, calls = [GLM_STRING_VALUE, 'nl: "\\n"?'], []
     for i, tool in enumerate(tools):
         params, defs = own_defs(tool.parameters, f"t{i}_")
@@ -188,5 +188,5 @@ def glm_grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
         body = " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
         rules.append(f'call_{i}: {lit(OPEN)} {json.dumps(tool.name)} {body} nl {lit(CLOSE)}')
         calls.append(f"call_{i}")
-    more = ' ("\\n" call)*' if parallel else ""
+    more = " (nl call)*" if parallel else ""  # GLM-4.7 writes its calls back to back
     return "\n".join([f"start: call{more}", f'call: {" | ".join(calls)}', *rules])

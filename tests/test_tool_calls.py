@@ -433,3 +433,25 @@ def test_glm_values_typed_by_schema_with_or_without_newlines():
         assert content == "Hm." and json.loads(calls[0].arguments) == {"s": "42\nlines", "n": 1.5, "o": {"k": [1]}}
         for broken in (reply.replace("</tool_call>", ""), reply.replace("</arg_value>", "", 1)):
             assert parse_reply("glm45", broken, tools) == (broken, [])
+
+
+def test_glm_grammar_takes_either_spacing(llm):
+    """GLM-4.7 writes its calls without the newlines GLM-4.5/4.6 put between the tags: the forcing
+    grammar takes both, and nothing else between them."""
+    tools = parse_tools([WEATHER, ADD])
+    text = REPLIES["glm45"][0]
+    text = text[text.index("<tool_call>"):]
+    g, _ = grammar(tools, "glm45", "required", None, True, llm.tokenizer.token_id)
+    compiled = llm.engine.grammars.compile(g)
+
+    def takes(reply: str) -> bool:
+        m = compiled.matcher()
+        for t in compiled.lltokenizer.tokenize_bytes(reply.encode()):
+            if t not in set(m.allowed_ids().tolist()):
+                return False
+            m.consume(t)
+        return True
+
+    compact = text.replace(">\n<", "><").replace("weather\n<", "weather<").replace("add\n<", "add<")
+    assert "\n<arg" not in compact and takes(compact) and takes(text)
+    assert not takes(text.replace("\n<arg_value>", " <arg_value>", 1))

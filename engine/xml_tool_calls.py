@@ -55,9 +55,7 @@ def grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
     parameters with its definitions apart (the same renaming the JSON families use)."""
     rules, calls = [STRING_VALUE], []
     for i, tool in enumerate(tools):
-        params, defs = own_defs(tool.parameters, f"t{i}_")
-        props = params.get("properties", {}) if isinstance(params, dict) else {}
-        required = [p for p in params.get("required", []) if p in props] if isinstance(params, dict) else []
+        props, defs, required = _tool_params(tool, f"t{i}_", own_defs)
         args = []
         for j, (pname, pschema) in enumerate(props.items()):
             types = types_of(pschema)
@@ -71,14 +69,34 @@ def grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
                 value = "xml_string"
             rules.append(f"arg_{i}_{j}: {head} {value}")
             args.append((pname, f"arg_{i}_{j}"))
-        order = [rule for name, rule in args if name in required]
-        optional = [rule for name, rule in args if name not in required]
-        body = " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
+        body = _args_body(args, required)
         rules.append(f'call_{i}: {lit(OPEN)} {json.dumps(chr(10) + f"<function={tool.name}>" + chr(10))} '
                      f'{body} "</function>\\n" {lit(CLOSE)}')
         calls.append(f"call_{i}")
     more = ' ("\\n" call)*' if parallel else ""
     return "\n".join([f"start: call{more}", f'call: {" | ".join(calls)}', *rules])
+
+
+def _tool_params(tool: Any, prefix: str, own_defs: Callable[[dict, str], tuple[dict, dict]]) -> tuple[dict, dict, list]:
+    """A tool's parameters (name -> schema), their definitions apart (renamed with prefix), and
+    the required ones the parameters have."""
+    params, defs = own_defs(tool.parameters, prefix)
+    props = _properties(params)
+    required = [p for p in params.get("required", []) if p in props] if isinstance(params, dict) else []
+    return props, defs, required
+
+
+def _properties(params: Any) -> dict:
+    """A tool's parameters by name (their schemas); {} where it says none."""
+    return params.get("properties", {}) if isinstance(params, dict) else {}
+
+
+def _args_body(args: list[tuple[str, str]], required: list) -> str:
+    """A call's arguments in a grammar: the required ones' rules in the schema's order, then any
+    of the optional ones."""
+    order = [rule for name, rule in args if name in required]
+    optional = [rule for name, rule in args if name not in required]
+    return " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
 
 
 def string_rule(schema: dict, name: str) -> tuple[str, str]:
@@ -113,7 +131,7 @@ def parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
     found = list(_CALL.finditer(text))
     if not found or text.count(OPEN) != len(found):
         return None
-    schemas = {t.name: t.parameters.get("properties", {}) if isinstance(t.parameters, dict) else {} for t in tools}
+    schemas = {t.name: _properties(t.parameters) for t in tools}
     out = []
     for m in found:
         name = m.group(1).strip()
@@ -149,7 +167,7 @@ def glm_parse(text: str, tools: list) -> list[tuple[str, dict]] | None:
     found = list(_GLM_CALL.finditer(text))
     if not found or text.count(OPEN) != len(found):
         return None
-    schemas = {t.name: t.parameters.get("properties", {}) if isinstance(t.parameters, dict) else {} for t in tools}
+    schemas = {t.name: _properties(t.parameters) for t in tools}
     out = []
     for m in found:
         name = m.group(1).strip()
@@ -170,9 +188,7 @@ def glm_grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
     up to its close, any other value JSON."""
     rules, calls = [GLM_STRING_VALUE, 'nl: "\\n"?'], []
     for i, tool in enumerate(tools):
-        params, defs = own_defs(tool.parameters, f"t{i}_")
-        props = params.get("properties", {}) if isinstance(params, dict) else {}
-        required = [p for p in params.get("required", []) if p in props] if isinstance(params, dict) else []
+        props, defs, required = _tool_params(tool, f"t{i}_", own_defs)
         args = []
         for j, (pname, pschema) in enumerate(props.items()):
             types = types_of(pschema)
@@ -183,9 +199,7 @@ def glm_grammar_body(tools: list, parallel: bool, lit: Callable[[str], str],
             key = json.dumps(GLM_KEY[0] + pname + GLM_KEY[1])
             rules.append(f'arg_{i}_{j}: nl {key} nl "{GLM_VALUE[0]}" {val}')
             args.append((pname, f"arg_{i}_{j}"))
-        order = [rule for name, rule in args if name in required]
-        optional = [rule for name, rule in args if name not in required]
-        body = " ".join(order) + (f' ({" | ".join(optional)})*' if optional else "")
+        body = _args_body(args, required)
         rules.append(f'call_{i}: {lit(OPEN)} {json.dumps(tool.name)} {body} nl {lit(CLOSE)}')
         calls.append(f"call_{i}")
     more = " (nl call)*" if parallel else ""  # GLM-4.7 writes its calls back to back

@@ -11,6 +11,8 @@ Models write tool calls in their family's syntax, which their chat template also
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
 - qwen3coder (Qwen3-Coder, Qwen3.5, Nemotron Nano 3): <tool_call>\n<function=NAME>\n<parameter=P>\n
   VALUE\n</parameter>\n</function>\n</tool_call>, values as text (xml_tool_calls.py)
+- glm45 (GLM-4.5, 4.6, 4.7): <tool_call>NAME\n<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>
+  (GLM-4.7: no newlines), values as text as qwen3coder's (xml_tool_calls.py)
 - generic, for templates that know no tools (llama.cpp's generic format): the tools are described
   in the system prompt and the whole reply is JSON, {"tool_calls": [{"name", "arguments"}]} or
   {"response": "..."}, held to that schema by a grammar, so it always parses.
@@ -34,14 +36,14 @@ from infer.quant.errors import InferError
 from . import xml_tool_calls
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
-FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "generic")
+FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "glm45", "generic")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply ("^text": only as the answer's first text, after
 # whitespace): the stream holds text back from there, and tool_choice "auto" starts its grammar there
 CALL_STARTS = MappingProxyType({
-    "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "mistral": ("[TOOL_CALLS]",),
-    "mistral_args": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+    "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "glm45": (xml_tool_calls.OPEN,),
+    "mistral": ("[TOOL_CALLS]",), "mistral_args": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
@@ -118,6 +120,8 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
 
 def family(template_source: str) -> str:
     """The tool-call syntax a chat template writes (generic: none, or one not read here)."""
+    if "<tool_call>" in template_source and "<arg_key>" in template_source:  # GLM's keys and values
+        return "glm45"
     if ("<tool_call>" in template_source and "<function=" in template_source and "<parameter=" in template_source
             and "'<tool_call><function=' ~" not in template_source):  # llama.cpp's test: newlines between the tags
         return "qwen3coder"
@@ -271,9 +275,9 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
         tid = token_id(text)
         return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
-    if fam == "qwen3coder":
-        return Grammar("lark", xml_tool_calls.grammar_body(
-            chosen, parallel, lit, lambda s, d: _lark_json(_with_defs(s, d)), _own_defs)), triggers
+    if fam in ("qwen3coder", "glm45"):
+        body = xml_tool_calls.grammar_body if fam == "qwen3coder" else xml_tool_calls.glm_grammar_body
+        return Grammar("lark", body(chosen, parallel, lit, lambda s, d: _lark_json(_with_defs(s, d)), _own_defs)), triggers
     call, defs = _call_schema(chosen, fam)
     if fam == "generic":
         calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
@@ -364,8 +368,8 @@ def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[st
         if calls:
             content = text[:text.index("<tool_call>")].strip()
         return content, calls
-    if fam == "qwen3coder":
-        found = xml_tool_calls.parse(text, list(tools))
+    if fam in ("qwen3coder", "glm45"):
+        found = (xml_tool_calls.parse if fam == "qwen3coder" else xml_tool_calls.glm_parse)(text, list(tools))
         if not found:
             return text, []
         return text[:text.index(xml_tool_calls.OPEN)].strip(), [

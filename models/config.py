@@ -101,6 +101,10 @@ class ModelConfig:
     n_ff_exp: int = 0  # each expert's FFN width
     n_layer_dense_lead: int = 0  # the first layers of a mixture of experts keep a dense FFN (LFM2-MoE's first 2)
     n_ff_shexp: int = 0  # the shared expert's FFN width (Architecture.shared_expert); 0: none
+    # the chosen experts' weights: renormalized to sum 1, then times moe_weights_scale
+    # (Architecture.moe_norm_weights, or the file's where moe_weights_from_file)
+    moe_norm_weights: bool = True
+    moe_weights_scale: float = 1.0
     embed_scale: float = 1.0  # multiplies the token embeddings (gemma: sqrt(n_embd); granite)
     residual_scale: float = 1.0  # multiplies each block's output before the residual add (granite)
     logit_scale: float = 1.0  # multiplies the logits (granite: 1 / its logit_scale)
@@ -272,7 +276,8 @@ class ModelConfig:
             n_ff // max(n_expert_used, 1) if spec.experts == "always" else n_ff) if n_expert else 0
         shexp_key = int(get("expert_shared_feed_forward_length", 0))
         n_ff_shexp = (shexp_key or n_ff if spec.shared_expert == "sigmoid" else
-                      shexp_key if spec.shared_expert == "plain" and n_expert else 0)
+                      shexp_key if spec.shared_expert == "plain" and n_expert else
+                      _shared_count(arch, get) * n_ff_exp if spec.shared_expert == "counted" else 0)
         _check_widths(arch, n_embd, n_ff, n_ff_exp, n_ff_shexp)
         if n_expert and not n_ff_exp or spec.shared_expert == "sigmoid" and not n_ff_shexp:
             raise ModelConfigError(f"{arch}: no expert width (expert_feed_forward_length, "
@@ -281,6 +286,11 @@ class ModelConfig:
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
         final_cap, attn_cap = spec.default_softcaps
+        try:  # values of an architecture's keys that infer does not run, refused by its module
+            if spec.check_metadata is not None:
+                spec.check_metadata(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_rot)
+        except (ValueError, TypeError) as e:  # TypeError: a value of the wrong kind (an array for a number)
+            raise ModelConfigError(f"{arch}: {e}") from None
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         if own.get("attn_temp_scale", 0.0) and not own.get("attn_temp_floor", 0.0) > 0:
             raise ModelConfigError(f"{arch}: attention temperature scaling needs a positive "
@@ -288,6 +298,12 @@ class ModelConfig:
         layer_nope = tuple(bool(v) for v in spec.nope_layers(raw, n_layer)) if spec.nope_layers is not None else ()
         if layer_nope and len(layer_nope) != n_layer:
             raise ModelConfigError(f"{arch}: {len(layer_nope)} RoPE flags for {n_layer} layers")
+        norm_weights, weights_scale = spec.moe_norm_weights, 1.0
+        if spec.moe_weights_from_file:  # llama.cpp's defaults: not renormalized, a scale of 0 is none
+            norm_weights = bool(get("expert_weights_norm", False))
+            weights_scale = float(get("expert_weights_scale", 0.0) or 1.0)
+            if not (math.isfinite(weights_scale) and weights_scale > 0):
+                raise ModelConfigError(f"{arch}: expert_weights_scale {weights_scale} must be a positive number")
         return cls(
             arch=arch,
             architecture=spec,
@@ -320,11 +336,21 @@ class ModelConfig:
             n_ff_exp=n_ff_exp,
             n_layer_dense_lead=dense_lead,
             n_ff_shexp=n_ff_shexp,
+            moe_norm_weights=norm_weights,
+            moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             layer_nope=layer_nope,
             **hybrid,
             **{k: float(v) for k, v in own.items()},
         )
+
+
+def _shared_count(arch: str, get) -> int:
+    """expert_shared_count: how many shared experts (Architecture.shared_expert "counted") run as one."""
+    n = int(get("expert_shared_count", 0))
+    if not 0 <= n <= 64:
+        raise ModelConfigError(f"{arch}: expert_shared_count {n} is out of range (0..64)")
+    return n
 
 
 def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot: int, n_ctx_train: int) -> None:

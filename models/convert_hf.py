@@ -343,7 +343,7 @@ def source_from_hf(folder: str | Path) -> SourceModel:
         raise ConvertError(
             f"{folder}: the tokenizer has {n_tokens} tokens but the embedding has {n_rows} rows"
         )
-    special_kvs(folder, tok_kv, n_tokens)
+    special_kvs(folder, tok_kv, n_tokens, spec.hf_special_tokens)
     return SourceModel(arch=arch, kvs=kv.items + tok_kv.items, tensors=tensors)
 
 

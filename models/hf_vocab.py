@@ -227,10 +227,14 @@ def bpe_vocab(folder: Path, kv: Kvs, n_rows: int | None) -> int:
 _SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
                  "unk": "tokenizer.ggml.unknown_token_id", "sep": "tokenizer.ggml.seperator_token_id",
                  "pad": "tokenizer.ggml.padding_token_id", "cls": "tokenizer.ggml.cls_token_id",
-                 "mask": "tokenizer.ggml.mask_token_id"}
+                 "mask": "tokenizer.ggml.mask_token_id", "eot": "tokenizer.ggml.eot_token_id",
+                 "eom": "tokenizer.ggml.eom_token_id"}
 
 
-def special_kvs(folder: Path, kv: Kvs, n_vocab: int) -> None:
+def special_kvs(folder: Path, kv: Kvs, n_vocab: int, by_text: tuple[tuple[str, str], ...] = ()) -> None:
+    """The special tokens' ids, add_bos/add_eos and the chat template, as gguf's SpecialVocab
+    reads them; by_text: (kind, token text) of tokens an architecture's converter names where the
+    settings do not (Architecture.hf_special_tokens), each an added token of the tokenizer."""
     # gguf's SpecialVocab reads tokenizer_config.json / tokenizer.json / config.json /
     # chat_template.jinja exactly as llama.cpp's converter does (it is the converter's own helper).
     try:
@@ -240,7 +244,15 @@ def special_kvs(folder: Path, kv: Kvs, n_vocab: int) -> None:
         # a list or a string where it expects a dict (AttributeError, TypeError, KeyError).
         raise ConvertError(f"{folder}: malformed special-token settings in tokenizer.json, tokenizer_config.json "
                            f"or config.json ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    for typ, tid in sv.special_token_ids.items():
+    ids = dict(sv.special_token_ids)
+    if by_text:
+        added = {text: tid for tid, (text, _) in _added_tokens(folder).items()}
+        for typ, text in by_text:
+            if text not in added:
+                raise ConvertError(f"{folder}: the tokenizer has no added token {text!r} (the {typ} token)")
+            if added[text] < n_vocab:
+                ids.setdefault(typ, added[text])  # as SpecialVocab's own: the settings' id first
+    for typ, tid in ids.items():
         if typ in _SPECIAL_KEYS and tid is not None:
             kv.u32(_SPECIAL_KEYS[typ], tid)
     for typ in ("bos", "eos"):

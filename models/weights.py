@@ -161,6 +161,9 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        # both norms or neither (the backends normalize Q and K alike)
+        qk_required = not arch.qk_norm_optional or p + "attn_q_norm.weight" in tensors \
+            or p + "attn_k_norm.weight" in tensors
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
         moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
         if recurrent:
@@ -182,8 +185,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
             bq=bq, bk=bk, bv=bv,
-            q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] and not recurrent else None,
-            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] and not recurrent else None,
+            q_norm=vec(p + "attn_q_norm.weight", qk_norm[0], qk_required) if qk_norm[0] and not recurrent else None,
+            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1], qk_required) if qk_norm[1] and not recurrent else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(get, p, cfg) if moe else {**_gate_up(tensors, get, p, D, F),

@@ -42,7 +42,8 @@ def _layer(a) -> str:
         parts.append(f"{a.recurrent_kind} beside the attention layers, a state per sequence")
     if a.attn_output_gate:
         parts.append("sigmoid-gated attention output")
-    shared = {"sigmoid": "sigmoid-gated shared expert", "plain": "ungated shared expert"}.get(a.shared_expert, "")
+    shared = {"sigmoid": "sigmoid-gated shared expert", "plain": "ungated shared expert",
+              "counted": "ungated shared experts"}.get(a.shared_expert, "")
     if a.experts == "always":
         gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router"}
         parts.append("mixture of experts" + gating.get(a.moe_gating, ""))

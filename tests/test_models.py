@@ -11,8 +11,9 @@ from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
+# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
+# glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -207,7 +208,7 @@ def test_mtp_layers_are_left_out_of_the_config(tmp_path, arch):
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe", "qwen3next", "glm4moe"])
 def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
     # the logits of the file without the MTP block, to the bit, in llama.cpp and in infer
     path = write_tiny_model(tmp_path / f"mtp-{arch}.gguf", arch, seed=tiny_seed(arch), nextn=1)
@@ -221,3 +222,33 @@ def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
         out[p] = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     np.testing.assert_array_equal(out[path], out[plain])
     assert_matches_llama_cpp(out[path], path, arch)
+
+
+def test_glm4moe_metadata_read_and_refused(tmp_path):
+    # GLM-4.5's keys as llama.cpp reads them (expert_weights_norm / _scale: absent, no norm and no
+    # scale; the shared width expert_shared_count experts wide), its optional Q/K norms (both or
+    # neither), and what infer does not run refused in one line
+    from infer.models.gguf_file import read_gguf
+    from infer.models.weights import ModelLoadError, collect_weights
+
+    glm = load_model(write_tiny_model(tmp_path / "glm.gguf", "glm4moe", seed=tiny_seed("glm4moe")))
+    air = load_model(write_tiny_model(tmp_path / "air.gguf", "glm4moe-air", seed=tiny_seed("glm4moe-air")))
+    c = glm.config
+    assert (c.moe_norm_weights, c.moe_weights_scale, c.n_ff_shexp, c.n_rot, c.n_layer_dense_lead) == (True, 2.5, 256, 32, 1)
+    assert (air.config.moe_norm_weights, air.config.moe_weights_scale, air.config.n_ff_shexp) == (False, 1.0, 512)
+    assert glm.weights.layers[1].q_norm is not None and air.weights.layers[1].q_norm is None
+    meta = dict(glm.metadata)
+    # M-RoPE sections (GLM-4.5V's) whose pairs all take a text token's position: NeoX RoPE, as infer runs
+    assert ModelConfig.from_metadata({**meta, "glm4moe.rope.dimension_sections": [8, 4, 4, 0]}).n_rot == 32
+    assert ModelConfig.from_metadata({**meta, "glm4moe.expert_weights_scale": 0.0}).moe_weights_scale == 1.0
+    for key, value, message in (("expert_gating_func", 1, "expert_gating_func 1 is not supported"),
+                                ("expert_group_count", 4, "expert_group_count 4 is not supported"),
+                                ("rope.dimension_sections", [8, 4, 0, 4], r"\[8, 4, 0, 4\] rotate some pairs"),
+                                ("expert_weights_scale", -1.0, "expert_weights_scale -1.0 must be a positive number"),
+                                ("expert_shared_count", 1000, r"expert_shared_count 1000 is out of range")):
+        with pytest.raises(ModelConfigError, match=message):
+            ModelConfig.from_metadata({**meta, f"glm4moe.{key}": value})
+    g = read_gguf(glm.path)
+    tensors = {n: t for n, t in g.tensors.items() if n != "blk.1.attn_k_norm.weight"}
+    with pytest.raises(ModelLoadError, match="missing tensor 'blk.1.attn_k_norm.weight'"):
+        collect_weights(tensors, g.path, glm.config)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of 
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
-              "smollm3": GT.BF16, "mistral3": GT.F32}
+              "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -34,7 +34,7 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     granite_moe = arch == "granitehybrid-moe"
     arch = "granitehybrid" if granite_moe else arch
     H, Hkv, hd, n_vocab = 4, 2, 64, 320
-    n_layer = n_layer or (6 if arch == "gemma3" else 3)
+    n_layer = n_layer or (6 if arch == "gemma3" else 4 if arch == "glm4moe" else 3)
     w = gguf.GGUFWriter(str(path), arch)
     # lfm2: short convolutions around an attention layer, head_count_kv per layer (0: a convolution);
     # lfm2moe: the same layers, the first with a dense FFN, the others with experts and their selection bias
@@ -63,16 +63,22 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next") or granite_moe
+    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next", "glm4moe") or granite_moe
     Fe = F if granite_moe else N_FF_EXP  # granitehybrid's experts are feed_forward_length wide
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
         if not granite_moe:
             w.add_expert_feed_forward_length(N_FF_EXP)
-    if arch == "lfm2moe":
+    if arch in ("lfm2moe", "glm4moe"):
         w.add_leading_dense_block_count(1)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if arch == "glm4moe":  # GLM-4.5's: a shared expert, scaled weights, half-head RoPE, its last block an MTP layer
+        w.add_expert_shared_count(1)
+        w.add_expert_weights_scale(2.5)
+        w.add_expert_weights_norm(True)
+        w.add_rope_dimension_count(hd // 2)
+        w.add_nextn_predict_layers(1)
     if gdn and moe or granite_moe:
         w.add_expert_shared_feed_forward_length(N_FF_EXP)
     w.add_layer_norm_rms_eps(1e-6)
@@ -144,10 +150,14 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "attn_output.weight", (D, H * hd))
         if arch == "qwen2":
             add(p + "attn_q.bias", (H * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (lfm or gdn) and not recurrent[i]:
+        if arch == "glm4moe":
+            add(p + "attn_q.bias", (H * hd,))
+            add(p + "attn_k.bias", (Hkv * hd,))
+            add(p + "attn_v.bias", (Hkv * hd,))
+        if arch in ("qwen3", "gemma3", "qwen3moe", "glm4moe") or (lfm or gdn) and not recurrent[i]:
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
-        if gdn:
+        if gdn or arch == "glm4moe":
             add(p + "post_attention_norm.weight", (D,))
         elif arch == "olmo2":
             add(p + "attn_q_norm.weight", (H * hd,))
@@ -156,14 +166,18 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "post_ffw_norm.weight", (D,))
         else:
             add(p + "ffn_norm.weight", (D,))
-        if moe and not (arch == "lfm2moe" and i == 0):  # the router and the experts' 3-D tensors
+        if arch == "glm4moe" and i == n_layer - 1:  # the MTP layer's own tensors
+            add(p + "nextn.eh_proj.weight", (D, 2 * D))
+            for name in ("enorm", "hnorm", "shared_head_norm"):
+                add(p + f"nextn.{name}.weight", (D,))
+        if moe and not (arch in ("lfm2moe", "glm4moe") and i == 0):  # the router and the experts' 3-D tensors
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
-            if arch == "lfm2moe":
+            if arch in ("lfm2moe", "glm4moe"):
                 add(p + "exp_probs_b.bias", (N_EXPERT,))
             add(p + "ffn_gate_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_up_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_down_exps.weight", (N_EXPERT, D, Fe))
-            if gdn or granite_moe:  # the shared expert, a gdn's gate a (D,) row (never quantized: one dimension)
+            if gdn or granite_moe or arch == "glm4moe":  # the shared expert, a gdn's gate a (D,) row (never quantized: one dimension)
                 if gdn:
                     add(p + "ffn_gate_inp_shexp.weight", (D,))
                 add(p + "ffn_gate_shexp.weight", (N_FF_EXP, D))
@@ -221,7 +235,7 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe", "glm4moe"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
     tied embeddings too (lfm2moe's convolution kernels and granitehybrid's Mamba-2 kernels, A, D and

@@ -50,6 +50,9 @@ REPLIES = {
     "qwen3coder": ('Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
                    '</function>\n</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n'
                    '<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>', "Let me check."),
+    "glm45": ('Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n'
+              '</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n<arg_key>b</arg_key>\n'
+              '<arg_value>2</arg_value>\n</tool_call>', "Let me check."),
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "add", "arguments": {"a": 1, "b": 2}}]}', ""),
 }
@@ -98,6 +101,7 @@ def test_family_from_the_template():
     assert family("[TOOL_CALLS]{{ name }}[ARGS]{{ args }}") == "mistral_args"  # Mistral Small 3.2, Ministral 3
     # formats not read here fall back to the generic one
     assert family("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>") == "qwen3coder"  # Qwen3-Coder, 3.5
+    assert family("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>") == "glm45"  # GLM-4.5, 4.6, 4.7
     assert family("'<tool_call><function=' ~ name ~ '>' <parameter=") == "generic"  # no newlines between tags
     assert family("<｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}") == "generic"  # DeepSeek V3.1
     assert family('<|start_header_id|>{{ tools }} "parameters"') == "llama3"
@@ -153,7 +157,8 @@ def test_parallel_grammars_take_several_calls(llm, fam):
     it refuses the second call."""
     tools = parse_tools([WEATHER, ADD])
     text = REPLIES[fam][0]
-    marker = {"hermes": "<tool_call>", "qwen3coder": "<tool_call>", "mistral_args": "[TOOL_CALLS]"}.get(fam)
+    marker = {"hermes": "<tool_call>", "qwen3coder": "<tool_call>", "glm45": "<tool_call>",
+              "mistral_args": "[TOOL_CALLS]"}.get(fam)
     text = text[text.index(marker):] if marker else text  # no content first
     for parallel in (True, False):
         g, _ = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
@@ -335,6 +340,7 @@ def test_mistral_space_before_the_array():
     ("mistral_args", "Sure.", '[TOOL_CALLS]add[ARGS]{"a": 1'),
     ("llama3", "  ", '{"name": "add", "parameters": {"a": 1'),
     ("qwen3coder", "Sure. ", '<tool_call>\n<function=add>\n<parameter=a>\n1'),
+    ("glm45", "Sure. ", '<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1'),
 ])
 def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     """tool_choice "auto": no grammar until the reply shows the family's call marker; from there the
@@ -349,10 +355,11 @@ def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     assert lazy.seen(call)
     allowed = {llm.tokenizer.token_to_piece(int(i), special=True) for i in lazy.started.allowed_ids()}
     # after {"a": 1 only digits, a separator, whitespace or the end of the object can follow (XML: the close)
-    follow = b"0123456789<" if fam == "qwen3coder" else b"0123456789,}"
+    follow = b"0123456789<" if fam in ("qwen3coder", "glm45") else b"0123456789,}"
     assert allowed and all(p.strip(b" \t\n")[:1] in follow for p in allowed), allowed
     near_miss = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
-    miss = (before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=").replace("add[", "sub[")
+    miss = ((before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=")
+            .replace("add[", "sub[").replace(">add", ">sub"))
     assert not near_miss.seen(miss)  # a marker, then no call: free
     assert not near_miss.seen('{"name": "add"}') and near_miss.started is None
 
@@ -434,3 +441,40 @@ def test_xml_values_typed_by_schema():
     assert json.loads(calls[0].arguments)["s"] == 42
     for broken in (reply.replace("</function>", ""), reply.replace("<parameter=n>", "stray <parameter=n>")):
         assert parse_reply("qwen3coder", broken, tools) == (broken, [])
+
+
+def test_glm_values_typed_by_schema_with_or_without_newlines():
+    """GLM's values are text as qwen3coder's: a string keeps it, others parse as JSON; GLM-4.7 writes
+    no newlines between the tags, GLM-4.5/4.6 do, and both parse; a broken call is content."""
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "number"}, "o": {"type": "object"}}}}}])
+    args = (("s", "42\nlines"), ("n", "1.5"), ("o", '{"k": [1]}'))
+    for sep in ("", "\n"):
+        reply = "Hm.<tool_call>f" + "".join(f"{sep}<arg_key>{k}</arg_key>{sep}<arg_value>{v}</arg_value>"
+                                            for k, v in args) + f"{sep}</tool_call>"
+        content, calls = parse_reply("glm45", reply, tools)
+        assert content == "Hm." and json.loads(calls[0].arguments) == {"s": "42\nlines", "n": 1.5, "o": {"k": [1]}}
+        for broken in (reply.replace("</tool_call>", ""), reply.replace("</arg_value>", "", 1)):
+            assert parse_reply("glm45", broken, tools) == (broken, [])
+
+
+def test_glm_grammar_takes_either_spacing(llm):
+    """GLM-4.7 writes its calls without the newlines GLM-4.5/4.6 put between the tags: the forcing
+    grammar takes both, and nothing else between them."""
+    tools = parse_tools([WEATHER, ADD])
+    text = REPLIES["glm45"][0]
+    text = text[text.index("<tool_call>"):]
+    g, _ = grammar(tools, "glm45", "required", None, True, llm.tokenizer.token_id)
+    compiled = llm.engine.grammars.compile(g)
+
+    def takes(reply: str) -> bool:
+        m = compiled.matcher()
+        for t in compiled.lltokenizer.tokenize_bytes(reply.encode()):
+            if t not in set(m.allowed_ids().tolist()):
+                return False
+            m.consume(t)
+        return True
+
+    compact = text.replace(">\n<", "><").replace("weather\n<", "weather<").replace("add\n<", "add<")
+    assert "\n<arg" not in compact and takes(compact) and takes(text)
+    assert not takes(text.replace("\n<arg_value>", " <arg_value>", 1))

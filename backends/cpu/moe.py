@@ -43,14 +43,15 @@ GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
 
 @njit(cache=True)
-def route(logits, k, norm, gating, select_bias, sel, w, p):
+def route(logits, k, norm, scale, gating, select_bias, sel, w, p):
     # logits: (T, E) f32, the router's product (its bias added); p: (E,) f32 scratch
     # gating: GATING's code; select_bias: (E,) f32 added to the probabilities for the choice only
     # (llama.cpp's exp_probs_b, DeepSeek-V3's selection bias), or (0,)
     # sel: (T, k) int32 out, the k experts of each token, highest first (ggml_argsort_top_k)
     # w: (T, k) f32 out: their probabilities (softmax over all experts, or sigmoid), or for
     # SOFTMAX_WEIGHT the softmax of their k logits alone; renormalized to sum 1 if norm (ggml: the
-    # f32 sum clamped at 2^-14, then divided)
+    # f32 sum clamped at 2^-14, then divided), then times scale unless it is 1 (ggml_scale: GLM's
+    # routed_scaling_factor)
     T, E = logits.shape
     biased = select_bias.shape[0] > 0
     for t in range(T):
@@ -85,6 +86,9 @@ def route(logits, k, norm, gating, select_bias, sel, w, p):
             sf = max(np.float32(s), np.float32(6.103515625e-5))
             for j in range(k):
                 w[t, j] = w[t, j] / sf
+        if scale != 1.0:
+            for j in range(k):
+                w[t, j] = w[t, j] * np.float32(scale)
 
 
 @njit(cache=True)

@@ -196,7 +196,7 @@ class CpuPrimitives:
         for w, col in ly.router:
             qmatmul(w, h, logits, mm, col)
         add_row(logits, ly.router_bias)
-        route(logits, k, cfg.architecture.moe_norm_weights, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
+        route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped

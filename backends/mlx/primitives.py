@@ -167,7 +167,7 @@ class MlxPrimitives:
         logits = np.ascontiguousarray(np.array(logits), np.float32)
         sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
         arch = cfg.architecture
-        route(logits, k, arch.moe_norm_weights, GATING[arch.moe_gating], ly.exp_probs_b, sel, w,
+        route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, GATING[arch.moe_gating], ly.exp_probs_b, sel, w,
               np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)

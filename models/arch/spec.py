@@ -36,6 +36,7 @@ class Architecture:
     # Q/K RMSNorm before RoPE: "" none, "head" over each head (qwen3, gemma3), "all" over the whole
     # projection before it is split into heads (olmo2)
     qk_norm: str = ""
+    qk_norm_optional: bool = False  # the Q/K norms only where a file has them (glm4moe: GLM-4.5, not -Air)
     pre_norms: bool = True  # RMSNorm before attention and before the FFN (all but olmo2)
     post_norms: bool = False  # RMSNorm of the attention and FFN outputs before the residual add (gemma, olmo2)
     activation: str = "silu"  # gate activation of the FFN: silu, gelu, or swiglu_oai (gpt-oss's clamped one)
@@ -52,6 +53,10 @@ class Architecture:
     # expert_used_count of them, their weights renormalized to sum 1 (moe_norm_weights)
     experts: str = "never"
     moe_norm_weights: bool = True
+    # glm4moe: whether the chosen experts' weights are renormalized, and a factor they are then
+    # multiplied by, are the file's (expert_weights_norm, absent: not; expert_weights_scale, absent
+    # or 0: 1), as llama.cpp reads them for it; else moe_norm_weights and no factor
+    moe_weights_from_file: bool = False
     # "softmax": the router's softmax over all experts, then the top ones; "softmax_weight" (gpt-oss):
     # the top logits, then a softmax over those alone; "sigmoid" (lfm2moe): each logit's sigmoid,
     # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
@@ -62,7 +67,9 @@ class Architecture:
     # architectures). "": none; "sigmoid" (qwen35moe, qwen3next): in every layer of experts, of
     # width expert_shared_feed_forward_length (else feed_forward_length), its output times
     # sigmoid(ffn_gate_inp_shexp · h); "plain" (granitehybrid): added as it is, in the layers of
-    # experts of a file whose expert_shared_feed_forward_length is > 0
+    # experts of a file whose expert_shared_feed_forward_length is > 0; "counted" (glm4moe): added as
+    # it is, in every layer of experts, expert_shared_count experts of expert_feed_forward_length
+    # as one FFN of their summed width (llama.cpp's n_ff_exp * n_expert_shared)
     shared_expert: str = ""
     # a gated delta net's value heads grouped by key head (value head h reads key head h // (Hv / Hk):
     # qwen3next) rather than tiled (h % Hk: qwen35, whose converter reorders the V heads for it)
@@ -80,10 +87,13 @@ class Architecture:
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
-    recurrent_kind: str = ""
+    recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    # (raw get) -> None, a ValueError for metadata llama.cpp runs and infer does not (glm4moe: another
+    # gating, grouped expert choice); raw get reads "<arch>.<key>" as it is, arrays included
+    check_metadata: Callable[..., None] | None = None
     # layers whose attention has no RoPE: (raw get, n_layer) -> a flag per layer (smollm3: every 4th,
     # as llama.cpp's n_no_rope_layer_step); None: every layer rotates (ModelConfig.layer_nope)
-    nope_layers: Callable[..., tuple[bool, ...]] | None = None  # what its recurrent layers are, in words (the README's table)
+    nope_layers: Callable[..., tuple[bool, ...]] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars
@@ -102,6 +112,9 @@ class Architecture:
     # qwen3next's in_proj_qkvz, whose rows it also regroups); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
+    # (kind, added token's text) of special tokens llama.cpp's converter names by their text where
+    # the tokenizer's settings give none (glm4moe: bos [gMASK], eot <|user|>, ...)
+    hf_special_tokens: tuple[tuple[str, str], ...] = ()
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
     # HF names (suffixes) of depthwise convolution kernels stored (n_embd, 1, L): llama.cpp's converter

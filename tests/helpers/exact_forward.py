@@ -258,8 +258,9 @@ def _exact_moe(cfg, lw, h):
         wts = p[t, top]
         if after:
             wts = np.exp(wts - wts.max()) / np.exp(wts - wts.max()).sum()
-        if cfg.architecture.moe_norm_weights:
+        if cfg.moe_norm_weights:
             wts = wts / wts.sum()
+        wts = wts * cfg.moe_weights_scale
         for e, wt in zip(top, wts):
             biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
             out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]

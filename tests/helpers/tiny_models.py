@@ -97,6 +97,19 @@ ARCH_TYPES = {
     "mistral3": {"attn_q": GT.Q6_K, "attn_k": GT.Q5_1, "attn_v": GT.Q8_0, "attn_output": GT.Q4_1,
                  "ffn_gate": GT.Q5_0, "ffn_up": GT.Q6_K, "ffn_down": GT.Q4_K, "token_embd": GT.Q6_K,
                  "output": GT.Q8_0},
+    # glm4moe: Q/K/V biases, a dense FFN first, then sigmoid-gated experts packed alike and an
+    # ungated shared expert
+    "glm4moe": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q6_K,
+                "ffn_gate": GT.Q5_K, "ffn_up": GT.Q8_0, "ffn_down": GT.Q4_K, "ffn_gate_inp": GT.F32,
+                "ffn_gate_exps": GT.Q8_0, "ffn_up_exps": GT.Q8_0, "ffn_down_exps": GT.Q6_K,
+                "ffn_gate_shexp": GT.Q8_0, "ffn_up_shexp": GT.Q5_K, "ffn_down_shexp": GT.Q8_0, "token_embd": GT.Q8_0},
+    # glm4moe-air: GLM-4.5-Air's layout (no Q/K norms), two shared experts, and no gating or
+    # weights keys: llama.cpp's defaults (sigmoid, weights neither renormalized nor scaled)
+    "glm4moe-air": {"attn_q": GT.Q5_K, "attn_k": GT.Q8_0, "attn_v": GT.Q6_K, "attn_output": GT.Q8_0,
+                    "ffn_gate": GT.Q8_0, "ffn_up": GT.Q4_K, "ffn_down": GT.Q8_0, "ffn_gate_inp": GT.F32,
+                    "ffn_gate_exps": GT.Q6_K, "ffn_up_exps": GT.Q6_K, "ffn_down_exps": GT.Q8_0,
+                    "ffn_gate_shexp": GT.Q4_K, "ffn_up_shexp": GT.Q8_0, "ffn_down_shexp": GT.Q5_K,
+                    "token_embd": GT.Q8_0, "output": GT.Q8_0},
 }
 # A tiny mixture of experts: 8 experts of width 256 (a K-quant block), 3 of them per token
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
@@ -104,7 +117,7 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
 N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4,
-           "qwen35moe": 4, "qwen3next": 4, "smollm3": 4}
+           "qwen35moe": 4, "qwen3next": 4, "smollm3": 4, "glm4moe": 3}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 # lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
@@ -113,7 +126,7 @@ LFM2MOE_DENSE_LEAD, LFM2MOE_EXPERTS, LFM2MOE_USED = 1, 6, 2
 # How much each router's weights are scaled beyond WEIGHT_STD: decisive softmaxes; lfm2moe's
 # sigmoids mostly short of saturating, so the experts' weights differ (its choice's closest call
 # is then 0.005 apart, 5x the MLX-to-cpu differences at the router)
-ROUTER_SCALE = {"lfm2moe": 10}
+ROUTER_SCALE = {"lfm2moe": 10, "glm4moe": 10}
 # qwen35: every 3rd layer full attention (recurrent, recurrent, attention, recurrent); the gated
 # delta net's convolution width, head size S, key heads, value heads (GQA-like: 2 value heads per
 # key head); RoPE over the first 32 of each head's 64 dims in IMROPE sections that are NeoX for text
@@ -129,6 +142,9 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 # changes every 4 positions of the test prompt), its betas away from llama.cpp's defaults, the
 # log multiplier and temperature of Ministral 3's files
 MISTRAL3_YARN, MISTRAL3_BETAS, MISTRAL3_LOG_MUL, MISTRAL3_TEMP = ("yarn", 4.0, 4), (16.0, 2.0), 1.0, 0.1
+# glm4moe: its first layer dense, RoPE over half of each head (as GLM-4.5's partial_rotary_factor),
+# one shared expert, the experts' weights renormalized and then scaled (routed_scaling_factor)
+GLM4MOE_DENSE_LEAD, GLM4MOE_N_ROT, GLM4MOE_SHARED, GLM4MOE_SCALE = 1, 32, 1, 2.5
 
 
 # Each tiny model's seed where the tests compare every architecture (test_models,
@@ -138,7 +154,7 @@ MISTRAL3_YARN, MISTRAL3_BETAS, MISTRAL3_LOG_MUL, MISTRAL3_TEMP = ("yarn", 4.0, 4
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
-              "mistral3": 16}
+              "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16}
 
 
 def tiny_seed(arch: str) -> int:
@@ -210,22 +226,26 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
                      chat_template: str | None = None, n_ctx: int = 256,
                      rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0) -> Path:
     """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout;
-    "granitehybrid-moe": granitehybrid with experts and a shared expert, Granite 4.0 H Tiny's);
+    "granitehybrid-moe": granitehybrid with experts and a shared expert, Granite 4.0 H Tiny's;
+    "glm4moe-air": glm4moe without Q/K norms, GLM-4.5-Air's, and without the optional MoE keys);
     split_max_tensors > 0 writes it as llama.cpp's gguf-split does, in shards
     PATHSTEM-00001-of-0000N.gguf of at most that many tensors (returns the first); chat_template:
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
-    context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next): that many multi-token-prediction
+    context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next, glm4moe): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
     rng = np.random.default_rng(seed)
-    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe")
+    moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe",
+                   "glm4moe", "glm4moe-air")
     gdn = arch in GDN_ARCHS
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
     if arch == "mistral3" and rope_scaling is None:  # as Ministral 3's files: YaRN and its keys
         rope_scaling = MISTRAL3_YARN
     types = ARCH_TYPES[arch]
-    arch = {"llama-moe": "llama", "granitehybrid-moe": "granitehybrid"}.get(arch, arch)
+    glm_air = arch == "glm4moe-air"
+    n_shared = 2 if glm_air else GLM4MOE_SHARED
+    arch = {"llama-moe": "llama", "granitehybrid-moe": "granitehybrid", "glm4moe-air": "glm4moe"}.get(arch, arch)
     D, H, Hkv, hd, F = 256, 4, 2, 64, 512
     n_layer = N_LAYER.get(arch, 2)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
@@ -233,7 +253,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     recurrent = (LFM2_RECURRENT if lfm else GRANITEH_RECURRENT if arch == "granitehybrid" else
                  tuple((i + 1) % QWEN35_INTERVAL != 0 for i in range(n_layer)) if gdn else (False,) * n_layer)
     if nextn:
-        if not gdn:
+        if not gdn and arch != "glm4moe":
             raise ValueError(f"no multi-token-prediction blocks for {arch}")
         recurrent += (False,) * nextn
         n_layer += nextn  # block_count counts them
@@ -260,7 +280,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         w.add_ssm_time_step_rank(GRANITEH_H)
         w.add_ssm_inner_size(2 * D)
         w.add_rope_scaling_finetuned(False)
-    w.add_rope_dimension_count(QWEN35_N_ROT if gdn else hd)
+    w.add_rope_dimension_count(QWEN35_N_ROT if gdn else GLM4MOE_N_ROT if arch == "glm4moe" else hd)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     w.add_layer_norm_rms_eps(1e-6 if arch.startswith("gemma") else 1e-5)
@@ -293,6 +313,13 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch == "lfm2moe":  # as llama.cpp's converter writes them
             w.add_leading_dense_block_count(LFM2MOE_DENSE_LEAD)
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if arch == "glm4moe":  # as llama.cpp's converter writes GLM-4.5's
+            w.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD)
+            w.add_expert_shared_count(n_shared)
+            if not glm_air:
+                w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+                w.add_expert_weights_scale(GLM4MOE_SCALE)
+                w.add_expert_weights_norm(True)
         if arch not in ("llama", "granitehybrid"):  # those take feed_forward_length as the experts' width
             w.add_expert_feed_forward_length(N_FF_EXP)
         if gdn or arch == "granitehybrid":
@@ -380,11 +407,11 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch == "gpt-oss":
             add(p + "attn_output.bias", (D,))
             add(p + "attn_sinks.weight", (H,))
-        if arch in ("qwen2", "gpt-oss"):
+        if arch in ("qwen2", "gpt-oss", "glm4moe"):
             add(p + "attn_q.bias", (H * hd,))
             add(p + "attn_k.bias", (Hkv * hd,))
             add(p + "attn_v.bias", (Hkv * hd,))
-        if arch in ("qwen3", "gemma3", "qwen3moe") or (lfm or gdn) and not recurrent[i]:
+        if arch in ("qwen3", "gemma3", "qwen3moe") or arch == "glm4moe" and not glm_air or (lfm or gdn) and not recurrent[i]:
             add(p + "attn_q_norm.weight", (hd,))
             add(p + "attn_k_norm.weight", (hd,))
         if arch == "olmo2":  # over the whole projection
@@ -393,18 +420,19 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         if arch in ("gemma3", "gemma2", "olmo2"):
             add(p + "post_attention_norm.weight", (D,))
             add(p + "post_ffw_norm.weight", (D,))
-        if arch == "gpt-oss" or gdn:  # their pre-FFN norm's name
+        if arch in ("gpt-oss", "glm4moe") or gdn:  # their pre-FFN norm's name
             add(p + "post_attention_norm.weight", (D,))
         elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
-        layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD)
+        layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD
+                                 or arch == "glm4moe" and i < GLM4MOE_DENSE_LEAD)
         if layer_moe:  # the router and the experts' 3-D tensors
             t = types
             Fe = F if arch in ("llama", "granitehybrid") else N_FF_EXP
             add(p + "ffn_gate_inp.weight", (n_expert, D), t["ffn_gate_inp"])
             for name, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
                 add(p + f"ffn_{name}_exps.weight", (n_expert, *shape), t[f"ffn_{name}_exps"])
-            if arch == "lfm2moe":  # the selection bias: spread as widely as the sigmoids, so it moves the choice
+            if arch in ("lfm2moe", "glm4moe"):  # the selection bias: spread as widely as the sigmoids, so it moves the choice
                 w.add_tensor(p + "exp_probs_b.bias", rng.normal(0, 0.3, size=n_expert).astype(np.float32))
             if arch == "gpt-oss":  # the router's and each expert's biases
                 add(p + "ffn_gate_inp.bias", (N_EXPERT,))
@@ -412,6 +440,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
                     add(p + f"ffn_{name}_exps.bias", (N_EXPERT, width), GT.F32)
             if gdn or arch == "granitehybrid":  # the shared expert
                 for name, shape in (("gate", (N_FF_SHEXP, D)), ("up", (N_FF_SHEXP, D)), ("down", (D, N_FF_SHEXP))):
+                    add(p + f"ffn_{name}_shexp.weight", shape, t[f"ffn_{name}_shexp"])
+            if arch == "glm4moe":  # the shared experts as one FFN
+                Fs = n_shared * N_FF_EXP
+                for name, shape in (("gate", (Fs, D)), ("up", (Fs, D)), ("down", (D, Fs))):
                     add(p + f"ffn_{name}_shexp.weight", shape, t[f"ffn_{name}_shexp"])
             if gdn:  # and its gate's row (a sigmoid's input of about unit size)
                 w.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal(0, 0.1, size=D).astype(np.float32))

@@ -119,6 +119,26 @@ class ModelConfig:
     # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
     mamba2: bool = False
     rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
+    # the router (Architecture.moe_gating, moe_norm_weights, unless the file says: deepseek2's
+    # expert_gating_func, expert_weights_norm) and the factor its weights are scaled by after
+    # (llama.cpp's expert_weights_scale)
+    moe_gating: str = "softmax"
+    moe_norm_weights: bool = True
+    expert_weights_scale: float = 1.0
+    # multi-head latent attention (deepseek2, models/arch/deepseek2.py): the ranks of the KV and
+    # (0: none, a plain attn_q) Q compressions, and the heads' sizes before absorption (Q and K:
+    # nope then RoPE part; V). Its cache keeps per token one row of head_dim = n_lora_kv + n_rot
+    # (the normalized latent, then the RoPE'd key part) and no V: V is the row's leading
+    # head_dim_v = n_lora_kv columns (kv_v_in_k)
+    n_lora_kv: int = 0
+    n_lora_q: int = 0
+    head_dim_k_mla: int = 0
+    head_dim_v_mla: int = 0
+
+    @property
+    def kv_v_in_k(self) -> bool:
+        """The cache keeps no V of its own: V is the leading head_dim_v columns of each K row (MLA)."""
+        return self.n_lora_kv > 0
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -177,7 +197,8 @@ class ModelConfig:
         v_bytes (by default k_bytes) per element of V; a quantized cache type takes a fraction of a byte
         more than its bits (q8_0: 34/32, its f16 scale per 32)."""
         v_bytes = k_bytes if v_bytes is None else v_bytes
-        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_bytes * self.head_dim_v))
+        v_part = 0 if self.kv_v_in_k else v_bytes * self.head_dim_v
+        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_part))
         return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
 
     @classmethod
@@ -260,8 +281,12 @@ class ModelConfig:
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
         final_cap, attn_cap = spec.default_softcaps
-        own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
-        return cls(
+        try:
+            own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
+        # the architecture's own values override the defaults below (attn_scale, n_ff_shexp, ...)
+        fields = dict(
             arch=arch,
             architecture=spec,
             n_vocab=int(n_vocab),
@@ -284,7 +309,7 @@ class ModelConfig:
             rope_scale_swa=rope_scale if spec.swa_rope_scaled else 1.0,
             sliding_window=sliding_window,
             layer_swa=layer_swa,
-            attn_scale=float(own.pop("attn_scale", 1.0 / math.sqrt(head_dim))),
+            attn_scale=1.0 / math.sqrt(head_dim),
             final_logit_softcap=float(get("final_logit_softcapping", final_cap) or 0.0),
             attn_logit_softcap=float(get("attn_logit_softcapping", attn_cap) or 0.0),
             name=str(meta.get("general.name", "")),
@@ -294,9 +319,12 @@ class ModelConfig:
             n_layer_dense_lead=dense_lead,
             n_ff_shexp=n_ff_shexp,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            moe_gating=spec.moe_gating,
+            moe_norm_weights=spec.moe_norm_weights,
             **hybrid,
-            **{k: float(v) for k, v in own.items()},
         )
+        fields.update(own)
+        return cls(**fields)
 
 
 def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot: int, n_ctx_train: int) -> None:

@@ -6,13 +6,15 @@ import pytest
 
 from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
 from helpers.tiny_models import tiny_seed, write_tiny_model
+from infer.backends.base import BackendError
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
+# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite
+# 4.0 H Tiny), deepseek2 as DeepSeek-V2-Lite (no Q compression, softmax gating)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "deepseek2-lite"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -40,6 +42,12 @@ def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     # (test_logits_match_llama_cpp's bound), and the cache type does change our logits (it took effect).
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
+    if model.config.kv_v_in_k and types[0] != types[1]:  # MLA: V is K's latent; llama.cpp refuses two types too
+        with pytest.raises(BackendError, match="must be the same"):
+            CpuRunner(model.config, model.weights, cache_type_k=types[0], cache_type_v=types[1])
+        with pytest.raises(ValueError):
+            llama_cpp_logits(path, PROMPT, flash_attn=True, cache_types=types)
+        return
 
     def ours(cache_types):
         runner = CpuRunner(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],

@@ -74,6 +74,7 @@ class Architecture:
     attn_output_gate: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
+    optional_biases: tuple[str, ...] = ()  # those of extra_biases a file may lack (deepseek2's exp_probs_b)
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
     output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
     # hybrid models: (raw get, n_layer) -> the ModelConfig fields of the layers that are recurrent

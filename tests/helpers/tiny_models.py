@@ -126,7 +126,8 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 # that judge a random model's agreement against llama.cpp's own spread were tuned on those weights).
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
-              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14}
+              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14,
+              "deepseek2": 15, "deepseek2-lite": 16}
 
 
 def tiny_seed(arch: str) -> int:
@@ -205,6 +206,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
+    if arch in ("deepseek2", "deepseek2-lite"):  # MLA: its own writer
+        from .tiny_deepseek2 import write_tiny_deepseek2
+        return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe")
     gdn = arch in GDN_ARCHS

@@ -85,6 +85,15 @@ class CpuPrimitives:
         """The tracer's view of an intermediate, under llama.cpp's name ("attn_norm-0"; il -1: none)."""
         self.trace(name if il < 0 else f"{name}-{il}", a)
 
+    def _seen_heads(self, name: str, il: int, a: np.ndarray) -> None:
+        """The tracer's view of a (T, H, n) intermediate that llama.cpp keeps head by head ((H * T,
+        n), head-major: MLA's per-head products), and what the tracer left in it put back (a
+        tracer may replace what it sees: scripts/compare_llamacpp.py --force)."""
+        T, H, n = a.shape
+        heads = np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(H * T, n)
+        self._seen(name, il, heads)
+        a[:] = heads.reshape(H, T, n).transpose(1, 0, 2)
+
     # -- the primitives (models/arch/decoder.py) -------------------------------------------------------
 
     def embed(self, name: str) -> np.ndarray:
@@ -152,10 +161,14 @@ class CpuPrimitives:
         q2 = q3.reshape(T, H * cfg.head_dim)
         for h, w in enumerate(ly.k_b):  # q_nope_absorbed, into head h's first R columns
             qmatmul(w, q[:, h * dq:h * dq + nope], q2, mm, h * cfg.head_dim)
+        if self.trace is not None:
+            self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = self.attn.reshape(T, H, R)
         attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
                   pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
+        if self.trace is not None:
+            self._seen_heads("kqv", il, lat)
         out = ws.mla_out[:T]
         for h, w in enumerate(ly.v_b):  # kqv_mla: each head's latent mix back to value_length_mla
             qmatmul(w, lat[:, h], out, mm, h * dv)

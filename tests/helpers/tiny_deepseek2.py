@@ -30,7 +30,9 @@ TYPES = {
 
 
 def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ctx: int,
-                         chat_template: str | None) -> Path:
+                         chat_template: str | None, dtype: GT | None = None) -> Path:
+    """The tiny model; dtype (F32, F16, BF16): every matrix in that float type, a few outliers in
+    each (what llama-quantize takes as input: tests/test_quantize_file.py), else TYPES' mix."""
     from .tiny_models import add_spm_vocab, random_tensor
 
     rng = np.random.default_rng(seed)
@@ -71,12 +73,17 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
         w.add_rope_scaling_yarn_log_mul(0.1 * 0.707)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    if dtype is not None:
+        w.add_file_type(0)  # an input's own file type: the output must move it to the end with the new value
     add_spm_vocab(w, n_vocab)
     w.add_unk_token_id(0)
 
     def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:
         if len(shape) == 1:
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
+            return
+        if dtype is not None:
+            _add_float(w, rng, name, shape, dtype)
             return
         data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)
         data = data.reshape(*shape[:-1], -1)
@@ -123,3 +130,15 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_float(w, rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: GT) -> None:
+    x = rng.normal(0, 0.02, size=shape).astype(np.float32)
+    x.reshape(-1, shape[-1])[0, :8] *= 40  # a few outliers, so scale searches have something to do
+    if dtype == GT.F32:
+        w.add_tensor(name, x)
+    elif dtype == GT.F16:
+        w.add_tensor(name, x.astype(np.float16))
+    else:  # BF16 by truncation (fine for a test input), its shape in bytes
+        bits = (x.view(np.uint32) >> 16).astype(np.uint16)
+        w.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=GT.BF16)

@@ -229,3 +229,21 @@ def test_mtp_layers_are_skipped_as_llama_cpp_skips_them(tmp_path, arch):
         out[p] = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
     np.testing.assert_array_equal(out[path], out[plain])
     assert_matches_llama_cpp(out[path], path, arch)
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_mla_cache_keeps_one_latent_row_per_token(tmp_path, cache_type):
+    # llama.cpp's cache of an MLA model (llama-kv-cache.cpp: is_mla, no V tensor) holds per token
+    # and layer n_embd_k_gqa = kv_lora_rank + n_rot values of K alone; so do infer's pools, and the
+    # engine's accounting (kv_block_bytes) says as much. Without the latent cache it would hold K and
+    # V rows (key_length + value_length), or every head's decompressed K and V.
+    path = write_tiny_model(tmp_path / "tiny-deepseek2.gguf", "deepseek2", seed=tiny_seed("deepseek2"))
+    cfg = load_model(path).config
+    row = cfg.n_lora_kv + cfg.n_rot
+    per_value = {"f16": 2, "q8_0": 34 / 32}[cache_type]
+    want = round(cfg.n_layer * row * per_value)
+    runner = CpuRunner(cfg, load_model(path).weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
+    pool = runner.new_kv_pool([4], 16)
+    assert pool.nbytes == 4 * 16 * want
+    assert runner.bytes_per_block(16) == (16 * want,)
+    assert cfg.head_dim == row and cfg.n_head_kv == 1

@@ -1,5 +1,5 @@
-"""DeepSeek-V2 (V2-Lite, V2, V2.5) and the models built on its multi-head latent attention (MLA;
-llama.cpp's LLM_ARCH_DEEPSEEK2, src/models/deepseek2.cpp), in the form llama.cpp's converter
+"""DeepSeek-V2 (V2-Lite, V2, V2.5; llama.cpp's LLM_ARCH_DEEPSEEK2, src/models/deepseek2.cpp). Its
+multi-head latent attention (MLA) and the models built on it, in the form llama.cpp's converter
 writes now: attn_kv_b split into attn_k_b and attn_v_b (attention.key_length_mla /
 value_length_mla present), run as llama.cpp runs it, with the projections absorbed.
 
@@ -119,6 +119,7 @@ ARCHITECTURE = Architecture(
     shared_expert="plain",
     extra_biases=("exp_probs_b.bias",),
     optional_biases=("exp_probs_b.bias",),
+    attention_kind="multi-head latent attention over a latent KV cache",
     scalars=scalars,
     layer=layer,
 )

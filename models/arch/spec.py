@@ -82,6 +82,7 @@ class Architecture:
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
     recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    attention_kind: str = ""  # what its attention is where its layer= recipe is not GQA, in words (likewise)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

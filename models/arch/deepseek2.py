@@ -20,15 +20,25 @@ router's softmax (V2) or sigmoid (V3-style files: expert_gating_func 2) over exp
 expert_used_count chosen by that plus `exp_probs_b` where present, their weights renormalized
 where expert_weights_norm, times expert_weights_scale; plus expert_shared_count shared experts
 (one SiLU FFN of expert_feed_forward_length times that count) over every token, added ungated.
+
+From a Hugging Face folder (DeepseekV2ForCausalLM), as llama.cpp's converter (DeepseekV2Model):
+one KV head, the cache's and MLA's head sizes from kv_lora_rank, qk_nope_head_dim,
+qk_rope_head_dim and v_head_dim; first_k_dense_replace, n_routed_experts, n_shared_experts,
+routed_scaling_factor, norm_topk_prob, 0.1 * mscale_all_dim; kv_b_proj split into attn_k_b (each
+head's nope rows, transposed) and attn_v_b (each head's V rows).
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
+from gguf import GGUFValueType as VT
 
+from ..hf_files import ConvertError, Kvs
 from .decoder import Primitives, ffn_block
+from .hf_keys import generic_kvs, need, rope_scaling
 from .spec import Architecture
 
 # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: 0 (none: files before the key, softmax), 1 softmax, 2 sigmoid
@@ -112,6 +122,92 @@ def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any
     return ffn_block(ops, ly, il, x, o, nxt)
 
 
+def _mla_sizes(hp: dict[str, Any], path: Path | None = None) -> tuple[int, int, int, int, int]:
+    """(heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) of a config.json."""
+    where = path or Path("config.json")
+    sizes = (int(need(hp, "num_attention_heads", where)), int(hp.get("kv_lora_rank") or 512),
+             int(need(hp, "qk_nope_head_dim", where)), int(need(hp, "qk_rope_head_dim", where)),
+             int(need(hp, "v_head_dim", where)))
+    if min(sizes) <= 0:
+        raise ConvertError(f"{where}: MLA sizes {sizes} must be positive")
+    return sizes
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """The keys llama.cpp's converter writes for DeepseekV2Model: the common ones with one KV head
+    (MLA runs as MQA over the latent) and rms_norm_eps 1e-6 by default; the leading dense count,
+    vocab_size, the Q and KV ranks, the cache's head sizes (latent | RoPE part, latent) and MLA's
+    (nope + RoPE, v_head_dim), the experts' width, counts and weights' scale and norm, the RoPE
+    dimensions and YaRN's 0.1 * mscale_all_dim. No expert_gating_func: DeepSeek-V2's softmax is
+    llama.cpp's default."""
+    H, R, nope, rope, v = _mla_sizes(hp, path)
+    extra = generic_kvs(kv, {**hp, "num_key_value_heads": 1, "rms_norm_eps": hp.get("rms_norm_eps", 1e-6)}, path)
+    moe = hp.get("n_routed_experts") is not None
+    dense = hp.get("first_k_dense_replace")
+    if hp.get("num_experts_per_tok") is not None:
+        kv.u32("{arch}.expert_used_count", hp["num_experts_per_tok"])
+    kv.u32("{arch}.leading_dense_block_count", (0 if moe else need(hp, "num_hidden_layers", path))
+           if dense is None else dense)
+    kv.u32("{arch}.vocab_size", need(hp, "vocab_size", path))
+    if hp.get("q_lora_rank") is not None:
+        kv.u32("{arch}.attention.q_lora_rank", hp["q_lora_rank"])
+    kv.u32("{arch}.attention.kv_lora_rank", R)
+    kv.u32("{arch}.attention.key_length", R + rope)
+    kv.u32("{arch}.attention.value_length", R)
+    kv.u32("{arch}.attention.key_length_mla", nope + rope)
+    kv.u32("{arch}.attention.value_length_mla", v)
+    kv.u32("{arch}.expert_feed_forward_length",
+           hp["moe_intermediate_size"] if hp.get("moe_intermediate_size") is not None
+           else need(hp, "intermediate_size", path))
+    if moe:
+        kv.u32("{arch}.expert_count", hp["n_routed_experts"])
+    kv.u32("{arch}.expert_shared_count", hp.get("n_shared_experts") or 0)
+    if hp.get("routed_scaling_factor") is not None:
+        kv.f32("{arch}.expert_weights_scale", hp["routed_scaling_factor"])
+    if hp.get("norm_topk_prob"):
+        kv.add("{arch}.expert_weights_norm", VT.BOOL, True)
+    kv.u32("{arch}.rope.dimension_count", rope)
+    rs = rope_scaling(hp) or {}
+    if rs.get("mscale_all_dim") is not None:  # the converter's legacy 0.1 factor, which llama.cpp divides out
+        kv.f32("{arch}.rope.scaling.yarn_log_multiplier", 0.1 * float(rs["mscale_all_dim"]))
+    return extra
+
+
+def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, Any]] | None:
+    """kv_b_proj (per head its nope rows, then its V rows) split as llama.cpp's converter splits it
+    for the absorbed form: k_b_proj (each head's nope rows) and v_b_proj (each head's V rows)."""
+    if not name.endswith("self_attn.kv_b_proj.weight"):
+        return None
+    H, _, nope, _, v = _mla_sizes(hp)
+    heads = np.arange(H)[:, None] * (nope + v)
+    return [(name.replace("kv_b_proj", "k_b_proj"), (heads + np.arange(nope)).reshape(-1)),
+            (name.replace("kv_b_proj", "v_b_proj"), (heads + nope + np.arange(v)).reshape(-1))]
+
+
+def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray], np.ndarray]]:
+    """k_b_proj's rows (head by head, nope of them, kv_lora_rank wide) as llama.cpp writes
+    attn_k_b: each head's matrix transposed, (heads, kv_lora_rank, nope); v_b_proj's as attn_v_b,
+    (heads, v_head_dim, kv_lora_rank)."""
+    H, R, nope, _, v = _mla_sizes(hp) if name.endswith(("self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight")) \
+        else (0, 0, 0, 0, 0)
+    if name.endswith("self_attn.k_b_proj.weight"):
+        return [lambda w: np.ascontiguousarray(w.reshape(H, nope, R).transpose(0, 2, 1))]
+    if name.endswith("self_attn.v_b_proj.weight"):
+        return [lambda w: w.reshape(H, v, R)]
+    return []
+
+
+def hf_tensor_shape(name: str, shape: tuple[int, ...], hp: dict[str, Any]) -> tuple[int, ...]:
+    """attn_k_b (heads, kv_lora_rank, nope) and attn_v_b (heads, v_head_dim, kv_lora_rank): 3-D."""
+    if name.endswith("self_attn.k_b_proj.weight"):
+        H, R, nope, _, _ = _mla_sizes(hp)
+        return (H, R, nope)
+    if name.endswith("self_attn.v_b_proj.weight"):
+        H, R, _, _, v = _mla_sizes(hp)
+        return (H, v, R)
+    return shape
+
+
 ARCHITECTURE = Architecture(
     name="deepseek2",
     rope_neox=False,
@@ -120,6 +216,12 @@ ARCHITECTURE = Architecture(
     extra_biases=("exp_probs_b.bias",),
     optional_biases=("exp_probs_b.bias",),
     attention_kind="multi-head latent attention over a latent KV cache",
+    hf_model_types=("deepseek_v2",),
+    hf_class="DeepseekV2ForCausalLM",
+    hf_kvs=hf_kvs,
+    hf_tensor_parts=hf_tensor_parts,
+    hf_tensor_steps=hf_tensor_steps,
+    hf_tensor_shape=hf_tensor_shape,
     scalars=scalars,
     layer=layer,
 )

@@ -247,3 +247,45 @@ def test_mla_cache_keeps_one_latent_row_per_token(tmp_path, cache_type):
     assert pool.nbytes == 4 * 16 * want
     assert runner.bytes_per_block(16) == (16 * want,)
     assert cfg.head_dim == row and cfg.n_head_kv == 1
+
+
+def _v2_lite_metadata() -> dict:
+    """DeepSeek-V2-Lite's hyperparameters as llama.cpp's converter writes them (no tensors)."""
+    a = "deepseek2."
+    return {"general.architecture": "deepseek2", a + "embedding_length": 2048, a + "block_count": 27,
+            a + "attention.head_count": 16, a + "attention.head_count_kv": 1, a + "attention.key_length": 576,
+            a + "attention.value_length": 512, a + "attention.key_length_mla": 192,
+            a + "attention.value_length_mla": 128, a + "attention.kv_lora_rank": 512, a + "rope.dimension_count": 64,
+            a + "feed_forward_length": 10944, a + "expert_count": 64, a + "expert_used_count": 6,
+            a + "expert_feed_forward_length": 1408, a + "expert_shared_count": 2, a + "leading_dense_block_count": 1,
+            a + "context_length": 163840, a + "rope.scaling.type": "yarn", a + "rope.scaling.factor": 40.0,
+            a + "rope.scaling.original_context_length": 4096, a + "rope.scaling.yarn_log_multiplier": 0.0707,
+            a + "expert_weights_scale": 1.0, a + "vocab_size": 102400}
+
+
+def test_deepseek2_v2_lite_hyperparameters():
+    # as llama.cpp reads them: no q_lora_rank at 27 layers; the cache's one KV head of latent | RoPE
+    # part; deepseek2.cpp's kq_scale mscale^2 / sqrt(key_length_mla), mscale = 1 + 0.1 * 0.707 ln 40;
+    # YaRN's cos/sin magnitude cancelled (llama-context.cpp's yarn_attn_factor 1 / (1 + 0.1 ln 40))
+    cfg = ModelConfig.from_metadata(_v2_lite_metadata())
+    assert (cfg.n_lora_q, cfg.n_lora_kv, cfg.head_dim, cfg.head_dim_v, cfg.n_head_kv) == (0, 512, 576, 512, 1)
+    assert (cfg.moe_gating, cfg.moe_norm_weights, cfg.n_ff_shexp) == ("softmax", False, 2 * 1408)
+    mscale = 1 + 0.1 * 0.707 * np.log(40)
+    assert cfg.attn_scale == pytest.approx(mscale ** 2 / np.sqrt(192), rel=1e-6)
+    assert cfg.rope_attn_factor == pytest.approx(1 / (1 + 0.1 * np.log(40)), rel=1e-6)
+
+
+@pytest.mark.parametrize("drop, match", [("attention.key_length_mla", "attn_kv_b"),
+                                          ("attention.kv_lora_rank", "attn_kv_b")])
+def test_deepseek2_without_mla_keys_is_refused(drop, match):
+    # the older unsplit attn_kv_b files (which llama.cpp runs unabsorbed, with a full K/V cache)
+    meta = _v2_lite_metadata()
+    del meta["deepseek2." + drop]
+    with pytest.raises(ModelConfigError, match=match):
+        ModelConfig.from_metadata(meta)
+
+
+def test_deepseek2_cache_layout_is_checked():
+    meta = {**_v2_lite_metadata(), "deepseek2.attention.head_count_kv": 16}
+    with pytest.raises(ModelConfigError, match="one KV head"):
+        ModelConfig.from_metadata(meta)

@@ -184,28 +184,28 @@ def hf_tensor_parts(name: str, hp: dict[str, Any]) -> list[tuple[str, Any]] | No
             (name.replace("kv_b_proj", "v_b_proj"), (heads + nope + np.arange(v)).reshape(-1))]
 
 
+_K_B, _V_B = "self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight"  # kv_b_proj's parts (hf_tensor_parts)
+
+
 def hf_tensor_steps(name: str, hp: dict[str, Any]) -> list[Callable[[np.ndarray], np.ndarray]]:
     """k_b_proj's rows (head by head, nope of them, kv_lora_rank wide) as llama.cpp writes
     attn_k_b: each head's matrix transposed, (heads, kv_lora_rank, nope); v_b_proj's as attn_v_b,
     (heads, v_head_dim, kv_lora_rank)."""
-    H, R, nope, _, v = _mla_sizes(hp) if name.endswith(("self_attn.k_b_proj.weight", "self_attn.v_b_proj.weight")) \
-        else (0, 0, 0, 0, 0)
-    if name.endswith("self_attn.k_b_proj.weight"):
+    if name.endswith(_K_B):
+        H, R, nope, _, _ = _mla_sizes(hp)
         return [lambda w: np.ascontiguousarray(w.reshape(H, nope, R).transpose(0, 2, 1))]
-    if name.endswith("self_attn.v_b_proj.weight"):
+    if name.endswith(_V_B):
+        H, R, _, _, v = _mla_sizes(hp)
         return [lambda w: w.reshape(H, v, R)]
     return []
 
 
 def hf_tensor_shape(name: str, shape: tuple[int, ...], hp: dict[str, Any]) -> tuple[int, ...]:
     """attn_k_b (heads, kv_lora_rank, nope) and attn_v_b (heads, v_head_dim, kv_lora_rank): 3-D."""
-    if name.endswith("self_attn.k_b_proj.weight"):
-        H, R, nope, _, _ = _mla_sizes(hp)
-        return (H, R, nope)
-    if name.endswith("self_attn.v_b_proj.weight"):
-        H, R, _, _, v = _mla_sizes(hp)
-        return (H, v, R)
-    return shape
+    if not name.endswith((_K_B, _V_B)):
+        return shape
+    H, R, nope, _, v = _mla_sizes(hp)
+    return (H, R, nope) if name.endswith(_K_B) else (H, v, R)
 
 
 ARCHITECTURE = Architecture(

@@ -285,6 +285,13 @@ def test_deepseek2_without_mla_keys_is_refused(drop, match):
         ModelConfig.from_metadata(meta)
 
 
+def test_deepseek2_query_temperature_is_refused():
+    # llama.cpp multiplies Q by a temperature that grows with the position where the file says so
+    meta = {**_v2_lite_metadata(), "deepseek2.attention.temperature_scale": 0.1}
+    with pytest.raises(ModelConfigError, match="temperature_scale"):
+        ModelConfig.from_metadata(meta)
+
+
 def test_deepseek2_cache_layout_is_checked():
     meta = {**_v2_lite_metadata(), "deepseek2.attention.head_count_kv": 16}
     with pytest.raises(ModelConfigError, match="one KV head"):

@@ -91,6 +91,8 @@ def scalars(get: Any, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> 
         raise ValueError(f"MLA's cache needs key_length = kv_lora_rank + rope.dimension_count, value_length = "
                          f"kv_lora_rank and one KV head; got {head_dim}, {value_len}, {head_kv} for kv_lora_rank "
                          f"{kv_rank}, rope.dimension_count {n_rot} (key_length_mla {k_mla})")
+    if float(get("attention.temperature_scale", 0.0) or 0.0):  # llama.cpp scales Q by position then (mistral-large)
+        raise ValueError("attention.temperature_scale (a query temperature by position) is not supported")
     # the "lite" models (V2-Lite: 27 layers, 26) have no Q compression; llama.cpp reads no q_lora_rank there
     q_rank = 0 if n_layer in (26, 27) else int(get("attention.q_lora_rank", 0) or 0)
     gating = int(get("expert_gating_func", 0) or 0)

@@ -9,6 +9,8 @@ Models write tool calls in their family's syntax, which their chat template also
   call (Small 3.2's template writes [CALL_ID]ID between them in earlier turns)
 - deepseek (DeepSeek-R1 distills, V3): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
   \\n```json\\n{...}\\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+- deepseek_v31 (DeepSeek-V3.1): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
+  <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>, the arguments as bare JSON
 - qwen3coder (Qwen3-Coder, Qwen3.5, Nemotron Nano 3): <tool_call>\n<function=NAME>\n<parameter=P>\n
   VALUE\n</parameter>\n</function>\n</tool_call>, values as text (xml_tool_calls.py)
 - glm45 (GLM-4.5, 4.6, 4.7): <tool_call>NAME\n<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>
@@ -36,7 +38,8 @@ from infer.quant.errors import InferError
 from . import xml_tool_calls
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
-FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "glm45", "generic")
+FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "glm45", "generic",
+            "deepseek_v31")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply ("^text": only as the answer's first text, after
@@ -44,6 +47,7 @@ DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 CALL_STARTS = MappingProxyType({
     "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "glm45": (xml_tool_calls.OPEN,),
     "mistral": ("[TOOL_CALLS]",), "mistral_args": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
+    "deepseek_v31": (DS_BEGIN, DS_CALL),
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
@@ -131,6 +135,8 @@ def family(template_source: str) -> str:
         return "mistral_args" if "[ARGS]" in template_source else "mistral"
     if "tool▁call" in template_source and "```json" in template_source:  # R1's fenced JSON, not V3.1's
         return "deepseek"
+    if "tool▁call" in template_source and "tool▁sep" in template_source:  # V3.1's: the name, then bare JSON
+        return "deepseek_v31"
     if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
         return "llama3"
     return "generic"
@@ -307,6 +313,11 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
                  f'args_{i}: {_lark_json(as_llama_cpp(t.parameters))}' for i, t in enumerate(chosen)]
         body = (f'start: {lit(DS_BEGIN)} call{"+" if parallel else ""} {lit(DS_END)}\n'
                 f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
+    elif fam == "deepseek_v31":  # the name before the separator: one alternative per tool
+        rules = [f'call_{i}: {lit(DS_CALL)} {json.dumps(t.name)} {lit(DS_SEP)} args_{i} {lit(DS_CALL_END)}\n'
+                 f'args_{i}: {_lark_json(as_llama_cpp(t.parameters))}' for i, t in enumerate(chosen)]
+        body = (f'start: {lit(DS_BEGIN)} call{"+" if parallel else ""} {lit(DS_END)}\n'
+                f'call: {" | ".join(f"call_{i}" for i in range(len(chosen)))}\n' + "\n".join(rules))
     else:  # llama3
         body = f'start: {lit("<|python_tag|>")}? args\nargs: {one}'
     return Grammar("lark", body), triggers
@@ -388,6 +399,16 @@ def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[st
         calls = []
         for name, args in found:
             got = _json_at(args, 0)
+            if got is None:
+                return text, []
+            calls.append(ToolCall(name.strip(), json.dumps(got[0], ensure_ascii=False), new_id()))
+        return (text[:text.index(DS_BEGIN)].strip() if DS_BEGIN in text else "", calls) if calls else (text, [])
+    if fam == "deepseek_v31":
+        found = re.findall(re.escape(DS_CALL) + r"(.*?)" + re.escape(DS_SEP) + r"(.*?)" + re.escape(DS_CALL_END),
+                           text, re.S)
+        calls = []
+        for name, args in found:
+            got = _json_at(args.strip(), 0)
             if got is None:
                 return text, []
             calls.append(ToolCall(name.strip(), json.dumps(got[0], ensure_ascii=False), new_id()))

@@ -142,6 +142,22 @@ class ModelConfig:
     def rope_at(self, il: int) -> bool:
         """Whether layer il's attention rotates Q and K by their positions."""
         return self.rope and not (self.layer_nope and self.layer_nope[il])
+    # the router's gating (Architecture.moe_gating, unless the file says: deepseek2's expert_gating_func)
+    moe_gating: str = "softmax"
+    # multi-head latent attention (deepseek2, models/arch/deepseek2.py): the ranks of the KV and
+    # (0: none, a plain attn_q) Q compressions, and the heads' sizes before absorption (Q and K:
+    # nope then RoPE part; V). Its cache keeps per token one row of head_dim = n_lora_kv + n_rot
+    # (the normalized latent, then the RoPE'd key part) and no V: V is the row's leading
+    # head_dim_v = n_lora_kv columns (kv_v_in_k)
+    n_lora_kv: int = 0
+    n_lora_q: int = 0
+    head_dim_k_mla: int = 0
+    head_dim_v_mla: int = 0
+
+    @property
+    def kv_v_in_k(self) -> bool:
+        """The cache keeps no V of its own: V is the leading head_dim_v columns of each K row (MLA)."""
+        return self.n_lora_kv > 0
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -200,7 +216,8 @@ class ModelConfig:
         v_bytes (by default k_bytes) per element of V; a quantized cache type takes a fraction of a byte
         more than its bits (q8_0: 34/32, its f16 scale per 32)."""
         v_bytes = k_bytes if v_bytes is None else v_bytes
-        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_bytes * self.head_dim_v))
+        v_part = 0 if self.kv_v_in_k else v_bytes * self.head_dim_v
+        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_part))
         return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
 
     @classmethod
@@ -291,7 +308,10 @@ class ModelConfig:
                 spec.check_metadata(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_rot)
         except (ValueError, TypeError) as e:  # TypeError: a value of the wrong kind (an array for a number)
             raise ModelConfigError(f"{arch}: {e}") from None
-        own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
+        try:
+            own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
         if own.get("attn_temp_scale", 0.0) and not own.get("attn_temp_floor", 0.0) > 0:
             raise ModelConfigError(f"{arch}: attention temperature scaling needs a positive "
                                    f"rope.scaling.original_context_length")
@@ -304,7 +324,8 @@ class ModelConfig:
             weights_scale = float(get("expert_weights_scale", 0.0) or 1.0)
             if not (math.isfinite(weights_scale) and weights_scale > 0):
                 raise ModelConfigError(f"{arch}: expert_weights_scale {weights_scale} must be a positive number")
-        return cls(
+        # the architecture's own values override the defaults below (attn_scale, n_ff_shexp, ...)
+        fields = dict(
             arch=arch,
             architecture=spec,
             n_vocab=int(n_vocab),
@@ -327,7 +348,7 @@ class ModelConfig:
             rope_scale_swa=rope_scale if spec.swa_rope_scaled else 1.0,
             sliding_window=sliding_window,
             layer_swa=layer_swa,
-            attn_scale=float(own.pop("attn_scale", 1.0 / math.sqrt(head_dim))),
+            attn_scale=1.0 / math.sqrt(head_dim),
             final_logit_softcap=float(get("final_logit_softcapping", final_cap) or 0.0),
             attn_logit_softcap=float(get("attn_logit_softcapping", attn_cap) or 0.0),
             name=str(meta.get("general.name", "")),
@@ -340,9 +361,11 @@ class ModelConfig:
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             layer_nope=layer_nope,
+            moe_gating=spec.moe_gating,
             **hybrid,
-            **{k: float(v) for k, v in own.items()},
         )
+        fields.update(own)
+        return cls(**fields)
 
 
 def _shared_count(arch: str, get) -> int:

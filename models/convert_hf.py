@@ -160,7 +160,7 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
         parts = spec.hf_tensor_parts(name, hp) if spec.hf_tensor_parts is not None else None
         if parts:
-            out += [_row_part(namer, part, rows, e, hf_name) for part, rows in parts]
+            out += [_row_part(namer, part, rows, e, hf_name, spec, hp) for part, rows in parts]
             continue
         gguf_name = namer.gguf_name(hf_name, e.path)
         if e.dtype not in ST_DTYPES:
@@ -210,17 +210,24 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
     return out, n_embd_rows
 
 
-def _row_part(namer: TensorNamer, part: str, rows: Sequence[int], e: StEntry, hf_name: str) -> SourceTensor:
+def _row_part(namer: TensorNamer, part: str, rows: Sequence[int], e: StEntry, hf_name: str, spec: Any,
+              hp: dict[str, Any]) -> SourceTensor:
     """The given rows of a checkpoint matrix (of each expert's, in a 3-D tensor of experts), in that
-    order, converted as if the checkpoint named them `part`."""
+    order, converted as if the checkpoint named them `part` (with the architecture's steps and shape
+    for that name: deepseek2's per-head attn_k_b, transposed)."""
     if e.dtype not in ST_DTYPES:
         st_array(e, hf_name)  # raises the dtype error
     idx = np.asarray(rows, dtype=np.int64)
     if len(e.shape) not in (2, 3) or not idx.size or idx.min() < 0 or idx.max() >= e.shape[-2]:
         raise ConvertError(f"{e.path}: {hf_name} has shape {tuple(e.shape)}: no rows "
                            f"{idx.min(initial=0)}..{idx.max(initial=0)} to convert as {part}")
-    return SourceTensor(namer.gguf_name(part, e.path), (*e.shape[:-2], idx.size, e.shape[-1]),
-                        int(ST_DTYPES[e.dtype][1]), _loader(e, hf_name, [lambda w: np.ascontiguousarray(w[..., idx, :])]))
+    shape: tuple[int, ...] = (*e.shape[:-2], idx.size, e.shape[-1])
+    steps: list[Callable[[np.ndarray], np.ndarray]] = [lambda w: np.ascontiguousarray(w[..., idx, :])]
+    if spec.hf_tensor_steps is not None:
+        steps += spec.hf_tensor_steps(part, hp)
+    if spec.hf_tensor_shape is not None:
+        shape = spec.hf_tensor_shape(part, shape, hp)
+    return SourceTensor(namer.gguf_name(part, e.path), shape, int(ST_DTYPES[e.dtype][1]), _loader(e, hf_name, steps))
 
 
 # All of a layer's experts in one tensor (transformers 5's layout):

@@ -90,6 +90,16 @@ class LayerWeights:
     ssm_in: Matrix | None = None
     ssm_conv_b: np.ndarray | None = None
     ssm_d: np.ndarray | None = None
+    # multi-head latent attention (deepseek2; ModelConfig.n_lora_kv): wq is attn_q, or attn_q_b
+    # after attn_q_a (n_lora_q, n_embd) and its norm; attn_kv_a_mqa (n_lora_kv + n_rot, n_embd) and
+    # the latent's norm (n_lora_kv,); per head attn_k_b's (n_lora_kv, nope) and attn_v_b's
+    # (head_dim_v_mla, n_lora_kv) matrices (views of the 3-D tensors)
+    q_a: Matrix | None = None
+    q_a_norm: np.ndarray | None = None
+    kv_a: Matrix | None = None
+    kv_a_norm: np.ndarray | None = None
+    k_b: tuple[Matrix, ...] = ()
+    v_b: tuple[Matrix, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,11 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             wq = wk = wv = wo = bq = bk = bv = None
             own = (_mamba2(get, vec, p, cfg) if cfg.mamba2 else _gated_delta_net(get, vec, p, cfg)
                    if cfg.ssm_state_size else _shortconv(get, vec, p, cfg))
+        elif cfg.kv_v_in_k:
+            wk = wv = bq = bk = bv = None
+            own = _mla(get, vec, p, cfg)
+            wq = own.pop("wq")
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v_mla))
         elif arch.attn_output_gate:
             wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
             wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
@@ -282,6 +297,29 @@ def _row(t: Matrix, D: int, name: str) -> QTensor:
     return QTensor(t.type_id, (1, D), t.raw.reshape(1, -1))
 
 
+def _mla(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
+    """A multi-head latent attention's tensors (deepseek2; llama.cpp's load_arch_tensors for is_mla):
+    attn_k_b (n_head, n_lora_kv, nope) and attn_v_b (n_head, head_dim_v_mla, n_lora_kv) as a
+    matrix per head."""
+    D, H, R, dk = cfg.n_embd, cfg.n_head, cfg.n_lora_kv, cfg.head_dim_k_mla
+    nope, dv = dk - cfg.n_rot, cfg.head_dim_v_mla
+    if cfg.n_lora_q:
+        out = {"q_a": get(p + "attn_q_a.weight", (cfg.n_lora_q, D)),
+               "q_a_norm": vec(p + "attn_q_a_norm.weight", cfg.n_lora_q),
+               "wq": get(p + "attn_q_b.weight", (H * dk, cfg.n_lora_q))}
+    else:
+        out = {"wq": get(p + "attn_q.weight", (H * dk, D))}
+    k_b, v_b = get(p + "attn_k_b.weight", (H, R, nope)), get(p + "attn_v_b.weight", (H, dv, R))
+    for name, t in (("attn_k_b", k_b), ("attn_v_b", v_b)):
+        if not isinstance(t, QTensor):
+            raise ModelLoadError(f"{p}{name}.weight in {type(t).__name__} form is not supported")
+    out.update(kv_a=get(p + "attn_kv_a_mqa.weight", (R + cfg.n_rot, D)),
+               kv_a_norm=vec(p + "attn_kv_a_norm.weight", R),
+               k_b=tuple(rows(k_b, h * R, (h + 1) * R) for h in range(H)),
+               v_b=tuple(rows(v_b, h * dv, (h + 1) * dv) for h in range(H)))
+    return out
+
+
 def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
     """A short-convolution layer's tensors (LFM2; llama.cpp's LLM_TENSOR_SHORTCONV_*)."""
     D = cfg.n_embd
@@ -361,7 +399,7 @@ def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:
     if "ffn_gate_inp.bias" in has and moe:
         out["router_bias"] = vec(p + "ffn_gate_inp.bias", E)
     if "exp_probs_b.bias" in has and moe:
-        out["exp_probs_b"] = vec(p + "exp_probs_b.bias", E)
+        out["exp_probs_b"] = vec(p + "exp_probs_b.bias", E, required="exp_probs_b.bias" not in arch.optional_biases)
     if "ffn_gate_exps.bias" in has and moe:
         out["expert_biases"] = (vec(p + "ffn_gate_exps.bias", (E, F)), vec(p + "ffn_up_exps.bias", (E, F)),
                                 vec(p + "ffn_down_exps.bias", (E, D)))

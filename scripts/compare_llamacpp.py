@@ -94,6 +94,9 @@ class LlamaCppTracer:
         a = np.ctypeslib.as_array(ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float)), shape=(n,))
         rows = n // ne[0]
         self.seen[name] = a.reshape(rows, ne[0]).copy()
+        # and by width: a name llama.cpp gives several tensors (deepseek2's "q": Q's compression,
+        # its norm, attn_q_b's product, that reshaped per head) is found by the width infer's has
+        self.seen[f"{name}@{ne[0]}"] = self.seen[name]
         if m and m.group(1) in ("Qcur", "Kcur", "Vcur"):
             # the first tensor of that name in a decode is the product (then norms and RoPE reuse it)
             self.seen.setdefault(f"{m.group(1)}@mm-{m.group(2)}", self.seen[name])
@@ -163,8 +166,10 @@ def forced_ops(runner, ref: LlamaCppTracer, tokens: list[int], pos: int, cache) 
     stats: dict[str, list] = {}
 
     def on(name, a):
-        b = seen.get(name)
         a2 = a.reshape(a.shape[0], -1)
+        b = seen.get(name)
+        if b is not None and b.shape[1:] != a2.shape[1:]:
+            b = seen.get(f"{name}@{a2.shape[1]}", b)
         if b is None or b.shape[1:] != a2.shape[1:] or b.shape[0] > a2.shape[0]:
             return
         mine = a2[a2.shape[0] - b.shape[0]:]  # llama.cpp keeps only the output rows at its last layer

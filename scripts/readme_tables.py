@@ -37,7 +37,7 @@ def _layer(a) -> str:
     """What sets an architecture's layer apart from llama's, read from its Architecture fields."""
     from infer.models.arch.spec import no_scalars
 
-    parts = []
+    parts = [a.attention_kind] if a.attention_kind else []
     if a.recurrent is not None:
         parts.append(f"{a.recurrent_kind} beside the attention layers, a state per sequence")
     if a.attn_output_gate:

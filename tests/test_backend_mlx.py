@@ -33,14 +33,15 @@ from infer.quant import types as qt
 from infer.quant.dequant import dequantize
 from infer.quant.tensor import QTensor
 
-# every registered architecture, and granitehybrid with experts (an ungated shared expert)
-ARCHS = [*names(), "granitehybrid-moe"]
+# every registered architecture, and granitehybrid with experts (an ungated shared expert), deepseek2
+# as DeepSeek-V2-Lite (no Q compression, softmax gating)
+ARCHS = [*names(), "granitehybrid-moe", "deepseek2-lite"]
 # each tiny model's seed, fixed: the bounds below were measured on these very models, so registering
 # an architecture must not reseed the others (a new one gets the next free number)
 SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
          "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "lfm2moe": 12, "granitehybrid": 13,
          "qwen35moe": 14, "qwen3next": 15, "smollm3": 16, "mistral3": 17, "granitehybrid-moe": 18,
-         "glm4moe": 16}
+         "glm4moe": 16, "deepseek2": 16, "deepseek2-lite": 18}
 # architectures the mlx backend refuses for now, and why (test_refuses_what_it_cannot_run checks the
 # refusal); none at present, so test_refuses_a_state_it_does_not_keep checks the refusal itself
 NOT_ON_MLX: dict[str, str] = {}
@@ -53,8 +54,10 @@ REQUANT_BOUND = {qt.Q6_K: 0.005, qt.Q3_K: 0.014, qt.Q2_K: 0.025}
 # 0.18% (its float products and zero-mean experts, tiny_models.py); granitehybrid 0.97%, all of it the
 # Q6_K weights' 8-bit copies (with those weights uploaded as F32 it is 0.009%), which its Mamba-2 layers
 # amplify (the embedding 0.1% off at random moves the exact logits 0.24%); qwen35moe 0.034%, qwen3next 0.021%;
-# granitehybrid-moe 0.58%; smollm3 0.034%, mistral3 0.46%; glm4moe 0.49%
-EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
+# granitehybrid-moe 0.58%; smollm3 0.034%, mistral3 0.46%; glm4moe 0.49%; deepseek2 0.025%,
+# deepseek2-lite 0.060% (the exact pass decompresses MLA's latent per head, the backends attend over it absorbed)
+EXACT_BOUND = {"deepseek2": 0.001, "deepseek2-lite": 0.001, "llama": 0.005, "qwen2": 0.001, "qwen3": 0.001,
+               "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
                "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008, "lfm2": 0.03,
                "qwen35": 0.004, "lfm2moe": 0.004, "granitehybrid": 0.015, "qwen35moe": 0.001, "qwen3next": 0.001,
                "granitehybrid-moe": 0.012, "smollm3": 0.001, "mistral3": 0.006,
@@ -76,15 +79,20 @@ EXACT_BOUND = {"llama": 0.005, "qwen2": 0.001, "qwen3": 0.001, "gemma3": 0.012, 
 # llama.cpp is (its Mamba-2 layers amplify the 8-bit activations; the cpu backend equals llama.cpp at 12
 # of 16 positions, 0.5% off at 4 where a rounding flips, llama.cpp's flash-attention path 2.1% off);
 # smollm3 1.42%: the cpu backend equals llama.cpp (to 1e-5), both 1.40% from exact, which moves one
-# argmax; mistral3 1.03% (the cpu backend equals llama.cpp, 0.92% from exact); glm4moe 1.08%
-CPU_BOUND = {"llama": 0.013, "qwen2": 0.002, "qwen3": 0.01, "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
+# argmax; mistral3 1.03% (the cpu backend equals llama.cpp, 0.92% from exact); glm4moe 1.08%;
+# deepseek2 16.6%: the cpu backend equals llama.cpp to 1e-7 of max |logit| and both are 16.6% from exact
+# (its sigmoid router with a selection bias picks other experts after the 8-bit activations);
+# deepseek2-lite 1.30% (the cpu backend 1.29% from exact, llama.cpp 1.37%)
+CPU_BOUND = {"deepseek2": 0.2, "deepseek2-lite": 0.02, "llama": 0.013, "qwen2": 0.002, "qwen3": 0.01,
+             "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
              "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015, "lfm2": 0.11,
              "qwen35": 0.015, "lfm2moe": 0.01, "granitehybrid": 0.085, "qwen35moe": 0.13, "qwen3next": 0.10,
              "granitehybrid-moe": 0.2, "smollm3": 0.02, "mistral3": 0.015, "glm4moe": 0.02}
 # the tiny models whose cpu logits, like llama.cpp's, are far from exact arithmetic (amplified
 # 8-bit activations), enough to move argmaxes: test_logits_match_cpu_backend checks that the cpu
 # backend is the one off, and that where the argmaxes differ MLX's is the exact one
-CPU_FAR_FROM_EXACT = frozenset({"gemma3", "granitehybrid", "qwen35moe", "qwen3next", "granitehybrid-moe", "smollm3"})
+CPU_FAR_FROM_EXACT = frozenset({"gemma3", "granitehybrid", "qwen35moe", "qwen3next", "granitehybrid-moe", "smollm3",
+                                "deepseek2"})
 
 
 # ------------------------------------------------------------------------------ exact reference

@@ -6,14 +6,16 @@ import pytest
 
 from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
 from helpers.tiny_models import tiny_seed, write_tiny_model
+from infer.backends.base import BackendError
 from infer.backends.cpu.runner import CpuRunner
 from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
 # every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
-# glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air"]
+# glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air), deepseek2 as DeepSeek-V2-Lite (no Q
+# compression, softmax gating)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -41,6 +43,12 @@ def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
     # (test_logits_match_llama_cpp's bound), and the cache type does change our logits (it took effect).
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
+    if model.config.kv_v_in_k and types[0] != types[1]:  # MLA: V is K's latent; llama.cpp refuses two types too
+        with pytest.raises(BackendError, match="must be the same"):
+            CpuRunner(model.config, model.weights, cache_type_k=types[0], cache_type_v=types[1])
+        with pytest.raises(ValueError):
+            llama_cpp_logits(path, PROMPT, flash_attn=True, cache_types=types)
+        return
 
     def ours(cache_types):
         runner = CpuRunner(model.config, model.weights, n_threads=2, cache_type_k=cache_types[0],
@@ -252,3 +260,70 @@ def test_glm4moe_metadata_read_and_refused(tmp_path):
     tensors = {n: t for n, t in g.tensors.items() if n != "blk.1.attn_k_norm.weight"}
     with pytest.raises(ModelLoadError, match="missing tensor 'blk.1.attn_k_norm.weight'"):
         collect_weights(tensors, g.path, glm.config)
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_mla_cache_keeps_one_latent_row_per_token(tmp_path, cache_type):
+    # llama.cpp's cache of an MLA model (llama-kv-cache.cpp: is_mla, no V tensor) holds per token
+    # and layer n_embd_k_gqa = kv_lora_rank + n_rot values of K alone; so do infer's pools, and the
+    # engine's accounting (kv_block_bytes) says as much. Without the latent cache it would hold K and
+    # V rows (key_length + value_length), or every head's decompressed K and V.
+    path = write_tiny_model(tmp_path / "tiny-deepseek2.gguf", "deepseek2", seed=tiny_seed("deepseek2"))
+    cfg = load_model(path).config
+    row = cfg.n_lora_kv + cfg.n_rot
+    per_value = {"f16": 2, "q8_0": 34 / 32}[cache_type]
+    want = round(cfg.n_layer * row * per_value)
+    runner = CpuRunner(cfg, load_model(path).weights, n_threads=2, cache_type_k=cache_type, cache_type_v=cache_type)
+    pool = runner.new_kv_pool([4], 16)
+    assert pool.nbytes == 4 * 16 * want
+    assert runner.bytes_per_block(16) == (16 * want,)
+    assert cfg.head_dim == row and cfg.n_head_kv == 1
+
+
+def _v2_lite_metadata() -> dict:
+    """DeepSeek-V2-Lite's hyperparameters as llama.cpp's converter writes them (no tensors)."""
+    a = "deepseek2."
+    return {"general.architecture": "deepseek2", a + "embedding_length": 2048, a + "block_count": 27,
+            a + "attention.head_count": 16, a + "attention.head_count_kv": 1, a + "attention.key_length": 576,
+            a + "attention.value_length": 512, a + "attention.key_length_mla": 192,
+            a + "attention.value_length_mla": 128, a + "attention.kv_lora_rank": 512, a + "rope.dimension_count": 64,
+            a + "feed_forward_length": 10944, a + "expert_count": 64, a + "expert_used_count": 6,
+            a + "expert_feed_forward_length": 1408, a + "expert_shared_count": 2, a + "leading_dense_block_count": 1,
+            a + "context_length": 163840, a + "rope.scaling.type": "yarn", a + "rope.scaling.factor": 40.0,
+            a + "rope.scaling.original_context_length": 4096, a + "rope.scaling.yarn_log_multiplier": 0.0707,
+            a + "expert_weights_scale": 1.0, a + "vocab_size": 102400}
+
+
+def test_deepseek2_v2_lite_hyperparameters():
+    # as llama.cpp reads them: no q_lora_rank at 27 layers; the cache's one KV head of latent | RoPE
+    # part; deepseek2.cpp's kq_scale mscale^2 / sqrt(key_length_mla), mscale = 1 + 0.1 * 0.707 ln 40;
+    # YaRN's cos/sin magnitude cancelled (llama-context.cpp's yarn_attn_factor 1 / (1 + 0.1 ln 40))
+    cfg = ModelConfig.from_metadata(_v2_lite_metadata())
+    assert (cfg.n_lora_q, cfg.n_lora_kv, cfg.head_dim, cfg.head_dim_v, cfg.n_head_kv) == (0, 512, 576, 512, 1)
+    assert (cfg.moe_gating, cfg.moe_norm_weights, cfg.n_ff_shexp) == ("softmax", False, 2 * 1408)
+    mscale = 1 + 0.1 * 0.707 * np.log(40)
+    assert cfg.attn_scale == pytest.approx(mscale ** 2 / np.sqrt(192), rel=1e-6)
+    assert cfg.rope_attn_factor == pytest.approx(1 / (1 + 0.1 * np.log(40)), rel=1e-6)
+
+
+@pytest.mark.parametrize("drop, match", [("attention.key_length_mla", "attn_kv_b"),
+                                          ("attention.kv_lora_rank", "attn_kv_b")])
+def test_deepseek2_without_mla_keys_is_refused(drop, match):
+    # the older unsplit attn_kv_b files (which llama.cpp runs unabsorbed, with a full K/V cache)
+    meta = _v2_lite_metadata()
+    del meta["deepseek2." + drop]
+    with pytest.raises(ModelConfigError, match=match):
+        ModelConfig.from_metadata(meta)
+
+
+def test_deepseek2_query_temperature_is_refused():
+    # llama.cpp multiplies Q by a temperature that grows with the position where the file says so
+    meta = {**_v2_lite_metadata(), "deepseek2.attention.temperature_scale": 0.1}
+    with pytest.raises(ModelConfigError, match="temperature_scale"):
+        ModelConfig.from_metadata(meta)
+
+
+def test_deepseek2_cache_layout_is_checked():
+    meta = {**_v2_lite_metadata(), "deepseek2.attention.head_count_kv": 16}
+    with pytest.raises(ModelConfigError, match="one KV head"):
+        ModelConfig.from_metadata(meta)

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as GT
 
 from helpers.cli import assert_one_line_error, infer
 from helpers.llama_quantize import FTYPES, llama_quantize
+from helpers.tiny_deepseek2 import write_tiny_deepseek2
 from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_model
@@ -22,14 +23,18 @@ pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of 
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
-              "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16}
+              "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16,
+              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
 def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F: int = 512, n_layer: int | None = None,
                       nan_in: str | None = None, seed: int = 0) -> Path:
     """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input
-    ("granitehybrid-moe": granitehybrid with experts F wide and a shared expert, Granite 4.0 H Tiny's layout)."""
+    ("granitehybrid-moe": granitehybrid with experts F wide and a shared expert, Granite 4.0 H Tiny's layout;
+    deepseek2: tiny_deepseek2.py's, its MLA tensors 3-D)."""
+    if arch in ("deepseek2", "deepseek2-lite"):
+        return write_tiny_deepseek2(path, arch, seed, 320, 256, None, dtype)
     rng = np.random.default_rng(seed)
     granite_moe = arch == "granitehybrid-moe"
     arch = "granitehybrid" if granite_moe else arch
@@ -235,11 +240,12 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe", "glm4moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe", "glm4moe", "deepseek2"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
     tied embeddings too (lfm2moe's convolution kernels and granitehybrid's Mamba-2 kernels, A, D and
-    norms stay F32); a model without experts is all Q8_0."""
+    norms stay F32); a model without experts is all Q8_0. llama.cpp takes every 3-D tensor for
+    experts: deepseek2's per-head attn_k_b and attn_v_b are MXFP4 as well."""
     ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
     quantize_model(models[arch], ours, QuantizeOptions(type="MXFP4_MOE", threads=2))
     llama_quantize(models[arch], ref, "MXFP4_MOE")
@@ -248,7 +254,8 @@ def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     types = {n: t.type_name for n, t in g.tensors.items()
              if len(t.shape) > 1 and "gate_inp" not in n and "shortconv.conv" not in n
              and not n.endswith(("ssm_conv1d.weight", "ssm_a", "ssm_d", "ssm_norm.weight"))}
-    want = {n: "MXFP4" if n.endswith("_exps.weight") else "Q8_0" for n in types}
+    want = {n: "MXFP4" if n.endswith(("_exps.weight", "attn_k_b.weight", "attn_v_b.weight")) else "Q8_0"
+            for n in types}
     assert types == want and g.metadata["general.file_type"] == 38
     assert ("MXFP4" in types.values()) == (arch != "llama")
 

@@ -47,6 +47,8 @@ REPLIES = {
                      "Let me check."),
     "deepseek": (f'{DS_BEGIN}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Paris"}}\n```{DS_CALL_END}'
                  f'{DS_CALL}function{DS_SEP}add\n```json\n{{"a": 1, "b": 2}}\n```{DS_CALL_END}{DS_END}', ""),
+    "deepseek_v31": (f'{DS_BEGIN}{DS_CALL}get_weather{DS_SEP}{{"city": "Paris"}}{DS_CALL_END}'
+                     f'{DS_CALL}add{DS_SEP}{{"a": 1, "b": 2}}{DS_CALL_END}{DS_END}', ""),
     "qwen3coder": ('Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
                    '</function>\n</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n'
                    '<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>', "Let me check."),
@@ -103,7 +105,7 @@ def test_family_from_the_template():
     assert family("<tool_call>\n<function={{ name }}>\n<parameter={{ p }}>") == "qwen3coder"  # Qwen3-Coder, 3.5
     assert family("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>") == "glm45"  # GLM-4.5, 4.6, 4.7
     assert family("'<tool_call><function=' ~ name ~ '>' <parameter=") == "generic"  # no newlines between tags
-    assert family("<｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}") == "generic"  # DeepSeek V3.1
+    assert family("<｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}") == "deepseek_v31"  # DeepSeek V3.1
     assert family('<|start_header_id|>{{ tools }} "parameters"') == "llama3"
     assert family("{{ '<start_of_turn>' }}") == "generic"
 

@@ -351,16 +351,16 @@ def _qk(q, qo, ng, qd, qdo, k, kh, r0, m, s, so, ss, single):
     return q8_0
 
 
-def weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
-    """For g < ng: out[o0 + g*Dv : +Dv] += sum over j < m of s[so + g*ss + j] * V row r0+j of head kh
-    (v: (S, Hkv, row) f16 bits or q8_0 blocks; s, out: 1-D f32); each call adds to what out holds."""
+def weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng, Dv):
+    """For g < ng: out[o0 + g*Dv : +Dv] += sum over j < m of s[so + g*ss + j] * the first Dv
+    values of row r0+j of head kh (v: (S, Hkv, row) f16 bits or q8_0 blocks, a row of Dv or more:
+    MLA's V is the leading latent of each K row; s, out: 1-D f32); each call adds to what out holds."""
 
 
 @overload(weigh_values)
-def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
+def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng, Dv):
     if v.dtype == types.uint16:
-        def f16(v, kh, r0, m, s, so, ss, out, o0, ng):
-            Dv = v.shape[2]
+        def f16(v, kh, r0, m, s, so, ss, out, o0, ng, Dv):
             nvec = Dv // W
             _weighted_f16(v, kh, r0, m, s, so, ss, out, o0, Dv, ng, nvec)
             for g in range(ng):
@@ -371,15 +371,14 @@ def _weigh_values(v, kh, r0, m, s, so, ss, out, o0, ng):
                     out[o0 + g * Dv + i] = acc
         return f16
 
-    def q8_0(v, kh, r0, m, s, so, ss, out, o0, ng):
+    def q8_0(v, kh, r0, m, s, so, ss, out, o0, ng, Dv):
         vi = v.view(np.int8)
-        Dv = v.shape[2] // Q8_BYTES * Q8
         for g in range(ng):
             for j in range(m):
                 w = s[so + g * ss + j]
                 row = v[r0 + j, kh]
                 qrow = vi[r0 + j, kh]
-                for b in range(v.shape[2] // Q8_BYTES):
+                for b in range(Dv // Q8):
                     o = b * Q8_BYTES
                     d = _f16_at(row, o)
                     for i in range(Q8):  # llama.cpp dequantizes the row, then adds row * weight (an FMA)
@@ -445,7 +444,8 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, scale, softcap, sinks, rot_v, out,
               scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
-    # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py)
+    # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py);
+    #   a V row may be wider than out's Dv, which is read from its front (MLA: v_pool is k_pool)
     # tables: (S, max_blocks) int32: block b of sequence s holds its positions b*bs .. b*bs+bs-1
     # tok_seq: (T,) int32 row of tables for each query; q_pos: (T,) int32 its position;
     #   keys 0..q_pos[t] of that sequence are visible (causal)
@@ -505,7 +505,7 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
                 p0 = max(lo, b * bs)
                 m = min(hi, b * bs + bs - 1) + 1 - p0
                 r0 = table[b] * bs + p0 - b * bs
-                weigh_values(v_pool, kh, r0, m, s, p0 - lo, ss, oflat, o0, ng)
+                weigh_values(v_pool, kh, r0, m, s, p0 - lo, ss, oflat, o0, ng, Dv)
             if rot_v > 0:
                 for g in range(ng):
                     fwht(out[t, h0 + g], rot_v)

@@ -60,8 +60,11 @@ class KVPool(BlockKVPool):
         # k[g]: (layers in group, n_blocks * block_size, n_head_kv, K row) f16 bits or q8_0 blocks
         self.k = [_rows(cache_type_k, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim)
                   for g, n in zip(groups, self.n_blocks)]
-        self.v = [_rows(cache_type_v, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v)
-                  for g, n in zip(groups, self.n_blocks)]
+        # v[g]: likewise with V rows; MLA (cfg.kv_v_in_k) keeps no V: its V is the leading
+        # head_dim_v of each K row (llama.cpp's K-only cache for it), so v is k itself
+        self.v = self.k if cfg.kv_v_in_k else [
+            _rows(cache_type_v, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v)
+            for g, n in zip(groups, self.n_blocks)]
 
     def layer(self, il: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(group, K rows, V rows) of layer il."""
@@ -70,15 +73,19 @@ class KVPool(BlockKVPool):
 
     def copy_block(self, group: int, src: int, dst: int) -> None:
         bs = self.block_size
-        for a in (self.k[group], self.v[group]):
+        for a in self._arrays(group):
             a[:, dst * bs:(dst + 1) * bs] = a[:, src * bs:(src + 1) * bs]
 
+    def _arrays(self, group: int) -> tuple[np.ndarray, ...]:
+        """The arrays of a group's blocks: K and V, or K alone where V is K's (MLA)."""
+        return (self.k[group],) if self.v is self.k else (self.k[group], self.v[group])
+
     def block_bytes(self, group: int) -> int:
-        return (self.k[group].nbytes + self.v[group].nbytes) // max(self.n_blocks[group], 1)
+        return sum(a.nbytes for a in self._arrays(group)) // max(self.n_blocks[group], 1)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return sum(a.nbytes for g in range(len(self.k)) for a in self._arrays(g))
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, cache_type_k: str = "f16", cache_type_v: str = "f16") -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from .kv_pool import KVPool
 from .kv_write import qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
+from .mla import mla_post, mla_prepare_q
 from .moe import GATING, add_gated, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
 from .shortconv import shortconv
 from .state_pool import StatePool
@@ -41,7 +42,7 @@ class CpuPrimitives:
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
         self.act = ACTIVATIONS[arch.activation]
-        self.gating = GATING[arch.moe_gating]
+        self.gating = GATING[cfg.moe_gating]
         # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
         self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
@@ -66,6 +67,8 @@ class CpuPrimitives:
             self.out.update(ssm_in=ws.ssm_in[:T], linear_attn_out=ws.o[:T])
         elif cfg.recurrent_layers:
             self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
+        if cfg.kv_v_in_k:
+            self.out.update(q_a=ws.mla_qa[:T], q=ws.mla_q[:T], kv_cmpr_pe=ws.mla_kv[:T])
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
         if cfg.rope:
@@ -84,6 +87,15 @@ class CpuPrimitives:
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:
         """The tracer's view of an intermediate, under llama.cpp's name ("attn_norm-0"; il -1: none)."""
         self.trace(name if il < 0 else f"{name}-{il}", a)
+
+    def _seen_heads(self, name: str, il: int, a: np.ndarray) -> None:
+        """The tracer's view of a (T, H, n) intermediate that llama.cpp keeps head by head ((H * T,
+        n), head-major: MLA's per-head products), and what the tracer left in it put back (a
+        tracer may replace what it sees: scripts/compare_llamacpp.py --force)."""
+        T, H, n = a.shape
+        heads = np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(H * T, n)
+        self._seen(name, il, heads)
+        a[:] = heads.reshape(H, T, n).transpose(1, 0, 2)
 
     # -- the primitives (models/arch/decoder.py) -------------------------------------------------------
 
@@ -129,6 +141,43 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen("kqv_out", il, self.attn)
         return self.attn
+
+    def rms_norm(self, y: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
+        rmsnorm(y, w, self.eps, y)
+        if self.trace is not None:
+            self._seen(name, il, y)
+        return y
+
+    def mla_attention(self, q: np.ndarray, kv: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        """MLA (mla.py): the cache row and Q's RoPE'd parts, each head's nope Q through attn_k_b
+        into Q's latent columns, attention over the latent cache (V: K's leading latent), each
+        head's output through attn_v_b."""
+        cfg, ws, batch, pool, T, mm = self.cfg, self.ws, self.batch, self.pool, self.T, self.ws.mm
+        H, R, n_rot, dq, dv = cfg.n_head, cfg.n_lora_kv, cfg.n_rot, cfg.head_dim_k_mla, cfg.head_dim_v_mla
+        nope = dq - n_rot
+        g, kc, _ = pool.layer(il)
+        q3, qd = ws.q[:T], ws.qd[:T]
+        f32 = np.float32
+        mla_post(q, kv, ly.kv_a_norm, self.eps, self.cos[0], self.sin[0], q3, np.empty((1, R), f32),
+                 np.empty((1, n_rot), f32), np.empty(H * n_rot, f32), np.empty((H, n_rot), f32), kc,
+                 batch.slots[g], ws.dxb, ws.bsum)
+        q2 = q3.reshape(T, H * cfg.head_dim)
+        for h, w in enumerate(ly.k_b):  # q_nope_absorbed, into head h's first R columns
+            qmatmul(w, q[:, h * dq:h * dq + nope], q2, mm, h * cfg.head_dim)
+        if self.trace is not None:
+            self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
+        mla_prepare_q(q3, qd, ws.bsum, kc)
+        lat = self.attn.reshape(T, H, R)
+        attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
+                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
+        if self.trace is not None:
+            self._seen_heads("kqv", il, lat)
+        out = ws.mla_out[:T]
+        for h, w in enumerate(ly.v_b):  # kqv_mla: each head's latent mix back to value_length_mla
+            qmatmul(w, lat[:, h], out, mm, h * dv)
+        if self.trace is not None:
+            self._seen("kqv_out", il, out)
+        return out
 
     def shortconv(self, bcx: np.ndarray, ly: Any, il: int) -> np.ndarray:
         ws, T, batch = self.ws, self.T, self.batch

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor, StackedRows
 
@@ -168,15 +169,26 @@ class _Layer:
     # ssm_norm the grouped norm's weight (I,); the convolution's bias (C,), D per head (H,)
     ssm_conv_b: np.ndarray
     ssm_d: np.ndarray
+    # multi-head latent attention (deepseek2; mla.py): the products attn_q_a ([] without Q
+    # compression), attn_q (or attn_q_b), attn_kv_a_mqa; per head attn_k_b's and attn_v_b's; the
+    # norms of the compressed Q (n_lora_q,) and of the latent (n_lora_kv,), (0,) when absent
+    q_a: list
+    q: list
+    kv_a: list
+    k_b: list
+    v_b: list
+    q_a_norm: np.ndarray
+    kv_a_norm: np.ndarray
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
         dense = lw.w_gate is not None
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
+        mla = lw.kv_a is not None
         return cls(
             # a gated attention's gate after V (qkv_post reads Q|K|V off the front)
             qkv=_products((lw.wq, lw.wk, lw.wv) + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
-            if lw.wq is not None else [],
+            if lw.wq is not None and not mla else [],
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
@@ -200,13 +212,19 @@ class _Layer:
             ssm_conv=np.ascontiguousarray(lw.ssm_conv.T, np.float32) if lw.ssm_conv is not None else _NONE2,
             ssm_dt=_vec(lw.ssm_dt), ssm_a=_vec(lw.ssm_a), ssm_norm=_vec(lw.ssm_norm),
             ssm_conv_b=_vec(lw.ssm_conv_b), ssm_d=_vec(lw.ssm_d),
+            q_a=[(_pack(lw.q_a, mmap), 0)] if lw.q_a is not None else [],
+            q=[(_pack(lw.wq, mmap), 0)] if mla else [],
+            kv_a=[(_pack(lw.kv_a, mmap), 0)] if mla else [],
+            k_b=[_pack(w, mmap) for w in lw.k_b], v_b=[_pack(w, mmap) for w in lw.v_b],
+            q_a_norm=_vec(lw.q_a_norm), kv_a_norm=_vec(lw.kv_a_norm),
         )
 
 
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
     out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out + ly.ssm_in + ly.ssm_out
-    out += ly.shexp + ly.shexp_down + ly.shexp_gate
+    out += ly.shexp + ly.shexp_down + ly.shexp_gate + ly.q_a + ly.q + ly.kv_a
+    out += [(w, 0) for w in ly.k_b + ly.v_b]
     for gate_up, down in ly.experts:
         out += gate_up + down
     return out
@@ -229,6 +247,11 @@ class Workspace:
         # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another.
         attention = {"qkv": (T, nq + nk + nv + gate), "q": (T, cfg.n_head, cfg.head_dim),
                      "attn": (T, cfg.n_head * cfg.head_dim_v)}
+        if cfg.kv_v_in_k:  # MLA (mla.py): the Q, compressed Q and latent products, the heads' outputs
+            R, H = cfg.n_lora_kv, cfg.n_head
+            attention = {"qkv": (T, 0), "mla_qa": (T, cfg.n_lora_q), "mla_q": (T, H * cfg.head_dim_k_mla),
+                         "mla_kv": (T, R + cfg.n_rot), "q": (T, H, cfg.head_dim), "attn": (T, H * R),
+                         "mla_out": (T, H * cfg.head_dim_v_mla)}
         ffn = {"gu": (T, 2 * F), "act": (T, F)}
         recurrent: dict[str, tuple[int, ...]] = {}
         if cfg.recurrent_layers and cfg.ssm_state_size:  # Mamba-2 mixers (mamba.py: z|xBC|dt) or gated
@@ -299,10 +322,18 @@ class CpuRunner:
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
                  mmap: bool = True, mlock: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
         check_head_size(cache_type_k, "--cache-type-k", config.head_dim)
-        check_head_size(cache_type_v, "--cache-type-v", config.head_dim_v)
+        if config.kv_v_in_k:
+            # MLA: V is K's (its rows' latent), so of K's type, as llama.cpp requires it to be said;
+            # its attention over such a cache (build_attn of a K-only input) rotates neither
+            if cache_type_k != cache_type_v:
+                raise BackendError(f"{config.arch} keeps V inside its K cache (multi-head latent attention): "
+                                   f"--cache-type-k {cache_type_k} and --cache-type-v {cache_type_v} must be the same")
+            self.rot_k = self.rot_v = 0
+        else:
+            check_head_size(cache_type_v, "--cache-type-v", config.head_dim_v)
+            self.rot_k = rotation(cache_type_k, config.head_dim, widest=True)
+            self.rot_v = rotation(cache_type_v, config.head_dim_v, widest=False)
         self.cache_types = (cache_type_k, cache_type_v)
-        self.rot_k = rotation(cache_type_k, config.head_dim, widest=True)
-        self.rot_v = rotation(cache_type_v, config.head_dim_v, widest=False)
         self.cfg = config
         self.w = weights
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS

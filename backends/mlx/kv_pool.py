@@ -22,16 +22,22 @@ class MlxKVPool(BlockKVPool):
         # k[g][j]: (n_blocks * block_size, n_head_kv, head_dim) of the j-th layer of group g
         self.k = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim), KV_DTYPE) for _ in g.layers]
                   for g, n in zip(groups, self.n_blocks)]
-        self.v = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
-                  for g, n in zip(groups, self.n_blocks)]
+        # v likewise; MLA (cfg.kv_v_in_k) keeps no V: its V is the leading head_dim_v of each K row
+        # (llama.cpp's K-only cache for it), so v is k itself
+        self.v = self.k if cfg.kv_v_in_k else [
+            [mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
+            for g, n in zip(groups, self.n_blocks)]
         mx.eval(self.k, self.v)
 
+    def _sides(self) -> tuple[list[list[mx.array]], ...]:
+        return (self.k,) if self.v is self.k else (self.k, self.v)
+
     def arrays(self) -> list[mx.array]:
-        return [a for side in (self.k, self.v) for group in side for a in group]
+        return [a for side in self._sides() for group in side for a in group]
 
     def copy_block(self, group: int, src: int, dst: int) -> None:
         bs = self.block_size
-        for side in (self.k, self.v):
+        for side in self._sides():
             for a in side[group]:
                 # The block goes through numpy so the update holds no view of the array itself:
                 # then MLX writes in place instead of copying the whole layer.
@@ -45,5 +51,5 @@ class MlxKVPool(BlockKVPool):
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int) -> tuple[int, ...]:
-        """Bytes one block of each KV group takes (K and V of all its layers)."""
+        """Bytes one block of each KV group takes (K and V of all its layers; K alone for MLA)."""
         return cfg.kv_block_bytes(block_size, KV_DTYPE.size)

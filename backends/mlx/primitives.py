@@ -134,6 +134,30 @@ class MlxPrimitives:
         vc[self.slots[g]] = v.astype(KV_DTYPE)
         return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
 
+    def rms_norm(self, y: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
+        return self._norm(y, w)
+
+    def mla_attention(self, q: mx.array, kv: mx.array, ly: Any, il: int) -> mx.array:
+        """As the cpu backend's (backends/cpu/mla.py): the cache row latent | RoPE'd key part, Q as
+        each head's nope part through attn_k_b | its RoPE'd part, MQA over the latent (V: each row's
+        leading latent), each head's output through attn_v_b."""
+        cfg, T = self.cfg, self.T
+        H, R, n_rot, dq = cfg.n_head, cfg.n_lora_kv, cfg.n_rot, cfg.head_dim_k_mla
+        nope = dq - n_rot
+        cos, sin = self.ropes[0]
+        q = q.reshape(T, H, dq)
+        q_pe = apply_rope(q[..., nope:], cos, sin, False)
+        absorbed = mx.stack([self.linear([w], q[:, h, :nope], "q_nope_absorbed", il) for h, w in enumerate(ly.k_b)],
+                            axis=1)
+        q = _f16_round(mx.concatenate([absorbed, q_pe], axis=-1))  # as the cpu backend (and llama.cpp) before Q·K
+        latent = self._norm(kv[:, :R], ly.kv_a_norm)
+        k_pe = apply_rope(kv[:, None, R:], cos, sin, False)
+        g, j = self.pool.layer_at[il]
+        kc = self.pool.k[g][j]
+        kc[self.slots[g]] = mx.concatenate([latent[:, None], k_pe], axis=-1).astype(KV_DTYPE)
+        a = self.plans[g].attend(as_dtype(q, self.dt), kc, kc[..., :R], self.kq_scale, 0.0).reshape(T, H, R)
+        return mx.concatenate([self.linear([w], a[:, h], "kqv_mla", il) for h, w in enumerate(ly.v_b)], axis=-1)
+
     def bias(self, y: mx.array, b: mx.array | None, name: str, il: int) -> mx.array:
         return y if b is None else y + b
 
@@ -166,8 +190,7 @@ class MlxPrimitives:
             logits = logits + ly.router_bias
         logits = np.ascontiguousarray(np.array(logits), np.float32)
         sel, w = np.zeros((T, k), np.int32), np.zeros((T, k), np.float32)
-        arch = cfg.architecture
-        route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, GATING[arch.moe_gating], ly.exp_probs_b, sel, w,
+        route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, GATING[cfg.moe_gating], ly.exp_probs_b, sel, w,
               np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)

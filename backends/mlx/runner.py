@@ -77,12 +77,23 @@ class _Layer:
     shexp: list[Matrix] = field(default_factory=list)
     shexp_down: list[Matrix] = field(default_factory=list)
     shexp_gate: list[Matrix] = field(default_factory=list)
+    # multi-head latent attention (deepseek2; [] / None where none): attn_q_a, attn_q (or
+    # attn_q_b), attn_kv_a_mqa; per head attn_k_b's and attn_v_b's matrix; the compressed Q's
+    # and the latent's norms
+    q_a: list[Matrix] = field(default_factory=list)
+    q: list[Matrix] = field(default_factory=list)
+    kv_a: list[Matrix] = field(default_factory=list)
+    k_b: list[Matrix] = field(default_factory=list)
+    v_b: list[Matrix] = field(default_factory=list)
+    q_a_norm: mx.array | None = None
+    kv_a_norm: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts,
                             *self.shortconv_in, *self.shortconv_out, *self.ssm_in, *self.ssm_out,
-                            *self.shexp, *self.shexp_down, *self.shexp_gate)
+                            *self.shexp, *self.shexp_down, *self.shexp_gate, *self.q_a, *self.q, *self.kv_a,
+                            *self.k_b, *self.v_b)
                 for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
@@ -136,10 +147,12 @@ class MlxRunner:
             delta = lw.ssm_qkv is not None
             mamba = lw.ssm_in is not None
             recurrent = conv or delta or mamba  # a recurrent layer: no attention matrices
+            mla = lw.kv_a is not None  # multi-head latent attention: its own matrices
             # a gated attention's gate rows after V (primitives.attn_gate reads them off the end)
             attn = [lw.wq, lw.wk, lw.wv] + ([lw.attn_gate] if lw.attn_gate is not None else [])
             self.layers.append(_Layer(
-                qkv=[] if recurrent else _products([up(t) for t in attn]), wo=[] if recurrent else [up(lw.wo)],
+                qkv=[] if recurrent or mla else _products([up(t) for t in attn]),
+                wo=[] if recurrent else [up(lw.wo)],
                 gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
                 down=[up(lw.w_down)] if dense else [],
                 router=[] if dense else [up(lw.router)],
@@ -164,6 +177,9 @@ class MlxRunner:
                 shexp=_products([up(lw.shexp[0]), up(lw.shexp[1])]) if lw.shexp else [],
                 shexp_down=[up(lw.shexp[2])] if lw.shexp else [],
                 shexp_gate=[up(lw.shexp_gate)] if lw.shexp_gate is not None else [],
+                q_a=[up(lw.q_a)] if lw.q_a is not None else [], q=[up(lw.wq)] if mla else [],
+                kv_a=[up(lw.kv_a)] if mla else [], k_b=[up(w) for w in lw.k_b], v_b=[up(w) for w in lw.v_b],
+                q_a_norm=_vec(lw.q_a_norm), kv_a_norm=_vec(lw.kv_a_norm),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

@@ -84,6 +84,17 @@ class Primitives(Protocol[A]):
         """The attention's output times sigmoid of the gate, the last n_head * head_dim columns of
         the Q|K|V|gate products (Qwen3.5) ("attn_gated")."""
 
+    def rms_norm(self, y: A, w: Any, name: str, il: int) -> A:
+        """RMSNorm(y) * w of a product y (deepseek2's attn_q_a_norm), in y's place where the backend
+        likes."""
+
+    def mla_attention(self, q: A, kv: A, ly: Any, il: int) -> A:
+        """Multi-head latent attention (deepseek2) from the Q product (T, n_head * key_length_mla:
+        per head nope, then RoPE part) and attn_kv_a_mqa's (T, kv_lora_rank + n_rot): the latent's
+        norm, RoPE of both RoPE parts, the cache row latent | key part written, each head's nope Q
+        absorbed through attn_k_b, attention over the latent cache (V: each row's latent), each
+        head's output through attn_v_b ("kqv_out", (T, n_head * value_length_mla))."""
+
     def logits(self, h: A) -> A | None:
         """The output product of the wanted rows (softcaps and logit_scale applied); None where
         a backend computes none (no row wanted)."""

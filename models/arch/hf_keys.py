@@ -31,7 +31,8 @@ INT_HPARAMS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_att
                "original_max_position_embeddings", "conv_L_cache", "block_ff_dim", "block_multiple_of",
                "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
                "linear_num_value_heads", "full_attention_interval", "num_dense_layers",
-               "shared_expert_intermediate_size", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+               "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
                "num_nextn_predict_layers", "n_group", "topk_group")
 FLOAT_HPARAMS = ("rope_theta", "rms_norm_eps", "rope_local_base_freq", "final_logit_softcapping",
                  "attn_logit_softcapping", "partial_rotary_factor", "attention_multiplier", "embedding_multiplier",

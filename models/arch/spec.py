@@ -53,7 +53,7 @@ class Architecture:
     # expert_used_count of them, their weights renormalized to sum 1 (moe_norm_weights)
     experts: str = "never"
     moe_norm_weights: bool = True
-    # glm4moe: whether the chosen experts' weights are renormalized, and a factor they are then
+    # glm4moe, deepseek2: whether the chosen experts' weights are renormalized, and a factor they are then
     # multiplied by, are the file's (expert_weights_norm, absent: not; expert_weights_scale, absent
     # or 0: 1), as llama.cpp reads them for it; else moe_norm_weights and no factor
     moe_weights_from_file: bool = False
@@ -67,7 +67,7 @@ class Architecture:
     # architectures). "": none; "sigmoid" (qwen35moe, qwen3next): in every layer of experts, of
     # width expert_shared_feed_forward_length (else feed_forward_length), its output times
     # sigmoid(ffn_gate_inp_shexp · h); "plain" (granitehybrid): added as it is, in the layers of
-    # experts of a file whose expert_shared_feed_forward_length is > 0; "counted" (glm4moe): added as
+    # experts of a file whose expert_shared_feed_forward_length is > 0; "counted" (glm4moe, deepseek2): added as
     # it is, in every layer of experts, expert_shared_count experts of expert_feed_forward_length
     # as one FFN of their summed width (llama.cpp's n_ff_exp * n_expert_shared)
     shared_expert: str = ""
@@ -81,6 +81,7 @@ class Architecture:
     attn_output_gate: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
+    optional_biases: tuple[str, ...] = ()  # those of extra_biases a file may lack (deepseek2's exp_probs_b)
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
     output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
     # hybrid models: (raw get, n_layer) -> the ModelConfig fields of the layers that are recurrent
@@ -88,6 +89,7 @@ class Architecture:
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
     recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    attention_kind: str = ""  # what its attention is where its layer= recipe is not GQA, in words (likewise)
     # (raw get) -> None, a ValueError for metadata llama.cpp runs and infer does not (glm4moe: another
     # gating, grouped expert choice); raw get reads "<arch>.<key>" as it is, arrays included
     check_metadata: Callable[..., None] | None = None

@@ -66,6 +66,14 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         swa = cfg.layer_swa[il]
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
         h = _rms(x, lw.attn_norm, eps)
+        if lw.kv_a is not None:  # deepseek2's multi-head latent attention, decompressed (_exact_mla)
+            x = x + _exact_mla(cfg, h, lw, ends, ff) @ _dense(lw.wo).T
+            h = _rms(x, lw.ffn_norm, eps)
+            o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+            if lw.shexp is not None:
+                o = o + _exact_shared_expert(cfg, lw, h)
+            x = x + o
+            continue
         q, k, v = h @ _dense(lw.wq).T, h @ _dense(lw.wk).T, h @ _dense(lw.wv).T
         # Qwen3.5's gated attention: the gate's rows of attn_q (models/weights.py split them out)
         gate = None if lw.attn_gate is None else h @ _dense(lw.attn_gate).T
@@ -114,6 +122,44 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
             o = o + _exact_shared_expert(cfg, lw, h)
         x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
     return np.split(_rms(x, w.output_norm, eps), ends)
+
+
+def _exact_mla(cfg, h, lw, ends, ff):
+    """deepseek2.cpp's attention in the form it is trained in (its non-absorbed branch): per head
+    K = (its nope part: the normalized latent through the head's attn_k_b, transposed) | the shared
+    RoPE'd key part, V = the latent through its attn_v_b; Q from attn_q (or attn_q_a, its norm,
+    attn_q_b), its RoPE part rotated; softmax(Q·K * attn_scale) V per head, causal, each sequence alone."""
+    H, R, n_rot, eps = cfg.n_head, cfg.n_lora_kv, cfg.n_rot, cfg.norm_eps
+    dq, dv = cfg.head_dim_k_mla, cfg.head_dim_v_mla
+    nope = dq - n_rot
+    if lw.q_a is not None:
+        q = _rms(h @ _dense(lw.q_a).T, lw.q_a_norm, eps) @ _dense(lw.wq).T
+    else:
+        q = h @ _dense(lw.wq).T
+    q = q.reshape(len(h), H, dq)
+    kv = h @ _dense(lw.kv_a).T
+    latent = _rms(kv[:, :R], lw.kv_a_norm, eps)
+    k_b = [_dense(t) for t in lw.k_b]  # (R, nope) each
+    v_b = [_dense(t) for t in lw.v_b]  # (dv, R) each
+    yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
+    outs = []
+    for lo, hi in zip([0, *ends], [*ends, len(h)]):
+        T = hi - lo
+        q_pe = _rope(q[lo:hi, :, nope:].copy(), n_rot, cfg.rope_base, cfg.rope_scale, ff, False,
+                     cfg.rope_attn_factor, yarn)
+        k_pe = _rope(kv[lo:hi, None, R:].copy(), n_rot, cfg.rope_base, cfg.rope_scale, ff, False,
+                     cfg.rope_attn_factor, yarn)[:, 0]
+        o = np.empty((T, H, dv))
+        visible = np.arange(T)[None, :] <= np.arange(T)[:, None]
+        for hh in range(H):
+            k_nope = latent[lo:hi] @ k_b[hh]  # (T, nope)
+            v = latent[lo:hi] @ v_b[hh].T  # (T, dv)
+            sc = (q[lo:hi, hh, :nope] @ k_nope.T + q_pe[:, hh] @ k_pe.T) * cfg.attn_scale
+            sc = np.where(visible, sc, -np.inf)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            o[:, hh] = (p / p.sum(-1, keepdims=True)) @ v
+        outs.append(o.reshape(T, H * dv))
+    return np.concatenate(outs)
 
 
 def _exact_shortconv(h, lw, ends):
@@ -242,7 +288,7 @@ def _exact_moe(cfg, lw, h):
     logits = h @ _dense(lw.router).T
     if lw.router_bias is not None:
         logits = logits + lw.router_bias
-    gating = cfg.architecture.moe_gating
+    gating = cfg.moe_gating
     after = gating == "softmax_weight"
     if gating == "sigmoid":
         p = 1 / (1 + np.exp(-logits))

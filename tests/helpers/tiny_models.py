@@ -154,7 +154,8 @@ GLM4MOE_DENSE_LEAD, GLM4MOE_N_ROT, GLM4MOE_SHARED, GLM4MOE_SCALE = 1, 32, 1, 2.5
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
-              "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16}
+              "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
+              "deepseek2": 15, "deepseek2-lite": 16}
 
 
 def tiny_seed(arch: str) -> int:
@@ -234,6 +235,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next, glm4moe): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
+    if arch in ("deepseek2", "deepseek2-lite"):  # MLA: its own writer
+        from .tiny_deepseek2 import write_tiny_deepseek2
+        return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe",
                    "glm4moe", "glm4moe-air")

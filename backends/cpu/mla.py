@@ -1,0 +1,54 @@
+"""Multi-head latent attention's steps around the attention kernel (deepseek2; the recipe is
+models/arch/deepseek2.py, the products with attn_k_b and attn_v_b are primitives.py's), with the
+arithmetic of llama.cpp's graph (src/models/deepseek2.cpp):
+- mla_post: the latent's RMSNorm and the RoPE of the shared key part, written to the cache as one
+  row latent | key part in the cache's type (kv_write.kv_store); each head's RoPE'd Q part placed
+  after the room its absorbed part takes (ggml_concat(q_nope_absorbed, q_pe));
+- mla_prepare_q: the whole Q row (absorbed | RoPE'd) prepared for the products with the cache's K
+  (kv_write.prepare_q), once the absorbed parts are in.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .elementwise import heads_post
+from .kv_write import kv_store, prepare_q
+
+
+@njit(cache=True)
+def mla_post(q, kv, kv_norm, eps, cos_t, sin_t, q3, kn, kp, qp, qr, k_pool, slots, dxb, bsum):
+    # q: (T, H * Dq) f32 the Q product, per head its nope part then its RoPE part (n_rot)
+    # kv: (T, R + n_rot) f32 attn_kv_a_mqa's product: the latent (R), then the key's RoPE part
+    # kv_norm: (R,) f32 attn_kv_a_norm; cos_t, sin_t: (T, n_rot/2) f32 (rope_angles; adjacent pairs)
+    # q3: (T, H, R + n_rot) f32 out: [t, h, R:] head h's RoPE'd part ([t, h, :R] is left to attn_k_b's products)
+    # kn: (1, R), kp: (1, n_rot), qp: (H * n_rot,), qr: (H, n_rot) f32 scratch
+    # k_pool: (n_slots, 1, K row) this layer's cache (kv_pool.py), token t written to row slots[t]
+    # dxb, bsum: (>= (R + n_rot) // 16,) f32 scratch
+    T = q.shape[0]
+    H, Dk = q3.shape[1], q3.shape[2]
+    R = kv_norm.shape[0]
+    n_rot = Dk - R
+    Dq = q.shape[1] // H
+    nope = Dq - n_rot
+    none = kv_norm[:0]
+    krow = np.empty(Dk, np.float32)
+    for t in range(T):
+        heads_post(kv[t, :R], none, kv_norm, eps, cos_t[t], sin_t[t], False, False, np.float32(1.0), kn)
+        heads_post(kv[t, R:], none, none, eps, cos_t[t], sin_t[t], True, False, np.float32(1.0), kp)
+        krow[:R] = kn[0]
+        krow[R:] = kp[0]
+        kv_store(krow, dxb, bsum, k_pool[slots[t]].reshape(-1))
+        for h in range(H):
+            qp[h * n_rot:(h + 1) * n_rot] = q[t, h * Dq + nope:(h + 1) * Dq]
+        heads_post(qp, none, none, eps, cos_t[t], sin_t[t], True, False, np.float32(1.0), qr)
+        for h in range(H):
+            q3[t, h, R:] = qr[h]
+
+
+@njit(cache=True)
+def mla_prepare_q(q3, qd, bsum, k_pool):
+    # q3: (T, H, K row) f32 in place, qd: (T, H * K row // 16) f32 out: each token's Q as the
+    # products with the cache's K take it (prepare_q)
+    for t in range(q3.shape[0]):
+        prepare_q(q3[t].reshape(-1), qd[t], bsum, k_pool)

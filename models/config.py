@@ -57,6 +57,10 @@ class KVGroup:
 
     window: int  # 0: full causal attention; else the sliding window
     layers: tuple[int, ...]
+    # the window is a chunk instead (llama4): a query sees the keys of its own chunk of `window`
+    # positions only. Those keys lie within the last `window` positions, so the blocks out of a
+    # sliding window of that size are out of every chunk too and are dropped alike.
+    chunked: bool = False
 
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
@@ -119,6 +123,32 @@ class ModelConfig:
     # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
     mamba2: bool = False
     rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
+    # per layer: True where the layer's attention has no RoPE (llama4's every 4th); () where all have it
+    layer_nope: tuple[bool, ...] = ()
+    chunked: bool = False  # the sliding-window layers attend within chunks of sliding_window positions (llama4)
+    n_moe_layer_step: int = 0  # experts in every n-th layer only (llama4's interleave_moe_layer_step); 0: all
+    kq_l2_norm: bool = False  # Q and K of each head RMS-normalized, no weight, after RoPE on the layers with RoPE (llama4)
+    # attention temperature of the layers without RoPE (llama4; llama.cpp's f_attn_temp_scale,
+    # n_attn_temp_floor_scale, f_attn_temp_offset): Q times attn_temperature(position); 0: none
+    attn_temp_scale: float = 0.0
+    attn_temp_floor_scale: int = 0
+    attn_temp_offset: float = 0.0
+
+    def layer_rope(self, il: int) -> bool:
+        """Whether layer il's attention rotates Q and K by their positions."""
+        return self.rope and not (self.layer_nope and self.layer_nope[il])
+
+    def layer_experts(self, il: int) -> bool:
+        """Whether layer il's FFN is the mixture of experts (else the dense FFN)."""
+        step = self.n_moe_layer_step
+        return self.n_expert > 0 and il >= self.n_layer_dense_lead and (step <= 0 or (il + 1) % step == 0)
+
+    def attn_temperature(self, positions: np.ndarray) -> np.ndarray:
+        """(T,) float32: what Q of a layer without RoPE is multiplied by at each position, as
+        llama.cpp's llm_graph_input_attn_temp computes it (in float, then float32)."""
+        pos = np.asarray(positions, np.float32)
+        f = np.floor((pos + np.float32(self.attn_temp_offset)) / np.float32(self.attn_temp_floor_scale)) + 1.0
+        return (np.log(f.astype(np.float64)) * np.float32(self.attn_temp_scale) + 1.0).astype(np.float32)
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -164,7 +194,7 @@ class ModelConfig:
         local = tuple(i for i in kv if self.layer_swa[i])
         groups = [KVGroup(0, full)] if full else []
         if local:
-            groups.append(KVGroup(self.sliding_window, local))
+            groups.append(KVGroup(self.sliding_window, local, self.chunked))
         return tuple(groups)
 
     @property
@@ -259,6 +289,18 @@ class ModelConfig:
         dense_lead = int(get("leading_dense_block_count", 0)) if n_expert else 0
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
+        # the layers' own plan (llama4: which have RoPE, chunked attention, interleaved experts),
+        # replacing what the generic keys above said
+        try:
+            plan = spec.layer_plan(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer, n_expert,
+                                   n_ff_exp) if spec.layer_plan is not None else {}
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
+        sliding_window = int(plan.pop("sliding_window", sliding_window))
+        layer_swa = tuple(plan.pop("layer_swa", layer_swa))
+        n_ff_shexp = int(plan.pop("n_ff_shexp", n_ff_shexp))
+        if len(plan.get("layer_nope", ())) not in (0, n_layer):
+            raise ModelConfigError(f"{arch}: {len(plan['layer_nope'])} no-RoPE flags for {n_layer} layers")
         final_cap, attn_cap = spec.default_softcaps
         own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         return cls(
@@ -295,6 +337,7 @@ class ModelConfig:
             n_ff_shexp=n_ff_shexp,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             **hybrid,
+            **plan,
             **{k: float(v) for k, v in own.items()},
         )
 

@@ -129,10 +129,12 @@ def _rotate(x, i, j, c, s):
 
 
 @njit(cache=True)
-def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
+def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, late_norm, neox, scale, dst):
     # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
     # bias (H*hd,) or (0,); norm (hd,): RMSNorm over each head, (H*hd,) (H > 1): over the whole
-    # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
+    # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,));
+    # late_norm: the per-head norm after RoPE instead (llama4's L2 norm: rotations keep the sum of
+    # squares only up to rounding, so the order shows)
     # No fastmath: with it LLVM chose which products to fuse, differently as the code around it
     # compiled (a fresh compile and numba's cached one differed), and numba compiles the norm it
     # calls with the caller's flags
@@ -147,7 +149,7 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
         flat = dst.reshape(H * D)
         _rmsnorm_row(flat, norm, eps, flat)
     for h in range(H):
-        if norm.shape[0] == D:
+        if norm.shape[0] == D and not late_norm:
             _rmsnorm_row(dst[h], norm, eps, dst[h])
         if rot:
             half = cos_t.shape[0]
@@ -158,6 +160,8 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
             else:
                 for i in range(half):
                     _rotate(row, 2 * i, 2 * i + 1, cos_t[i], sin_t[i])
+        if norm.shape[0] == D and late_norm:
+            _rmsnorm_row(dst[h], norm, eps, dst[h])
         if scale != 1.0:
             for i in range(D):
                 dst[h, i] *= scale

@@ -24,7 +24,18 @@ from .kv_pool import KVPool
 from .kv_write import qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
-from .moe import GATING, add_gated, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
+from .moe import (
+    GATING,
+    add_gated,
+    add_row,
+    combine,
+    experts_ffn,
+    gather_tokens,
+    group,
+    route,
+    scatter_slots,
+    weigh_inputs,
+)
 from .shortconv import shortconv
 from .state_pool import StatePool
 
@@ -50,6 +61,8 @@ class CpuPrimitives:
         self.attn_softcap = np.float32(cfg.attn_logit_softcap)
         self.residual_scale = np.float32(cfg.residual_scale)
         self.any_swa = any(cfg.layer_swa)
+        # llama4's L2 norm of Q and K (cfg.kq_l2_norm): an RMSNorm of weight 1 after RoPE
+        self.l2_norm = np.ones(cfg.head_dim if cfg.kq_l2_norm else 0, np.float32)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
@@ -76,6 +89,8 @@ class CpuPrimitives:
         if self.any_swa:
             rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
         self.prompt_end = batch.prompt_ends()
+        # the attention temperature of the layers without RoPE (llama4), per token
+        self.q_temp = (cfg.attn_temperature(batch.positions) if cfg.attn_temp_scale else np.zeros(0, np.float32))
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:
@@ -117,11 +132,14 @@ class CpuPrimitives:
         g, kc, vc = pool.layer(il)
         q3 = ws.q[:T]
         qd = ws.qd[:T]
-        qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
-                 self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
-                 r.rot_k, r.rot_v)
+        rot = cfg.layer_rope(il)
+        l2 = rot and self.l2_norm.shape[0] > 0  # llama4: the L2 norm on the layers with RoPE
+        q_norm, k_norm = (self.l2_norm, self.l2_norm) if l2 else (ly.q_norm, ly.k_norm)
+        qkv_post(qkv, ly.bq, ly.bk, ly.bv, q_norm, k_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2,
+                 self.neox, self.q_scale, self.q_temp if not rot else self.q_temp[:0], q3, qd, kc, vc,
+                 batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum, r.rot_k, r.rot_v)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
+                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
                   self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, self.attn)
@@ -195,13 +213,18 @@ class CpuPrimitives:
         add_row(logits, ly.router_bias)
         route(logits, k, cfg.architecture.moe_norm_weights, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
+        x, per = h, k  # the experts' inputs: slot t * k + j reads row (t * k + j) // per
+        if cfg.architecture.moe_weight_before:  # llama4: each slot's own weighted input, outputs added as they are
+            x, per = ws.weighed[:T * k], 1
+            weigh_inputs(h, wts, x)
+            wts = ws.ones[:T]
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.act, g.planes, g.info, d.planes, d.info,
+            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.act, g.planes, g.info, d.planes, d.info,
                         ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
-            self._each_expert(h, ly)
+            self._each_expert(x, per, ly)
         out = ws.o[:T]
         combine(ws.slots[:T * k], wts, out)
         if self.trace is not None:
@@ -213,7 +236,11 @@ class CpuPrimitives:
         gu, act, y, g = ws.sgu[:T], ws.sact[:T], ws.sy[:T], ws.sg[:T]
         for w, col in ly.shexp:
             qmatmul(w, h, gu, mm, col)
+        if self.trace is not None:  # llama.cpp's build_ffn names the shared expert's as a dense FFN's
+            self._seen("ffn_gate_up", il, gu)
         (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
+        if self.trace is not None:
+            self._seen("ffn_act", il, act)
         for w, col in ly.shexp_down:
             qmatmul(w, act, y, mm, col)
         if self.trace is not None:
@@ -228,10 +255,10 @@ class CpuPrimitives:
             self._seen("ffn_out", il, o)
         return o
 
-    def _each_expert(self, h: np.ndarray, ly: Any) -> None:
+    def _each_expert(self, h: np.ndarray, k: int, ly: Any) -> None:
         """experts_ffn's work expert by expert, for experts whose products are not packed alike
-        (types kept as they are, gate and up of different types)."""
-        ws, mm, k, starts = self.ws, self.ws.mm, self.cfg.n_expert_used, self.ws.starts
+        (types kept as they are, gate and up of different types); slot s reads row s // k of h."""
+        ws, mm, starts = self.ws, self.ws.mm, self.ws.starts
         for e in np.flatnonzero(starts[1:] - starts[:-1]).tolist():
             slots = ws.order[starts[e]:starts[e + 1]]
             n = slots.shape[0]

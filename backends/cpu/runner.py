@@ -280,6 +280,9 @@ class Workspace:
             self.eact = np.zeros((T, Fe), f32)
             self.ey = np.zeros((T, D), f32)
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
+            if cfg.architecture.moe_weight_before:  # llama4: every (token, expert) input, weighted
+                self.weighed = np.zeros((T * k, D), f32)
+                self.ones = np.ones((T, k), f32)  # the weights the outputs are then added with
         if cfg.n_ff_shexp:  # the shared expert: gate|up, its activation, its output, its gate's logit
             Fs = cfg.n_ff_shexp
             self.sgu = np.zeros((T, 2 * Fs), f32)

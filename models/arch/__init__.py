@@ -70,6 +70,7 @@ from . import (
     lfm2,
     lfm2moe,
     llama,
+    llama4,
     olmo2,
     phi3,
     qwen2,
@@ -84,7 +85,7 @@ from .spec import Architecture
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid, qwen35moe, qwen3next)
+            granitehybrid, qwen35moe, qwen3next, llama4)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

@@ -54,9 +54,13 @@ class Architecture:
     moe_norm_weights: bool = True
     # "softmax": the router's softmax over all experts, then the top ones; "softmax_weight" (gpt-oss):
     # the top logits, then a softmax over those alone; "sigmoid" (lfm2moe): each logit's sigmoid,
-    # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
-    # bias, extra_biases) is added to the probabilities for the choice alone.
+    # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*); "sigmoid_logits" (llama4): the top
+    # logits, each weighted by its sigmoid. A layer's exp_probs_b (a selection bias, extra_biases) is
+    # added to the probabilities for the choice alone.
     moe_gating: str = "softmax"
+    # llama4: each chosen expert's input is the token times the expert's weight, and the experts'
+    # outputs are added unweighted (llama.cpp's build_moe_ffn's weight_before_ffn)
+    moe_weight_before: bool = False
     # a shared expert beside the routed ones: a gated FFN of every token (ffn_{gate,up,down}_shexp)
     # whose output is added to the experts' weighted sum (llama.cpp's build_layer_ffn of these
     # architectures). "": none; "sigmoid" (qwen35moe, qwen3next): in every layer of experts, of
@@ -81,6 +85,10 @@ class Architecture:
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
     recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    # the layers' own plan: (raw get, n_layer, n_expert, n_ff_exp) -> ModelConfig fields that replace
+    # what the generic keys give (llama4: layer_nope, chunked sliding_window / layer_swa, n_moe_layer_step,
+    # n_ff_shexp, kq_l2_norm, the attention temperature); None: none
+    layer_plan: Callable[..., dict[str, Any]] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

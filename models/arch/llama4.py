@@ -1,0 +1,61 @@
+"""Llama 4 (Scout, Maverick; the text model of Llama4ForConditionalGeneration; llama.cpp's
+LLM_ARCH_LLAMA4, src/models/llama4.cpp): llama's layer (RoPE on adjacent pairs, which HF's complex
+rotary also uses, so Q/K rows are not permuted) with, as llama.cpp's load_arch_hparams sets them:
+- every 4th layer (il + 1 divisible by 4) without RoPE and global; its Q multiplied by the
+  attention temperature log(floor((pos + 1) / 8192) + 1) * 0.1 + 1 (1 below position 8191);
+- the other layers with RoPE attend within chunks of 8192 positions (LLAMA_SWA_TYPE_CHUNKED:
+  a token sees its own chunk's earlier tokens only), whatever attention.sliding_window says
+  unless it is 0: then every layer is global and has RoPE but the last, no temperature (MobileLLM);
+- on the layers with RoPE, Q and K of each head RMS-normalized without weight after RoPE
+  (Llama4TextL2Norm), except in the 128-expert Maverick (llama.cpp's use_kq_norm);
+- experts in every interleave_moe_layer_step-th layer, the others a dense FFN: a sigmoid router
+  choosing by its logits, each chosen expert's input scaled by the sigmoid of its logit (the
+  weight before the FFN), and a shared expert of the experts' width added as it is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .spec import Architecture
+
+# llama.cpp's fixed chunk (n_swa) and temperature settings of Llama 4 (its GGUFs carry none of them)
+CHUNK = 8192
+TEMP_FLOOR_SCALE, TEMP_SCALE, TEMP_OFFSET = 8192, 0.1, 1.0
+NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step
+MAVERICK_EXPERTS = 128  # the model without the L2 norm of Q and K
+
+
+def layer_plan(get, n_layer: int, n_expert: int, n_ff_exp: int) -> dict[str, Any]:
+    """Which layers have RoPE and experts, the chunked attention and the temperature, from the
+    raw metadata getter (as llama.cpp's llama_model_llama4::load_arch_hparams)."""
+    if n_expert <= 0:
+        raise ValueError("a llama4 model needs experts (expert_count)")
+    step = get("interleave_moe_layer_step")
+    if step is None or int(step) < 1:
+        raise ValueError(f"interleave_moe_layer_step must be a positive number, got {step!r}")
+    plan: dict[str, Any] = {"n_moe_layer_step": int(step), "n_ff_shexp": n_ff_exp,
+                            "kq_l2_norm": n_expert != MAVERICK_EXPERTS}
+    window = get("attention.sliding_window")
+    if window is not None and int(window) == 0:  # no chunks; llama.cpp's no-RoPE step becomes n_layer
+        plan["layer_nope"] = tuple((il + 1) % n_layer == 0 for il in range(n_layer))
+        return plan
+    plan.update(sliding_window=CHUNK, chunked=True,
+                layer_nope=tuple((il + 1) % NO_ROPE_STEP == 0 for il in range(n_layer)),
+                attn_temp_scale=TEMP_SCALE, attn_temp_floor_scale=TEMP_FLOOR_SCALE, attn_temp_offset=TEMP_OFFSET)
+    return plan
+
+
+ARCHITECTURE = Architecture(
+    name="llama4",
+    rope_neox=False,
+    experts="always",
+    moe_norm_weights=False,
+    moe_gating="sigmoid_logits",
+    moe_weight_before=True,
+    shared_expert="plain",
+    swa_pattern=NO_ROPE_STEP,  # 3 chunked layers, then a global one (attention.sliding_window_pattern may say otherwise)
+    default_sliding_window=CHUNK,
+    swa_rope_base=None,
+    swa_rope_scaled=True,
+    layer_plan=layer_plan,
+)

@@ -14,8 +14,13 @@ rotary also uses, so Q/K rows are not permuted) with, as llama.cpp's load_arch_h
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..hf_files import Kvs
+from .hf_keys import generic_kvs, need
 from .spec import Architecture
 
 # llama.cpp's fixed chunk (n_swa) and temperature settings of Llama 4 (its GGUFs carry none of them)
@@ -45,6 +50,34 @@ def layer_plan(get, n_layer: int, n_expert: int, n_ff_exp: int) -> dict[str, Any
     return plan
 
 
+def hf_text_hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's hyperparameters (Llama4ForConditionalGeneration nests them in text_config)."""
+    hp = dict(config["text_config"]) if isinstance(config.get("text_config"), dict) else dict(config)
+    hp.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    return hp
+
+
+def hf_text_name(name: str) -> str | None:
+    """A checkpoint tensor's name in the text model, or None for the vision part (llama.cpp's mmproj)."""
+    if name.startswith(("vision_model.", "multi_modal_projector.")):
+        return None
+    return name.removeprefix("language_model.")
+
+
+def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """llama.cpp's Llama4Model: LlamaModel's keys with intermediate_size_mlp as the dense FFN's width,
+    intermediate_size as the experts' (and the shared expert's), the interleave step, and a window of
+    0 (no chunks) where every layer_types entry is full attention (MobileLLM)."""
+    experts_width = need(hp, "intermediate_size", path)
+    extra = generic_kvs(kv, {**hp, "intermediate_size": need(hp, "intermediate_size_mlp", path)}, path, llama=True)
+    kv.u32("{arch}.interleave_moe_layer_step", need(hp, "interleave_moe_layer_step", path))
+    kv.u32("{arch}.expert_feed_forward_length", experts_width)
+    types = hp.get("layer_types")
+    if types and all(t == "full_attention" for t in types):
+        kv.u32("{arch}.attention.sliding_window", 0)
+    return extra
+
+
 ARCHITECTURE = Architecture(
     name="llama4",
     rope_neox=False,
@@ -58,4 +91,11 @@ ARCHITECTURE = Architecture(
     swa_rope_base=None,
     swa_rope_scaled=True,
     layer_plan=layer_plan,
+    hf_model_types=("llama4", "llama4_text"),
+    hf_class="Llama4ForCausalLM",
+    hf_text_hparams=hf_text_hparams,
+    hf_text_name=hf_text_name,
+    hf_experts_transposed=True,
+    hf_kvs=hf_kvs,
+    chat_template="llama4",
 )

@@ -106,6 +106,8 @@ class Architecture:
     # one tensor by rows or renames it by the config (granitehybrid's input_linear: gate, then up;
     # qwen3next's in_proj_qkvz, whose rows it also regroups); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
+    # fused experts stored transposed: gate_up_proj (experts, embd, 2 ff), down_proj (experts, ff, embd) (llama4)
+    hf_experts_transposed: bool = False
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)

@@ -91,6 +91,8 @@ ARCHITECTURE = Architecture(
     swa_rope_base=None,
     swa_rope_scaled=True,
     layer_plan=layer_plan,
+    layer_plan_kind="every 4th layer global without RoPE (attention temperature), the others chunked attention "
+                    "(chunks of 8192) with L2-normed Q/K, experts in every n-th layer",
     hf_model_types=("llama4", "llama4_text"),
     hf_class="Llama4ForCausalLM",
     hf_text_hparams=hf_text_hparams,

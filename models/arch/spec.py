@@ -89,6 +89,7 @@ class Architecture:
     # what the generic keys give (llama4: layer_nope, chunked sliding_window / layer_swa, n_moe_layer_step,
     # n_ff_shexp, kq_l2_norm, the attention temperature); None: none
     layer_plan: Callable[..., dict[str, Any]] | None = None
+    layer_plan_kind: str = ""  # what its layer plan does, in words (the README's table)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

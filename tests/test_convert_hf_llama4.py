@@ -52,3 +52,15 @@ def test_metadata_and_tensors(converted):
 def test_logits_match_hf_math_llama_cpp_and_infer(converted):
     folder, weights, out = converted
     assert_converted_agrees(folder, out, lambda i: llama4_forward(weights, i), "llama4")
+
+
+def test_mlx_export_is_refused(converted):
+    # an MLX (HF-layout) checkpoint would need the experts fused and transposed back and Llama 4's
+    # own config keys: refused
+    from infer.models.loader import load_model
+    from infer.models.mlx_export import hf_config
+    from infer.models.quantize_file import QuantizeError
+
+    model = load_model(converted[2])
+    with pytest.raises(QuantizeError, match="not undone"):
+        hf_config(model.config, model.metadata, False, False, None, "float16", 4, 64)

@@ -15,7 +15,9 @@ Adding an architecture, step by step:
    architecture has (`<arch>.embedding_length`, `.attention.head_count`, `.rope.freq_base`, ...).
    Hyperparameters of its own go in a `scalars(get, n_embd, n_head, head_dim, n_layer)` function
    of the module (granite.py's multipliers, gemma3.py's scales), returning ModelConfig fields; a
-   new field goes on ModelConfig, with its bound in models/limits.py if it sizes a buffer.
+   new field goes on ModelConfig, with its bound in models/limits.py if it sizes a buffer. Which
+   layers differ from the others (no RoPE, chunked attention, experts every n-th layer) is the
+   module's `layer_plan` (llama4.py), returning ModelConfig fields (layer_nope, chunked, ...).
 4. The HF converter mapping: `hf_model_types` (config.json model_type values) and `hf_class`;
    tensor names go through gguf's TensorNameMap (models/convert_hf.py's TensorNamer), so only
    layouts need saying (`hf_permute_qk`, `hf_norm_shift`, `hf_text_name` for multimodal

@@ -273,3 +273,25 @@ def test_llama4_attention_temperature(tmp_path):
     assert cfg.layer_nope == (False, False, False, True) and cfg.layer_swa == (True, True, True, False)
     assert cfg.chunked and cfg.sliding_window == 8192 and cfg.kq_l2_norm
     assert [cfg.layer_experts(il) for il in range(4)] == [False, True, False, True]
+
+
+def test_llama4_layer_plan_as_llama_cpp_reads_it():
+    # llama.cpp's llama_model_llama4::load_arch_hparams: a sliding_window of 0 turns the chunks off
+    # (every layer global, the no-RoPE step n_layer: only the last layer without RoPE, no
+    # temperature); 128 experts (Maverick) have no L2 norm of Q and K; no experts or no interleave
+    # step is refused
+    meta = {"general.architecture": "llama4", "llama4.embedding_length": 256, "llama4.block_count": 4,
+            "llama4.attention.head_count": 4, "llama4.attention.head_count_kv": 2, "llama4.feed_forward_length": 512,
+            "llama4.expert_count": 8, "llama4.expert_used_count": 1, "llama4.expert_feed_forward_length": 256,
+            "llama4.interleave_moe_layer_step": 1, "llama4.attention.sliding_window_pattern": 2}
+    cfg = ModelConfig.from_metadata(meta, n_vocab=320)
+    assert cfg.layer_swa == (True, False, True, False) and cfg.layer_nope == (False, False, False, True)
+    assert cfg.chunked and cfg.kq_l2_norm and all(cfg.layer_experts(il) for il in range(4)) and cfg.n_ff_shexp == 256
+    off = ModelConfig.from_metadata({**meta, "llama4.attention.sliding_window": 0, "llama4.expert_count": 128},
+                                    n_vocab=320)
+    assert off.sliding_window == 0 and off.layer_swa == (False,) * 4 and not off.chunked
+    assert off.layer_nope == (False, False, False, True) and off.attn_temp_scale == 0 and not off.kq_l2_norm
+    with pytest.raises(ModelConfigError, match="interleave_moe_layer_step"):
+        ModelConfig.from_metadata({k: v for k, v in meta.items() if "interleave" not in k}, n_vocab=320)
+    with pytest.raises(ModelConfigError, match="expert"):
+        ModelConfig.from_metadata({**meta, "llama4.expert_count": 0}, n_vocab=320)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of 
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
-              "smollm3": GT.BF16, "mistral3": GT.F32}
+              "smollm3": GT.BF16, "mistral3": GT.F32, "llama4": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -63,13 +63,15 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next") or granite_moe
+    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next", "llama4") or granite_moe
     Fe = F if granite_moe else N_FF_EXP  # granitehybrid's experts are feed_forward_length wide
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
         if not granite_moe:
             w.add_expert_feed_forward_length(N_FF_EXP)
+    if arch == "llama4":  # experts in every 2nd layer (the 2nd), a dense FFN in the others
+        w.add_interleave_moe_layer_step(2)
     if arch == "lfm2moe":
         w.add_leading_dense_block_count(1)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
@@ -156,14 +158,14 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "post_ffw_norm.weight", (D,))
         else:
             add(p + "ffn_norm.weight", (D,))
-        if moe and not (arch == "lfm2moe" and i == 0):  # the router and the experts' 3-D tensors
+        if moe and not (arch == "lfm2moe" and i == 0) and not (arch == "llama4" and i % 2 == 0):  # router, experts
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
             if arch == "lfm2moe":
                 add(p + "exp_probs_b.bias", (N_EXPERT,))
             add(p + "ffn_gate_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_up_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_down_exps.weight", (N_EXPERT, D, Fe))
-            if gdn or granite_moe:  # the shared expert, a gdn's gate a (D,) row (never quantized: one dimension)
+            if gdn or granite_moe or arch == "llama4":  # the shared expert, a gdn's gate a (D,) row (never quantized)
                 if gdn:
                     add(p + "ffn_gate_inp_shexp.weight", (D,))
                 add(p + "ffn_gate_shexp.weight", (N_FF_EXP, D))

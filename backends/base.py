@@ -74,6 +74,7 @@ class BlockKVPool:
         self.block_size = block_size
         self.n_blocks = tuple(int(n) for n in n_blocks)
         self.windows = tuple(g.window for g in groups)
+        self.chunked = tuple(g.chunked for g in groups)  # each group's window a chunk (llama4)
         self.layer_at = cfg.kv_layer_index  # layer -> (group, index within group)
 
     def free_sequence(self, seq_id: int) -> None:

@@ -82,6 +82,18 @@ LLAMA3_TEMPLATE = r"""{{ bos_token }}
 {%- endif -%}
 """
 
+# Llama 4's format (llama.cpp's LLM_CHAT_TEMPLATE_LLAMA4, after the BOS its HF template writes);
+# tool results go in its "ipython" role, as its HF template puts them.
+LLAMA4_TEMPLATE = r"""{{ bos_token }}
+{%- for message in messages -%}
+    {%- set role = 'ipython' if message['role'] == 'tool' else message['role'] -%}
+    {{ '<|header_start|>' + role + '<|header_end|>\n\n' + message['content'] | trim + '<|eot|>' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<|header_start|>assistant<|header_end|>\n\n' }}
+{%- endif -%}
+"""
+
 # Llama 2's [INST] format, as Meta's HF template writes it (it has no generation prompt).
 LLAMA2_TEMPLATE = r"""{%- if messages and messages[0]['role'] == 'system' -%}
     {%- set loop_messages = messages[1:] -%}
@@ -124,6 +136,8 @@ def builtin_template(arch: str, tokenizer_model: str, pre: str | None) -> str:
         return CHATML_TEMPLATE
     if family == "phi3":
         return PHI3_TEMPLATE
+    if family == "llama4":
+        return LLAMA4_TEMPLATE
     if family == "llama":
         if tokenizer_model == "gpt2" and pre == "llama-bpe":
             return LLAMA3_TEMPLATE

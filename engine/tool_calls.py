@@ -2,8 +2,8 @@
 
 Models write tool calls in their family's syntax, which their chat template also renders:
 - hermes (Qwen2.5, Qwen3, Hermes): <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
-- llama3 (Llama 3.1-3.3): a JSON object {"name": ..., "parameters": {...}} as the whole reply,
-  after an optional <|python_tag|>
+- llama3 (Llama 3.1-3.3, Llama 4): a JSON object {"name": ..., "parameters": {...}} as the whole
+  reply, after an optional <|python_tag|>
 - mistral (Mistral Nemo, Small): [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}, ...]
 - mistral_args (Mistral Small 3.2, Ministral 3, Magistral, Devstral): [TOOL_CALLS]NAME[ARGS]{...} per
   call (Small 3.2's template writes [CALL_ID]ID between them in earlier turns)
@@ -137,7 +137,8 @@ def family(template_source: str) -> str:
         return "deepseek"
     if "tool▁call" in template_source and "tool▁sep" in template_source:  # V3.1's: the name, then bare JSON
         return "deepseek_v31"
-    if "<|start_header_id|>" in template_source and "tools" in template_source and "parameters" in template_source:
+    headers = "<|start_header_id|>" in template_source or "<|header_start|>" in template_source  # Llama 3, Llama 4
+    if headers and "tools" in template_source and "parameters" in template_source:
         return "llama3"
     return "generic"
 

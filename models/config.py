@@ -62,6 +62,10 @@ class KVGroup:
 
     window: int  # 0: full causal attention; else the sliding window
     layers: tuple[int, ...]
+    # the window is a chunk instead (llama4): a query sees the keys of its own chunk of `window`
+    # positions only. Those keys lie within the last `window` positions, so the blocks out of a
+    # sliding window of that size are out of every chunk too and are dropped alike.
+    chunked: bool = False
 
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
@@ -129,19 +133,20 @@ class ModelConfig:
     # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
     mamba2: bool = False
     rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
-    # per layer, attention without RoPE where the others have it (Architecture.nope_layers: smollm3's
-    # every 4th layer); () where no layer differs
+    # per layer: True where the layer's attention has no RoPE (Architecture.layer_plan: smollm3's and
+    # llama4's every 4th); () where all have it
     layer_nope: tuple[bool, ...] = ()
-    # Llama 4's attention temperature (llama.cpp's f_attn_temp_scale, n_attn_temp_floor_scale,
-    # f_attn_temp_offset: mistral3): Q after RoPE times log(floor((pos + offset) / floor) + 1) *
-    # scale + 1 at each position; scale 0: none
+    chunked: bool = False  # the sliding-window layers attend within chunks of sliding_window positions (llama4)
+    n_moe_layer_step: int = 0  # experts in every n-th layer only (llama4's interleave_moe_layer_step); 0: all
+    kq_l2_norm: bool = False  # Q and K of each head RMS-normalized, no weight, after RoPE on the layers with RoPE (llama4)
+    # Llama 4's attention temperature (llama.cpp's f_attn_temp_scale, n_attn_temp_floor_scale, a
+    # whole number, and f_attn_temp_offset): Q (after RoPE where the layer has it) times
+    # attn_temperature(position) on the layers layer_attn_temp says (llama4: those without RoPE;
+    # mistral3: all); scale 0: none
     attn_temp_scale: float = 0.0
-    attn_temp_floor: float = 0.0
+    attn_temp_floor_scale: float = 0.0
     attn_temp_offset: float = 0.0
 
-    def rope_at(self, il: int) -> bool:
-        """Whether layer il's attention rotates Q and K by their positions."""
-        return self.rope and not (self.layer_nope and self.layer_nope[il])
     # the router's gating (Architecture.moe_gating, unless the file says: deepseek2's expert_gating_func)
     moe_gating: str = "softmax"
     # multi-head latent attention (deepseek2, models/arch/deepseek2.py): the ranks of the KV and
@@ -154,10 +159,31 @@ class ModelConfig:
     head_dim_k_mla: int = 0
     head_dim_v_mla: int = 0
 
+    def layer_rope(self, il: int) -> bool:
+        """Whether layer il's attention rotates Q and K by their positions."""
+        return self.rope and not (self.layer_nope and self.layer_nope[il])
+
     @property
     def kv_v_in_k(self) -> bool:
         """The cache keeps no V of its own: V is the leading head_dim_v columns of each K row (MLA)."""
         return self.n_lora_kv > 0
+
+    def layer_experts(self, il: int) -> bool:
+        """Whether layer il's FFN is the mixture of experts (else the dense FFN)."""
+        step = self.n_moe_layer_step
+        return self.n_expert > 0 and il >= self.n_layer_dense_lead and (step <= 0 or (il + 1) % step == 0)
+
+    def layer_attn_temp(self, il: int) -> bool:
+        """Whether layer il's Q is multiplied by the attention temperature (attn_temperature)."""
+        return self.attn_temp_scale != 0.0 and not (self.architecture.attn_temp_nope_only and self.layer_rope(il))
+
+    def attn_temperature(self, positions: np.ndarray) -> np.ndarray:
+        """(T,) float32: what Q is multiplied by at each position on the layers layer_attn_temp says,
+        as llama.cpp's llm_graph_input_attn_temp computes it: the floor in float32, the log in
+        double, the result float32."""
+        pos = np.asarray(positions, np.float32)
+        f = np.floor((pos + np.float32(self.attn_temp_offset)) / np.float32(self.attn_temp_floor_scale)) + 1.0
+        return (np.log(f.astype(np.float64)) * np.float32(self.attn_temp_scale) + 1.0).astype(np.float32)
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -203,7 +229,7 @@ class ModelConfig:
         local = tuple(i for i in kv if self.layer_swa[i])
         groups = [KVGroup(0, full)] if full else []
         if local:
-            groups.append(KVGroup(self.sliding_window, local))
+            groups.append(KVGroup(self.sliding_window, local, self.chunked))
         return tuple(groups)
 
     @property
@@ -302,6 +328,17 @@ class ModelConfig:
         dense_lead = int(get("leading_dense_block_count", 0)) if n_expert else 0
         if not 0 <= dense_lead <= n_layer:
             raise ModelConfigError(f"{arch}: leading_dense_block_count {dense_lead} is out of range (0..{n_layer})")
+        # the layers' own plan (smollm3, llama4: which have RoPE; llama4: chunked attention, interleaved experts),
+        # replacing what the generic keys above said
+        try:
+            plan = spec.layer_plan(raw, n_layer, n_expert, n_ff_exp) if spec.layer_plan is not None else {}
+        except ValueError as e:
+            raise ModelConfigError(f"{arch}: {e}") from None
+        sliding_window = int(plan.pop("sliding_window", sliding_window))
+        layer_swa = tuple(plan.pop("layer_swa", layer_swa))
+        n_ff_shexp = int(plan.pop("n_ff_shexp", n_ff_shexp))
+        if len(plan.get("layer_nope", ())) not in (0, n_layer):
+            raise ModelConfigError(f"{arch}: {len(plan['layer_nope'])} no-RoPE flags for {n_layer} layers")
         final_cap, attn_cap = spec.default_softcaps
         try:  # values of an architecture's keys that infer does not run, refused by its module
             if spec.check_metadata is not None:
@@ -312,12 +349,10 @@ class ModelConfig:
             own = spec.scalars(get, n_embd, n_head, head_dim, n_layer)
         except ValueError as e:
             raise ModelConfigError(f"{arch}: {e}") from None
-        if own.get("attn_temp_scale", 0.0) and not own.get("attn_temp_floor", 0.0) > 0:
-            raise ModelConfigError(f"{arch}: attention temperature scaling needs a positive "
-                                   f"rope.scaling.original_context_length")
-        layer_nope = tuple(bool(v) for v in spec.nope_layers(raw, n_layer)) if spec.nope_layers is not None else ()
-        if layer_nope and len(layer_nope) != n_layer:
-            raise ModelConfigError(f"{arch}: {len(layer_nope)} RoPE flags for {n_layer} layers")
+        temp = {**plan, **own}  # the attention temperature, from the plan (llama4) or the file's keys (mistral3)
+        if temp.get("attn_temp_scale", 0.0) and not temp.get("attn_temp_floor_scale", 0.0) > 0:
+            raise ModelConfigError(f"{arch}: attention temperature scaling needs a positive floor scale "
+                                   f"(mistral3: rope.scaling.original_context_length)")
         norm_weights, weights_scale = spec.moe_norm_weights, 1.0
         if spec.moe_weights_from_file:  # llama.cpp's defaults: not renormalized, a scale of 0 is none
             norm_weights = bool(get("expert_weights_norm", False))
@@ -360,9 +395,9 @@ class ModelConfig:
             moe_norm_weights=norm_weights,
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
-            layer_nope=layer_nope,
             moe_gating=spec.moe_gating,
             **hybrid,
+            **plan,
         )
         fields.update(own)
         return cls(**fields)

@@ -154,7 +154,7 @@ def _collect_tensors(folder: Path, arch: str, hp: dict[str, Any], n_vocab_tokens
             continue
         m = _FUSED_EXPERTS.match(name)
         if m:  # every expert's matrices in one tensor already
-            out += _fused_experts(namer, m[1], m[2], e, hf_name)
+            out += _fused_experts(namer, m[1], m[2], e, hf_name, spec.hf_experts_transposed)
             continue
         if name == "lm_head.weight" and tied:
             continue  # tied embeddings: llama.cpp reuses token_embd.weight as the output matrix
@@ -232,23 +232,30 @@ def _row_part(namer: TensorNamer, part: str, rows: Sequence[int], e: StEntry, hf
 
 # All of a layer's experts in one tensor (transformers 5's layout):
 # gate_up_proj (experts, 2 * ff, embd), each expert's gate rows then its up rows, and down_proj
-# (experts, embd, ff); llama.cpp's Qwen2MoeModel splits the first in two and renames them.
-_FUSED_EXPERTS = re.compile(r"^((?:model\.)?layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)(?:\.weight)?$")
+# (experts, embd, ff); llama.cpp's Qwen2MoeModel splits the first in two and renames them. Llama 4
+# stores them transposed (feed_forward.experts: (experts, embd, 2 * ff) and (experts, ff, embd)),
+# which its Llama4Model transposes back before the same split.
+_FUSED_EXPERTS = re.compile(
+    r"^((?:model\.)?layers\.\d+\.(?:mlp|feed_forward)\.experts)\.(gate_up_proj|down_proj)(?:\.weight)?$")
 
 
-def _fused_experts(namer: TensorNamer, prefix: str, kind: str, e: StEntry, hf_name: str) -> list[SourceTensor]:
+def _fused_experts(namer: TensorNamer, prefix: str, kind: str, e: StEntry, hf_name: str,
+                   transposed: bool = False) -> list[SourceTensor]:
     if e.dtype not in ST_DTYPES:
         st_array(e, hf_name)  # raises the dtype error
     shape, type_id = tuple(e.shape), int(ST_DTYPES[e.dtype][1])
+    if transposed and len(shape) == 3:
+        shape = (shape[0], shape[2], shape[1])
+    turn: list[Callable[[np.ndarray], np.ndarray]] = [lambda a: a.swapaxes(1, 2)] if transposed else []
     if len(shape) != 3 or kind == "gate_up_proj" and shape[1] % 2:
         raise ConvertError(f"{e.path}: {hf_name} has shape {shape}, expected (experts, rows, columns)"
                            + (" with an even row count (gate, then up)" if kind == "gate_up_proj" else ""))
     if kind == "down_proj":
         return [SourceTensor(namer.gguf_name(f"{prefix}.down_proj.weight", e.path), shape, type_id,
-                             _loader(e, hf_name, []))]
+                             _loader(e, hf_name, [*turn, np.ascontiguousarray]))]
     ff = shape[1] // 2
     return [SourceTensor(namer.gguf_name(f"{prefix}.{w}.weight", e.path), (shape[0], ff, shape[2]), type_id,
-                         _loader(e, hf_name, [lambda a, lo=lo: np.ascontiguousarray(a[:, lo:lo + ff])]))
+                         _loader(e, hf_name, [*turn, lambda a, lo=lo: np.ascontiguousarray(a[:, lo:lo + ff])]))
             for w, lo in (("gate_proj", 0), ("up_proj", ff))]
 
 

@@ -117,7 +117,8 @@ def hf_config(cfg: ModelConfig, meta: dict[str, Any], tied: bool, has_qkv_bias: 
     arch = cfg.architecture
     if not arch.hf_class:
         raise QuantizeError(f"{cfg.arch}: no MLX (Hugging Face) layout is known for this architecture")
-    if arch.hf_tensor_steps is not None:  # qwen35: V heads reordered, A_log as -exp(A_log)
+    # qwen35: V heads reordered, A_log as -exp(A_log); llama4: experts fused and transposed, its own keys
+    if arch.hf_tensor_steps is not None or arch.hf_experts_transposed:
         raise QuantizeError(f"{cfg.arch}: the converter's tensor transforms are not undone for an MLX "
                             "(Hugging Face) checkpoint yet")
     out: dict[str, Any] = {

@@ -175,7 +175,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         qk_required = not arch.qk_norm_optional or p + "attn_q_norm.weight" in tensors \
             or p + "attn_k_norm.weight" in tensors
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
-        moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
+        moe = cfg.layer_experts(i)
         if recurrent:
             wq = wk = wv = wo = bq = bk = bv = None
             own = (_mamba2(get, vec, p, cfg) if cfg.mamba2 else _gated_delta_net(get, vec, p, cfg)

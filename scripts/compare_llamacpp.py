@@ -47,6 +47,11 @@ ARCH_ALIASES = {
     # qwen35moe, qwen3next (src/models/qwen35moe.cpp, qwen3next.cpp): qwen35's names
     "qwen35moe": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
     "qwen3next": {"attn_residual": "ffn_inp", "attn_post_norm": "ffn_norm", "attn_pregate": "kqv_out"},
+    # llama4 (src/models/llama4.cpp): its "ffn_out" is the residual sum after the FFN, the experts and
+    # shared expert's sum "ffn_moe_out_merged"; in a layer of experts its "ffn_norm" names the
+    # attention's output, not the norm: neither is compared
+    "llama4": {"ffn_out": "llama4_ffn_residual", "ffn_moe_out_merged": "ffn_out", "ffn_moe_shexp": "ffn_shexp",
+               "ffn_norm": "llama4_ffn_norm"},
 }
 
 

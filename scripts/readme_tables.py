@@ -45,7 +45,8 @@ def _layer(a) -> str:
     shared = {"sigmoid": "sigmoid-gated shared expert", "plain": "ungated shared expert",
               "counted": "ungated shared experts"}.get(a.shared_expert, "")
     if a.experts == "always":
-        gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router"}
+        gating = {"softmax_weight": ", router softmax over the top experts", "sigmoid": ", sigmoid router",
+                  "sigmoid_logits": ", sigmoid router weighting the experts' inputs"}
         parts.append("mixture of experts" + gating.get(a.moe_gating, ""))
         if shared:
             parts.append(shared)
@@ -59,9 +60,9 @@ def _layer(a) -> str:
         parts.append("pre- and post-norms")
     if a.activation != "silu":
         parts.append({"gelu": "GELU", "swiglu_oai": "clamped SwiGLU"}.get(a.activation, a.activation))
-    if a.nope_layers is not None:
-        parts.append("no RoPE on some layers")
-    if a.swa_pattern:
+    if a.layer_plan_kind:
+        parts.append(a.layer_plan_kind)
+    elif a.swa_pattern:
         parts.append(f"sliding window on {a.swa_pattern - 1} of {a.swa_pattern} layers")
     if any(a.default_softcaps):
         parts.append("soft caps")

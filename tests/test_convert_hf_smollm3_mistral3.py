@@ -106,7 +106,7 @@ def test_ministral3_yarn_and_attention_temperature(tmp_path):
     assert kv["mistral3.rope.scaling.yarn_log_multiplier"] == 1.0
     assert kv["mistral3.attention.temperature_scale"] == pytest.approx(0.1)
     cfg = load_model(out).config
-    assert cfg.attn_temp_scale == pytest.approx(0.1) and cfg.attn_temp_floor == 4 and cfg.rope_attn_factor < 1
+    assert cfg.attn_temp_scale == pytest.approx(0.1) and cfg.attn_temp_floor_scale == 4 and cfg.rope_attn_factor < 1
     assert_converted_agrees(folder, out, partial(hf_forward, weights, "llama", yarn=MINISTRAL_YARN), "ministral3")
 
 

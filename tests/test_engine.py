@@ -34,13 +34,14 @@ def test_batched_equals_alone_tiny(tiny_path, cache_type):
 
 
 @pytest.mark.slow  # 1-2 s alone, 15-35 s when other work shares the two cores (threaded steps)
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama-moe", "glm4moe", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama-moe", "glm4moe", "deepseek2", "llama4"])
 def test_batched_equals_alone_moe(tmp_path, arch):
     # a mixture of experts groups the batch's tokens by expert (backends/cpu/moe.py): sequences run
     # together must still get exactly the tokens they get alone (qwen3moe: expert by expert;
     # llama-moe: every expert packed alike, one compiled loop; glm4moe: sigmoid gating with a
     # selection bias and scaled weights, a dense first layer and a shared expert; deepseek2: the same
-    # over MLA's latent cache, its per-head products over the whole batch)
+    # over MLA's latent cache, its per-head products over the whole batch; llama4: each token's input
+    # weighted before its expert, a shared expert, chunked attention)
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=12)
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
     prompts = tiny_prompts()

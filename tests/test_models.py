@@ -327,3 +327,77 @@ def test_deepseek2_cache_layout_is_checked():
     meta = {**_v2_lite_metadata(), "deepseek2.attention.head_count_kv": 16}
     with pytest.raises(ModelConfigError, match="one KV head"):
         ModelConfig.from_metadata(meta)
+
+
+@pytest.mark.reference
+def test_llama4_chunks_match_llama_cpp(tmp_path):
+    """Past llama4's first chunk of 8192 positions the RoPE layers attend within their own chunk:
+    llama.cpp's logits there, and a sliding window of 8192 instead far from them. The attention
+    temperature of the layers without RoPE starts there too (position 8191), and takes effect; on
+    this tiny model it moves the logits less than llama.cpp's own rounding spread, so its values
+    are checked alone (test_llama4_attention_temperature)."""
+    from dataclasses import replace
+
+    from infer.models.arch.llama4 import CHUNK
+
+    n = CHUNK + 64
+    path = write_tiny_model(tmp_path / "tiny-llama4.gguf", "llama4", seed=tiny_seed("llama4"), n_ctx=n)
+    tokens = np.random.default_rng(5).integers(3, 320, size=n).astype(np.int32)
+    model = load_model(path).for_context(n)
+    cfg = model.config
+    start = CHUNK - 32  # the logits of the first chunk's last positions and the second's first
+
+    def run(c):
+        runner = CpuRunner(c, model.weights, n_threads=2, max_tokens=512)
+        cache = runner.new_kv_cache(n)
+        runner.forward(tokens[:start], 0, cache)
+        return runner.forward(tokens[start:], start, cache, all_logits=True).copy()
+
+    ref = llama_cpp_logits(path, tokens, n_ctx=n)[start:]
+    ours = run(cfg)
+    diff = np.abs(ours - ref).max()
+    tol = 0.02 * np.abs(ref).max()
+    print(f"llama4 past a chunk: max|ours-llama.cpp| {diff:.4g}, bound {tol:.4g}")
+    assert diff <= tol
+    assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    window = np.abs(run(replace(cfg, chunked=False)) - ref).max()
+    print(f"a sliding window instead: {window:.3g} from llama.cpp")
+    assert window > 4 * diff
+    cold = run(replace(cfg, attn_temp_scale=0.0))
+    np.testing.assert_array_equal(cold[:31], ours[:31])  # below position 8191 the temperature is 1
+    assert not np.array_equal(cold[31:], ours[31:])
+
+
+def test_llama4_attention_temperature(tmp_path):
+    # llama.cpp's llm_graph_input_attn_temp: log(floor((pos + 1) / 8192) + 1) * 0.1f + 1, in double
+    path = write_tiny_model(tmp_path / "tiny-llama4.gguf", "llama4", seed=tiny_seed("llama4"))
+    cfg = load_model(path).config
+    got = cfg.attn_temperature(np.array([0, 8190, 8191, 16382, 16383, 100000], np.int32))
+    s = float(np.float32(0.1))
+    want = np.float32([1, 1, 1 + s * np.log(2), 1 + s * np.log(2), 1 + s * np.log(3), 1 + s * np.log(13)])
+    np.testing.assert_array_equal(got, want)
+    assert cfg.layer_nope == (False, False, False, True) and cfg.layer_swa == (True, True, True, False)
+    assert cfg.chunked and cfg.sliding_window == 8192 and cfg.kq_l2_norm
+    assert [cfg.layer_experts(il) for il in range(4)] == [False, True, False, True]
+
+
+def test_llama4_layer_plan_as_llama_cpp_reads_it():
+    # llama.cpp's llama_model_llama4::load_arch_hparams: a sliding_window of 0 turns the chunks off
+    # (every layer global, the no-RoPE step n_layer: only the last layer without RoPE, no
+    # temperature); 128 experts (Maverick) have no L2 norm of Q and K; no experts or no interleave
+    # step is refused
+    meta = {"general.architecture": "llama4", "llama4.embedding_length": 256, "llama4.block_count": 4,
+            "llama4.attention.head_count": 4, "llama4.attention.head_count_kv": 2, "llama4.feed_forward_length": 512,
+            "llama4.expert_count": 8, "llama4.expert_used_count": 1, "llama4.expert_feed_forward_length": 256,
+            "llama4.interleave_moe_layer_step": 1, "llama4.attention.sliding_window_pattern": 2}
+    cfg = ModelConfig.from_metadata(meta, n_vocab=320)
+    assert cfg.layer_swa == (True, False, True, False) and cfg.layer_nope == (False, False, False, True)
+    assert cfg.chunked and cfg.kq_l2_norm and all(cfg.layer_experts(il) for il in range(4)) and cfg.n_ff_shexp == 256
+    off = ModelConfig.from_metadata({**meta, "llama4.attention.sliding_window": 0, "llama4.expert_count": 128},
+                                    n_vocab=320)
+    assert off.sliding_window == 0 and off.layer_swa == (False,) * 4 and not off.chunked
+    assert off.layer_nope == (False, False, False, True) and off.attn_temp_scale == 0 and not off.kq_l2_norm
+    with pytest.raises(ModelConfigError, match="interleave_moe_layer_step"):
+        ModelConfig.from_metadata({k: v for k, v in meta.items() if "interleave" not in k}, n_vocab=320)
+    with pytest.raises(ModelConfigError, match="expert"):
+        ModelConfig.from_metadata({**meta, "llama4.expert_count": 0}, n_vocab=320)

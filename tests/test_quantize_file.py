@@ -24,7 +24,7 @@ ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
               "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16,
-              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16}
+              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -68,13 +68,15 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         for add_key, v in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, S), (w.add_ssm_group_count, Hk),
                            (w.add_ssm_time_step_rank, Hv), (w.add_ssm_inner_size, Hv * S)):
             add_key(v)
-    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next", "glm4moe") or granite_moe
+    moe = arch in ("qwen3moe", "lfm2moe", "qwen35moe", "qwen3next", "glm4moe", "llama4") or granite_moe
     Fe = F if granite_moe else N_FF_EXP  # granitehybrid's experts are feed_forward_length wide
     if moe:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(2)
         if not granite_moe:
             w.add_expert_feed_forward_length(N_FF_EXP)
+    if arch == "llama4":  # experts in every 2nd layer (the 2nd), a dense FFN in the others
+        w.add_interleave_moe_layer_step(2)
     if arch in ("lfm2moe", "glm4moe"):
         w.add_leading_dense_block_count(1)
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
@@ -175,14 +177,16 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
             add(p + "nextn.eh_proj.weight", (D, 2 * D))
             for name in ("enorm", "hnorm", "shared_head_norm"):
                 add(p + f"nextn.{name}.weight", (D,))
-        if moe and not (arch in ("lfm2moe", "glm4moe") and i == 0):  # the router and the experts' 3-D tensors
+        if moe and not (arch in ("lfm2moe", "glm4moe") and i == 0) and not (arch == "llama4" and i % 2 == 0):
+            # the router and the experts' 3-D tensors
             add(p + "ffn_gate_inp.weight", (N_EXPERT, D))
             if arch in ("lfm2moe", "glm4moe"):
                 add(p + "exp_probs_b.bias", (N_EXPERT,))
             add(p + "ffn_gate_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_up_exps.weight", (N_EXPERT, Fe, D))
             add(p + "ffn_down_exps.weight", (N_EXPERT, D, Fe))
-            if gdn or granite_moe or arch == "glm4moe":  # the shared expert, a gdn's gate a (D,) row (never quantized: one dimension)
+            if gdn or granite_moe or arch in ("glm4moe", "llama4"):  # the shared expert, a gdn's gate a (D,) row
+                # (never quantized: one dimension)
                 if gdn:
                     add(p + "ffn_gate_inp_shexp.weight", (D,))
                 add(p + "ffn_gate_shexp.weight", (N_FF_EXP, D))

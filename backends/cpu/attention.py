@@ -1,4 +1,4 @@
-"""Causal (optionally sliding-window) grouped-query attention over a paged KV cache (written by
+"""Causal (optionally sliding-window or chunked) grouped-query attention over a paged KV cache (written by
 kv_write.py).
 
 The cache is a pool of fixed-size blocks; each sequence's block table says which block holds
@@ -441,8 +441,8 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
-def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, scale, softcap, sinks, rot_v, out,
-              scores):
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, chunked, scale, softcap, sinks,
+              rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py);
     #   a V row may be wider than out's Dv, which is read from its front (MLA: v_pool is k_pool)
@@ -451,7 +451,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
     #   keys 0..q_pos[t] of that sequence are visible (causal)
     # prompt_end: (S,) int32 per row of tables: a query at or past it is a generated token, whose
     #   f16 q·k sums in the order llama.cpp gives a token alone in its batch (Batch.prompt_end)
-    # window: 0 or the sliding window (key p visible iff q_pos - p < window)
+    # window: 0 or the sliding window (key p visible iff q_pos - p < window); chunked: the window is a
+    #   chunk instead (llama4: key p visible iff p >= q_pos // window * window, its chunk's start)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
     # rot_v: 0 or the size of the rotation V was stored with (kv_write.qkv_post), undone on each output head
@@ -489,7 +490,9 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
             hi = q_pos[t]
             single = hi >= prompt_end[tok_seq[t]]
             lo = 0
-            if window > 0 and hi - window + 1 > 0:
+            if window > 0 and chunked:
+                lo = hi // window * window
+            elif window > 0 and hi - window + 1 > 0:
                 lo = hi - window + 1
             n = hi + 1 - lo
             for b in range(lo // bs, hi // bs + 1):

@@ -116,19 +116,6 @@ def rope_angles(cfg: Any, positions: np.ndarray, swa: bool, freq_factors: np.nda
                cos_out, sin_out)
 
 
-def attn_temperature(cfg: Any, positions: np.ndarray, q_scale: float, out: np.ndarray) -> None:
-    """out (T,) f32: what each position's Q is multiplied by after RoPE: q_scale (the prescale),
-    times Llama 4's attention temperature where the model has one (cfg.attn_temp_scale): as
-    llama.cpp's llm_graph_input_attn_temp computes it, the floor in float32, the log in double."""
-    out.fill(np.float32(q_scale))
-    if cfg.attn_temp_scale == 0.0:
-        return
-    f32 = np.float32
-    steps = np.floor((positions.astype(f32) + f32(cfg.attn_temp_offset)) / f32(cfg.attn_temp_floor))
-    temp = (np.log(steps.astype(np.float64) + 1.0) * float(f32(cfg.attn_temp_scale)) + 1.0).astype(f32)
-    out *= temp
-
-
 @njit(cache=True, inline="always")
 def _rotate(x, i, j, c, s):
     # x[i], x[j] rotated by the angle of cos c, sin s as llama.cpp's compiled rotate_pairs computes
@@ -142,10 +129,12 @@ def _rotate(x, i, j, c, s):
 
 
 @njit(cache=True)
-def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
+def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, late_norm, neox, scale, dst):
     # One token's Q, K or V: dst (H, hd) = rope(norm(src + bias)) * scale, each step optional:
     # bias (H*hd,) or (0,); norm (hd,): RMSNorm over each head, (H*hd,) (H > 1): over the whole
-    # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,))
+    # projection before it is split into heads (olmo2), or (0,); rot: apply RoPE (cos_t, sin_t: (n_rot/2,));
+    # late_norm: the per-head norm after RoPE instead (llama4's L2 norm: rotations keep the sum of
+    # squares only up to rounding, so the order shows)
     # No fastmath: with it LLVM chose which products to fuse, differently as the code around it
     # compiled (a fresh compile and numba's cached one differed), and numba compiles the norm it
     # calls with the caller's flags
@@ -160,7 +149,7 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
         flat = dst.reshape(H * D)
         _rmsnorm_row(flat, norm, eps, flat)
     for h in range(H):
-        if norm.shape[0] == D:
+        if norm.shape[0] == D and not late_norm:
             _rmsnorm_row(dst[h], norm, eps, dst[h])
         if rot:
             half = cos_t.shape[0]
@@ -171,6 +160,8 @@ def heads_post(src, bias, norm, eps, cos_t, sin_t, rot, neox, scale, dst):
             else:
                 for i in range(half):
                     _rotate(row, 2 * i, 2 * i + 1, cos_t[i], sin_t[i])
+        if norm.shape[0] == D and late_norm:
+            _rmsnorm_row(dst[h], norm, eps, dst[h])
         if scale != 1.0:
             for i in range(D):
                 dst[h, i] *= scale

@@ -60,16 +60,17 @@ def _prepare_q(q, qd, bsum, k_rows):
 
 
 @njit(cache=True)
-def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, q, qd, k_pool, v_pool, slots,
-             kf, vf, dxb, bsum, rot_k, rot_v):
+def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, rope, late_norm, neox, q_scale, q_temp, q, qd,
+             k_pool, v_pool, slots, kf, vf, dxb, bsum, rot_k, rot_v):
     # What follows the Q/K/V products, in one call: biases, Q/K norms, RoPE, the Q prescale,
     # the rotation of Q and K by rot_k and of V by rot_v (0: none; kv_pool.rotation), Q prepared for
     # the products with K (prepare_q) and K, V written to the cache (kv_store).
     # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
     # q_norm, k_norm: (hd,) per head, (H*hd,) / (Hkv*hd,) over the whole projection, or (0,) (heads_post)
-    # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache
-    # q_scale: (T,) f32, what each token's Q is multiplied by after RoPE (the prescale, the attention
-    #   temperature: elementwise.attn_temperature)
+    # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache; rope: rotate Q and K by them (a layer without
+    #   RoPE: not); late_norm: the Q/K norms after RoPE (heads_post)
+    # q_temp: (T,) f32 per token, Q's factor beside q_scale after RoPE (the attention temperature,
+    #   ModelConfig.attn_temperature, on the layers that take it), or (0,)
     # q: (T, H, hd) f32 out; qd: (T, H*hd // 16) f32 out, Q's q8_0 scales (q8_0 K only)
     # k_pool: (n_slots, Hkv, K row), v_pool: (n_slots, Hkv, V row): the layer's KV cache (kv_pool.py),
     #   token t written to row slots[t] (slots: (T,) int32)
@@ -82,9 +83,11 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, neox, q_scale, 
     vb = vf.reshape(Nv)
     for t in range(T):
         row = qkv[t]
-        heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], True, neox, q_scale[t], q[t])
-        heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], True, neox, np.float32(1.0), kf)
-        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, neox, np.float32(1.0), vf)
+        qs = q_scale * q_temp[t] if q_temp.shape[0] else q_scale
+        heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], rope, late_norm, neox, qs, q[t])
+        heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], rope, late_norm, neox, np.float32(1.0), kf)
+        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, False, neox,
+                   np.float32(1.0), vf)
         if rot_k > 0:
             fwht(q[t].reshape(Nq), rot_k)
             fwht(kb, rot_k)

@@ -38,8 +38,9 @@ def _softmax(x, out):
 
 # The router's gating (Architecture.moe_gating), as route takes it (llama.cpp's
 # LLAMA_EXPERT_GATING_FUNC_TYPE_*): a softmax over all experts; the top logits, then a softmax over
-# those alone (gpt-oss); a sigmoid of each logit (LFM2-MoE)
-GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
+# those alone (gpt-oss); a sigmoid of each logit (LFM2-MoE); the top logits, weighted by their
+# sigmoids (llama4: llama.cpp chooses by the logits, where saturated sigmoids could tie)
+GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2, "sigmoid_logits": 3}
 
 
 @njit(cache=True)
@@ -57,7 +58,7 @@ def route(logits, k, norm, scale, gating, select_bias, sel, w, p):
     for t in range(T):
         if gating == 1:
             p[:] = logits[t]
-        elif gating == 2:
+        elif gating >= 2:
             for e in range(E):  # ggml_vec_sigmoid_f32
                 p[e] = np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-logits[t, e])))
         else:
@@ -72,7 +73,12 @@ def route(logits, k, norm, scale, gating, select_bias, sel, w, p):
                         taken = True
                 if taken:
                     continue
-                score = p[e] + select_bias[e] if biased else p[e]  # f32, as ggml_add's
+                if gating == 3:
+                    score = logits[t, e]
+                elif biased:
+                    score = p[e] + select_bias[e]  # f32, as ggml_add's
+                else:
+                    score = p[e]
                 if best < 0 or score > best_score:
                     best, best_score = e, score
             sel[t, j] = best
@@ -137,6 +143,16 @@ def combine(y, w, out):
             for j in range(1, k):
                 acc = acc + y[t * k + j, i] * w[t, j]
             out[t, i] = acc
+
+
+@njit(cache=True)
+def weigh_inputs(h, w, out):
+    # h: (T, D) f32; w: (T, k) f32; out: (T * k, D) f32, slot t * k + j = h[t] * w[t, j]: each chosen
+    # expert's input (llama4's weight before the FFN: ggml_mul of the repeated rows by the weights)
+    T, k = w.shape
+    for t in range(T):
+        for j in range(k):
+            out[t * k + j] = h[t] * w[t, j]
 
 
 @njit(cache=True)

@@ -18,14 +18,25 @@ from infer.quant.static_type import static_type
 
 from .attention import attention
 from .delta_net import delta_net
-from .elementwise import attn_temperature, embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
+from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
 from .glu import ACTIVATIONS, glu, glu_rows
 from .kv_pool import KVPool
 from .kv_write import qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
 from .mla import mla_post, mla_prepare_q
-from .moe import GATING, add_gated, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
+from .moe import (
+    GATING,
+    add_gated,
+    add_row,
+    combine,
+    experts_ffn,
+    gather_tokens,
+    group,
+    route,
+    scatter_slots,
+    weigh_inputs,
+)
 from .shortconv import shortconv
 from .state_pool import StatePool
 
@@ -46,11 +57,13 @@ class CpuPrimitives:
         # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
         self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
         # Q times the attention scale before Q·K (prescale_q), or the product times it after
-        self.q_scale = float(np.float32(cfg.attn_scale if arch.prescale_q else 1.0))
+        self.q_scale = np.float32(cfg.attn_scale if arch.prescale_q else 1.0)
         self.kq_scale = np.float32(1.0 if arch.prescale_q else cfg.attn_scale)
         self.attn_softcap = np.float32(cfg.attn_logit_softcap)
         self.residual_scale = np.float32(cfg.residual_scale)
         self.any_swa = any(cfg.layer_swa)
+        # llama4's L2 norm of Q and K (cfg.kq_l2_norm): an RMSNorm of weight 1 after RoPE
+        self.l2_norm = np.ones(cfg.head_dim if cfg.kq_l2_norm else 0, np.float32)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
@@ -71,17 +84,13 @@ class CpuPrimitives:
             self.out.update(q_a=ws.mla_qa[:T], q=ws.mla_q[:T], kv_cmpr_pe=ws.mla_kv[:T])
         self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
         ff = self.runner.freq_factors
-        if cfg.rope:
+        if cfg.rope:  # else no layer rotates (cfg.layer_rope: granitehybrid's NoPE)
             rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
-        if cfg.rope and self.any_swa:
-            rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
-        # layers without positions (cfg.rope_at: granitehybrid's NoPE, smollm3's every 4th layer)
-        # rotate by angle 0, which leaves Q and K exactly as they are
-        self.cos[2].fill(1.0)
-        self.sin[2].fill(0.0)
-        self.q_scales = ws.q_scale[:T]
-        attn_temperature(cfg, batch.positions, self.q_scale, self.q_scales)
+            if self.any_swa:
+                rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
         self.prompt_end = batch.prompt_ends()
+        # the attention temperature per token, for the layers that take it (cfg.layer_attn_temp)
+        self.q_temp = cfg.attn_temperature(batch.positions) if cfg.attn_temp_scale else np.zeros(0, np.float32)
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:
@@ -128,15 +137,18 @@ class CpuPrimitives:
 
     def attention(self, qkv: np.ndarray, ly: Any, il: int) -> np.ndarray:
         cfg, ws, batch, pool, T, r = self.cfg, self.ws, self.batch, self.pool, self.T, self.runner
-        rope = 2 if not cfg.rope_at(il) else 1 if cfg.layer_swa[il] else 0
+        rope = 1 if cfg.layer_swa[il] else 0
         g, kc, vc = pool.layer(il)
         q3 = ws.q[:T]
         qd = ws.qd[:T]
-        qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
-                 self.neox, self.q_scales, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
-                 r.rot_k, r.rot_v)
+        rot = cfg.layer_rope(il)
+        l2 = rot and self.l2_norm.shape[0] > 0  # llama4: the L2 norm on the layers with RoPE
+        q_norm, k_norm = (self.l2_norm, self.l2_norm) if l2 else (ly.q_norm, ly.k_norm)
+        qkv_post(qkv, ly.bq, ly.bk, ly.bv, q_norm, k_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2,
+                 self.neox, self.q_scale, self.q_temp if cfg.layer_attn_temp(il) else self.q_temp[:0], q3, qd, kc,
+                 vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum, r.rot_k, r.rot_v)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
+                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
                   self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, self.attn)
@@ -247,13 +259,18 @@ class CpuPrimitives:
         add_row(logits, ly.router_bias)
         route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
+        x, per = h, k  # the experts' inputs: slot t * k + j reads row (t * k + j) // per
+        if cfg.architecture.moe_weight_before:  # llama4: each slot's own weighted input, outputs added as they are
+            x, per = ws.weighed[:T * k], 1
+            weigh_inputs(h, wts, x)
+            wts = ws.ones[:T]
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(h, ws.order[:T * k], ws.starts, k, self.act, g.planes, g.info, d.planes, d.info,
+            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.act, g.planes, g.info, d.planes, d.info,
                         ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
-            self._each_expert(h, ly)
+            self._each_expert(x, per, ly)
         out = ws.o[:T]
         combine(ws.slots[:T * k], wts, out)
         if self.trace is not None:
@@ -265,7 +282,11 @@ class CpuPrimitives:
         gu, act, y, g = ws.sgu[:T], ws.sact[:T], ws.sy[:T], ws.sg[:T]
         for w, col in ly.shexp:
             qmatmul(w, h, gu, mm, col)
+        if self.trace is not None:  # llama.cpp's build_ffn names the shared expert's as a dense FFN's
+            self._seen("ffn_gate_up", il, gu)
         (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
+        if self.trace is not None:
+            self._seen("ffn_act", il, act)
         for w, col in ly.shexp_down:
             qmatmul(w, act, y, mm, col)
         if self.trace is not None:
@@ -280,10 +301,10 @@ class CpuPrimitives:
             self._seen("ffn_out", il, o)
         return o
 
-    def _each_expert(self, h: np.ndarray, ly: Any) -> None:
+    def _each_expert(self, h: np.ndarray, k: int, ly: Any) -> None:
         """experts_ffn's work expert by expert, for experts whose products are not packed alike
-        (types kept as they are, gate and up of different types)."""
-        ws, mm, k, starts = self.ws, self.ws.mm, self.cfg.n_expert_used, self.ws.starts
+        (types kept as they are, gate and up of different types); slot s reads row s // k of h."""
+        ws, mm, starts = self.ws, self.ws.mm, self.ws.starts
         for e in np.flatnonzero(starts[1:] - starts[:-1]).tolist():
             slots = ws.order[starts[e]:starts[e + 1]]
             n = slots.shape[0]

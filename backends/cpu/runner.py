@@ -277,10 +277,8 @@ class Workspace:
         self.o = np.zeros((T, D), f32)
         self.positions = np.zeros(T, np.int32)
         half = cfg.n_rot // 2
-        # [0]: global layers, [1]: sliding-window layers, [2]: layers without RoPE (angle 0)
-        self.cos = np.zeros((3, T, half), f32)
-        self.sin = np.zeros((3, T, half), f32)
-        self.q_scale = np.zeros(T, f32)  # each token's Q multiplier after RoPE (qkv_post)
+        self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
+        self.sin = np.zeros((2, T, half), f32)
         n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
         # attention's scratch: a row per chunk, room in each for the scores of all the query heads
         # that share a KV head (attention.py serves them together)
@@ -305,6 +303,9 @@ class Workspace:
             self.eact = np.zeros((T, Fe), f32)
             self.ey = np.zeros((T, D), f32)
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
+            if cfg.architecture.moe_weight_before:  # llama4: every (token, expert) input, weighted
+                self.weighed = np.zeros((T * k, D), f32)
+                self.ones = np.ones((T, k), f32)  # the weights the outputs are then added with
         if cfg.n_ff_shexp:  # the shared expert: gate|up, its activation, its output, its gate's logit
             Fs = cfg.n_ff_shexp
             self.sgu = np.zeros((T, 2 * Fs), f32)

@@ -4,7 +4,7 @@ A plan is made once per forward pass and KV group (numpy, from the block tables)
 every layer of the group.  Sequences with one query in the batch (decode steps) share one call:
 their keys gathered into a padded (S, L) batch with a mask for the padding.  A sequence with
 several queries (a prefill chunk) gets a call of its own over keys lo..hi, its first query's
-window start to its last query's position, masked causally and by the window.
+window start to its last query's position, masked causally and by the window (or llama4's chunk).
 
 Masked keys add exact zeros to sums that MLX's CPU build accumulates in order, so a query's
 result does not depend on what else is in the batch (tested); on a GPU that is not guaranteed.
@@ -25,7 +25,9 @@ def as_dtype(x: mx.array, dtype) -> mx.array:
 class AttentionPlan:
     """Which keys each query of a batch sees in one KV group, as gather indices and masks."""
 
-    def __init__(self, batch: Batch, group: int, block_size: int, window: int):
+    def __init__(self, batch: Batch, group: int, block_size: int, window: int, chunked: bool = False):
+        # window: 0, or the sliding window; chunked: the window is a chunk instead (llama4: a query
+        # sees the keys from its chunk's start, q_pos // window * window, on)
         tok_seq, pos = batch.tok_seq, batch.positions
         table = batch.tables[group]
         T = len(tok_seq)
@@ -46,7 +48,7 @@ class AttentionPlan:
             spans = []
             for s, t in single:
                 hi = int(pos[t])
-                lo = max(0, hi - window + 1) if window else 0
+                lo = (hi // window * window if chunked else max(0, hi - window + 1)) if window else 0
                 spans.append(key_rows(s, lo, hi))
             L = max(len(r) for r, _ in spans)
             rows = np.zeros((len(spans), L), np.int32)
@@ -63,11 +65,15 @@ class AttentionPlan:
             idx = np.sort(order[i:i + c])
             qp = pos[idx].astype(np.int64)
             hi = int(qp.max())
-            lo = max(0, int(qp.min()) - window + 1) if window else 0
+            lo = 0
+            if window:
+                lo = int(qp.min()) // window * window if chunked else max(0, int(qp.min()) - window + 1)
             r, held = key_rows(int(s), lo, hi)
             kp = np.arange(lo, hi + 1)
             m = (kp[None, :] <= qp[:, None]) & held[None, :]
-            if window:
+            if window and chunked:
+                m &= kp[None, :] >= qp[:, None] // window * window
+            elif window:
                 m &= qp[:, None] - kp[None, :] < window
             done.append(idx)
             self.parts.append((self._index(idx, T), mx.array(r[None]), mx.array(m[None])))

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from infer.backends.batch import Batch
-from infer.backends.cpu.elementwise import attn_temperature, rope_angles
+from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
 from infer.backends.cpu.moe import GATING, route
 
@@ -70,17 +70,18 @@ class MlxPrimitives:
         self.step_plan = DeltaPlan(batch) if cfg.recurrent_layers and ("delta" in shapes or "ssm" in shapes) else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
-        self.plans = [AttentionPlan(batch, g, pool.block_size, w) for g, w in enumerate(pool.windows)]
+        self.plans = [AttentionPlan(batch, g, pool.block_size, w, c) for g, (w, c) in
+                      enumerate(zip(pool.windows, pool.chunked))]
         self.slots = [mx.array(s) for s in batch.slots]
         # the batch's RoPE angles; none where attention has no positions (granitehybrid's NoPE)
         self.ropes = [self._rope(False)] if cfg.rope else []
         if cfg.rope and any(cfg.layer_swa):
             self.ropes.append(self._rope(True))
-        # what each token's Q is multiplied by after RoPE (the prescale, the attention temperature),
-        # as the cpu backend's one multiply; None where it is 1 throughout
-        scales = np.empty(self.T, np.float32)
-        attn_temperature(cfg, batch.positions, float(np.float32(cfg.attn_scale if arch.prescale_q else 1.0)), scales)
-        self.q_scales = None if (scales == 1.0).all() else mx.array(scales)[:, None, None]
+        self.q_scale = cfg.attn_scale if arch.prescale_q else 1.0
+        # the attention temperature per token times the prescale, a factor of Q on the layers that take
+        # it (cfg.layer_attn_temp), as the cpu backend's one multiply (float32)
+        self.q_temp = (mx.array(cfg.attn_temperature(batch.positions) * np.float32(self.q_scale))[:, None, None]
+                       if cfg.attn_temp_scale else None)
         self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
 
     def _rope(self, swa: bool) -> tuple[mx.array, mx.array]:
@@ -121,12 +122,16 @@ class MlxPrimitives:
         q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
         if ly.q_norm is not None and not whole:  # over each head
             q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
-        if cfg.rope_at(il):  # else NoPE: Q and K as they are (the cpu backend's rotation by angle 0)
+        if self.ropes and cfg.layer_rope(il):  # else NoPE: Q and K as they are
             cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
             neox = cfg.architecture.rope_neox
             q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
-        if self.q_scales is not None:
-            q = q * self.q_scales
+            if cfg.kq_l2_norm:  # llama4: each head RMS-normalized after RoPE, no weight
+                q, k = mx.fast.rms_norm(q, None, cfg.norm_eps), mx.fast.rms_norm(k, None, cfg.norm_eps)
+        if self.q_temp is not None and cfg.layer_attn_temp(il):
+            q = q * self.q_temp
+        elif self.q_scale != 1.0:
+            q = q * self.q_scale
         q = _f16_round(q)  # as the cpu backend (and llama.cpp) before Q·K
         g, j = self.pool.layer_at[il]
         kc, vc = self.pool.k[g][j], self.pool.v[g][j]
@@ -194,9 +199,13 @@ class MlxPrimitives:
               np.zeros(cfg.n_expert, np.float32))
         slots = mx.zeros((T * k, cfg.n_embd), mx.float32)
         flat = sel.reshape(-1)
+        before = cfg.architecture.moe_weight_before  # llama4: each slot's input weighted, its output added as it is
+        if before:
+            h = (h[:, None, :] * mx.array(w)[:, :, None]).reshape(T * k, -1)
+            w = np.ones_like(w)
         for e in np.unique(flat).tolist():
             where = np.flatnonzero(flat == e)  # slots t * k + j routed to e
-            x = h[mx.array(where // k)]
+            x = h[mx.array(where if before else where // k)]
             gate_up, down = ly.experts[e]
             gu = self.linear(gate_up, x, "ffn_gate_up", il)
             if ly.expert_biases is not None:  # gpt-oss: (gate|up, down) biases of each expert

@@ -15,9 +15,11 @@ Adding an architecture, step by step:
    architecture has (`<arch>.embedding_length`, `.attention.head_count`, `.rope.freq_base`, ...).
    Hyperparameters of its own go in a `scalars(get, n_embd, n_head, head_dim, n_layer)` function
    of the module (granite.py's multipliers, gemma3.py's scales), returning ModelConfig fields; a
-   new field goes on ModelConfig, with its bound in models/limits.py if it sizes a buffer. Layers
-   whose attention takes no RoPE come from the spec's `nope_layers(raw get, n_layer)` (smollm3.py:
-   every 4th), which both backends honour (ModelConfig.rope_at).
+   new field goes on ModelConfig, with its bound in models/limits.py if it sizes a buffer. Which
+   layers differ from the others (no RoPE, chunked attention, experts every n-th layer) is the
+   module's `layer_plan(raw get, n_layer, n_expert, n_ff_exp)` (smollm3.py: every 4th layer without
+   RoPE; llama4.py), returning ModelConfig fields (layer_nope, chunked, ...) that both backends
+   honour (ModelConfig.layer_rope, layer_experts, layer_attn_temp).
 4. The HF converter mapping: `hf_model_types` (config.json model_type values) and `hf_class`;
    tensor names go through gguf's TensorNameMap (models/convert_hf.py's TensorNamer), so only
    layouts need saying (`hf_permute_qk`, `hf_norm_shift`, `hf_text_name` for multimodal
@@ -74,6 +76,7 @@ from . import (
     lfm2,
     lfm2moe,
     llama,
+    llama4,
     mistral3,
     olmo2,
     phi3,
@@ -90,7 +93,7 @@ from .spec import Architecture
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2)
+            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

@@ -28,7 +28,7 @@ def scalars(get, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[
     temp = float(get("attention.temperature_scale", 0.0) or 0.0)
     if temp:  # the floor is the YaRN original context, which defaults to the training context
         out["attn_temp_scale"] = temp
-        out["attn_temp_floor"] = float(get("rope.scaling.original_context_length", get("context_length", 0)) or 0)
+        out["attn_temp_floor_scale"] = float(get("rope.scaling.original_context_length", get("context_length", 0)) or 0)
     return out
 
 

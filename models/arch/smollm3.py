@@ -16,9 +16,14 @@ from .spec import Architecture
 NO_ROPE_STEP = 4  # llama.cpp's n_no_rope_layer_step for smollm3
 
 
-def nope_layers(get, n_layer: int) -> tuple[bool, ...]:
+def nope_layers(n_layer: int) -> tuple[bool, ...]:
     """Every NO_ROPE_STEP-th layer (the last of each group) attends without positions."""
     return tuple((il + 1) % NO_ROPE_STEP == 0 for il in range(n_layer))
+
+
+def layer_plan(get, n_layer: int, n_expert: int, n_ff_exp: int) -> dict[str, Any]:
+    """The layers without RoPE (llama.cpp reads no key for them)."""
+    return {"layer_nope": nope_layers(n_layer)}
 
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
@@ -28,7 +33,7 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     flags = hp.get("no_rope_layers")
     if flags is not None:
         n_layer = int(hp["num_hidden_layers"])
-        expect = [int(not nope) for nope in nope_layers(None, n_layer)]
+        expect = [int(not nope) for nope in nope_layers(n_layer)]
         if flags != expect:
             raise ConvertError(f"{path}: no_rope_layers must be llama.cpp's pattern (every {NO_ROPE_STEP}th layer "
                                f"without RoPE) for {n_layer} layers")
@@ -40,7 +45,8 @@ ARCHITECTURE = Architecture(
     rope_neox=False,
     hf_model_types=("smollm3",),
     hf_class="SmolLM3ForCausalLM",
-    nope_layers=nope_layers,
+    layer_plan=layer_plan,
+    layer_plan_kind=f"no RoPE on every {NO_ROPE_STEP}th layer",
     hf_permute_qk=True,
     hf_spm=True,
     hf_kvs=hf_kvs,

@@ -59,9 +59,13 @@ class Architecture:
     moe_weights_from_file: bool = False
     # "softmax": the router's softmax over all experts, then the top ones; "softmax_weight" (gpt-oss):
     # the top logits, then a softmax over those alone; "sigmoid" (lfm2moe): each logit's sigmoid,
-    # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*). A layer's exp_probs_b (a selection
-    # bias, extra_biases) is added to the probabilities for the choice alone.
+    # the top ones (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*); "sigmoid_logits" (llama4): the top
+    # logits, each weighted by its sigmoid. A layer's exp_probs_b (a selection bias, extra_biases) is
+    # added to the probabilities for the choice alone.
     moe_gating: str = "softmax"
+    # llama4: each chosen expert's input is the token times the expert's weight, and the experts'
+    # outputs are added unweighted (llama.cpp's build_moe_ffn's weight_before_ffn)
+    moe_weight_before: bool = False
     # a shared expert beside the routed ones: a gated FFN of every token (ffn_{gate,up,down}_shexp)
     # whose output is added to the experts' weighted sum (llama.cpp's build_layer_ffn of these
     # architectures). "": none; "sigmoid" (qwen35moe, qwen3next): in every layer of experts, of
@@ -93,9 +97,15 @@ class Architecture:
     # (raw get) -> None, a ValueError for metadata llama.cpp runs and infer does not (glm4moe: another
     # gating, grouped expert choice); raw get reads "<arch>.<key>" as it is, arrays included
     check_metadata: Callable[..., None] | None = None
-    # layers whose attention has no RoPE: (raw get, n_layer) -> a flag per layer (smollm3: every 4th,
-    # as llama.cpp's n_no_rope_layer_step); None: every layer rotates (ModelConfig.layer_nope)
-    nope_layers: Callable[..., tuple[bool, ...]] | None = None
+    # the layers' own plan: (raw get, n_layer, n_expert, n_ff_exp) -> ModelConfig fields that replace
+    # what the generic keys give (layer_nope: smollm3's and llama4's every 4th layer without RoPE;
+    # llama4: chunked sliding_window / layer_swa, n_moe_layer_step, n_ff_shexp, kq_l2_norm, the
+    # attention temperature); None: none
+    layer_plan: Callable[..., dict[str, Any]] | None = None
+    layer_plan_kind: str = ""  # what its layer plan does, in words (the README's table)
+    # the attention temperature (ModelConfig.attn_temp_scale) on the layers without RoPE alone
+    # (llama4.cpp); else on every layer (mistral3.cpp)
+    attn_temp_nope_only: bool = False
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars
@@ -113,6 +123,8 @@ class Architecture:
     # one tensor by rows or renames it by the config (granitehybrid's input_linear: gate, then up;
     # qwen3next's in_proj_qkvz, whose rows it also regroups); None or []: whole
     hf_tensor_parts: Callable[..., list[tuple[str, Any]] | None] | None = None
+    # fused experts stored transposed: gate_up_proj (experts, embd, 2 ff), down_proj (experts, ff, embd) (llama4)
+    hf_experts_transposed: bool = False
     hf_tied_default: bool = False  # tie_word_embeddings when config.json does not say
     # (kind, added token's text) of special tokens llama.cpp's converter names by their text where
     # the tokenizer's settings give none (glm4moe: bos [gMASK], eot <|user|>, ...)

@@ -89,18 +89,20 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
             T = len(qs)
             yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
-            if cfg.rope_at(il):  # else no positions (granitehybrid's NoPE, smollm3's every 4th layer)
+            if cfg.layer_rope(il):  # else no positions (granitehybrid's NoPE, smollm3's and llama4's every 4th layer)
                 qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
                 ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
-            if cfg.attn_temp_scale:  # Llama 4's attention temperature (mistral3): Q times a factor per position
-                steps = np.floor((np.arange(T) + cfg.attn_temp_offset) / cfg.attn_temp_floor)
-                qs = qs * (np.log(steps + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
+                if cfg.kq_l2_norm:  # llama4: each head RMS-normalized after RoPE
+                    qs, ks = _rms(qs, 1.0, eps), _rms(ks, 1.0, eps)
+            if cfg.layer_attn_temp(il):  # Llama 4's attention temperature (each sequence from position 0)
+                qs = qs * cfg.attn_temperature(np.arange(T)).astype(np.float64)[:, None, None]
             ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
             sc = np.einsum("thd,shd->hts", qs, ks) * cfg.attn_scale
             if cfg.attn_logit_softcap > 0:
                 sc = cfg.attn_logit_softcap * np.tanh(sc / cfg.attn_logit_softcap)
             qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
-            visible = (ki <= qi) & ((qi - ki < cfg.sliding_window) if swa else True)
+            W = cfg.sliding_window
+            visible = (ki <= qi) & (((ki >= qi // W * W) if cfg.chunked else (qi - ki < W)) if swa else True)
             sc = np.where(visible[None], sc, -np.inf)
             top = sc.max(-1, keepdims=True)
             sink = 0.0
@@ -297,7 +299,9 @@ def _exact_moe(cfg, lw, h):
     else:
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
-    choice = p if lw.exp_probs_b is None else p + lw.exp_probs_b
+    if gating == "sigmoid_logits":  # llama4: chosen by the logits, weighted by their sigmoids
+        p = 1 / (1 + np.exp(-logits))
+    choice = logits if gating == "sigmoid_logits" else p if lw.exp_probs_b is None else p + lw.exp_probs_b
     out = np.zeros_like(h)
     for t in range(len(h)):
         top = np.argsort(-choice[t])[:cfg.n_expert_used]
@@ -309,7 +313,10 @@ def _exact_moe(cfg, lw, h):
         wts = wts * cfg.moe_weights_scale
         for e, wt in zip(top, wts):
             biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
-            out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]
+            if cfg.architecture.moe_weight_before:  # llama4: the expert's input weighted instead
+                out[t] += _exact_ffn(cfg, wt * h[t:t + 1], *lw.experts[e], biases)[0]
+            else:
+                out[t] += wt * _exact_ffn(cfg, h[t:t + 1], *lw.experts[e], biases)[0]
     return out
 
 

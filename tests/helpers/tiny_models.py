@@ -86,6 +86,12 @@ ARCH_TYPES = {
                   "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q8_0, "ffn_up_exps": GT.Q4_K,
                   "ffn_down_exps": GT.Q8_0, "ffn_gate_shexp": GT.Q5_K, "ffn_up_shexp": GT.Q8_0,
                   "ffn_down_shexp": GT.Q4_K, "token_embd": GT.Q8_0, "output": GT.Q8_0},
+    # llama4: dense and expert layers in turn, experts packed alike, a shared expert
+    "llama4": {"attn_q": GT.Q8_0, "attn_k": GT.Q6_K, "attn_v": GT.Q5_0, "attn_output": GT.Q4_K,
+               "ffn_gate": GT.Q5_K, "ffn_up": GT.Q8_0, "ffn_down": GT.Q4_0, "ffn_gate_inp": GT.F32,
+               "ffn_gate_exps": GT.Q5_K, "ffn_up_exps": GT.Q5_K, "ffn_down_exps": GT.Q8_0,
+               "ffn_gate_shexp": GT.Q4_K, "ffn_up_shexp": GT.Q6_K, "ffn_down_shexp": GT.Q5_0,
+               "token_embd": GT.Q8_0},
     # gpt-oss: biases, sinks and swiglu_oai; its real files keep the experts in MXFP4
     "gpt-oss": {"attn_q": GT.Q8_0, "attn_k": GT.Q5_0, "attn_v": GT.Q8_0, "attn_output": GT.Q4_K,
                 "ffn_gate_inp": GT.F32, "ffn_gate_exps": GT.Q4_K, "ffn_up_exps": GT.Q4_K, "ffn_down_exps": GT.Q8_0,
@@ -117,7 +123,7 @@ N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 3, 256
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 # How many layers each tiny model has: enough for a sliding-window pattern to have both kinds.
 N_LAYER = {"gemma3": 6, "gemma2": 4, "gpt-oss": 4, "lfm2": 4, "qwen35": 4, "lfm2moe": 4, "granitehybrid": 4,
-           "qwen35moe": 4, "qwen3next": 4, "smollm3": 4, "glm4moe": 3}
+           "qwen35moe": 4, "qwen3next": 4, "smollm3": 4, "glm4moe": 3, "llama4": 4}
 # lfm2's layers: short convolutions (True) around one attention layer, and the convolution's width
 LFM2_RECURRENT, LFM2_L_CACHE = (True, True, False, True), 3
 # lfm2moe (lfm2's layers): its first layer dense, then 6 experts, 2 of them per token (sigmoid
@@ -126,7 +132,12 @@ LFM2MOE_DENSE_LEAD, LFM2MOE_EXPERTS, LFM2MOE_USED = 1, 6, 2
 # How much each router's weights are scaled beyond WEIGHT_STD: decisive softmaxes; lfm2moe's
 # sigmoids mostly short of saturating, so the experts' weights differ (its choice's closest call
 # is then 0.005 apart, 5x the MLX-to-cpu differences at the router)
-ROUTER_SCALE = {"lfm2moe": 10, "glm4moe": 10}
+ROUTER_SCALE = {"lfm2moe": 10, "glm4moe": 10, "llama4": 10}
+# llama4: experts in every 2nd layer (the 4th without RoPE), one of them per token as Scout's. Its
+# seed (TINY_SEEDS) gives routers whose top two logits are >= 0.6 apart at every position of the
+# tests' prompt (seed 15's were 0.1 apart: 8-bit activations chose another expert than exact
+# arithmetic, in llama.cpp as in the cpu backend, 86% of max |logit| away from exact)
+LLAMA4_MOE_STEP, LLAMA4_USED = 2, 1
 # qwen35: every 3rd layer full attention (recurrent, recurrent, attention, recurrent); the gated
 # delta net's convolution width, head size S, key heads, value heads (GQA-like: 2 value heads per
 # key head); RoPE over the first 32 of each head's 64 dims in IMROPE sections that are NeoX for text
@@ -155,7 +166,7 @@ TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olm
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
               "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
-              "deepseek2": 15, "deepseek2-lite": 16}
+              "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22}
 
 
 def tiny_seed(arch: str) -> int:
@@ -240,7 +251,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe",
-                   "glm4moe", "glm4moe-air")
+                   "glm4moe", "glm4moe-air", "llama4")
     gdn = arch in GDN_ARCHS
     if arch == "gpt-oss" and rope_scaling is None:  # as its real files: YaRN (here over 16 tokens)
         rope_scaling = ("yarn", 8.0, 16)
@@ -313,7 +324,10 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     n_expert = LFM2MOE_EXPERTS if arch == "lfm2moe" else N_EXPERT
     if moe:
         w.add_expert_count(n_expert)
-        w.add_expert_used_count(LFM2MOE_USED if arch == "lfm2moe" else GDN_EXPERTS_USED if gdn else N_EXPERT_USED)
+        w.add_expert_used_count(LFM2MOE_USED if arch == "lfm2moe" else GDN_EXPERTS_USED if gdn else
+                                LLAMA4_USED if arch == "llama4" else N_EXPERT_USED)
+        if arch == "llama4":
+            w.add_interleave_moe_layer_step(LLAMA4_MOE_STEP)
         if arch == "lfm2moe":  # as llama.cpp's converter writes them
             w.add_leading_dense_block_count(LFM2MOE_DENSE_LEAD)
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
@@ -429,7 +443,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
         elif arch != "olmo2":
             add(p + "ffn_norm.weight", (D,))
         layer_moe = moe and not (arch == "lfm2moe" and i < LFM2MOE_DENSE_LEAD
-                                 or arch == "glm4moe" and i < GLM4MOE_DENSE_LEAD)
+                                 or arch == "glm4moe" and i < GLM4MOE_DENSE_LEAD
+                                 or arch == "llama4" and (i + 1) % LLAMA4_MOE_STEP)
         if layer_moe:  # the router and the experts' 3-D tensors
             t = types
             Fe = F if arch in ("llama", "granitehybrid") else N_FF_EXP
@@ -442,8 +457,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
                 add(p + "ffn_gate_inp.bias", (N_EXPERT,))
                 for name, width in (("gate", Fe), ("up", Fe), ("down", D)):
                     add(p + f"ffn_{name}_exps.bias", (N_EXPERT, width), GT.F32)
-            if gdn or arch == "granitehybrid":  # the shared expert
-                for name, shape in (("gate", (N_FF_SHEXP, D)), ("up", (N_FF_SHEXP, D)), ("down", (D, N_FF_SHEXP))):
+            if gdn or arch in ("granitehybrid", "llama4"):  # the shared expert (llama4's as wide as an expert)
+                Fs = N_FF_EXP if arch == "llama4" else N_FF_SHEXP
+                for name, shape in (("gate", (Fs, D)), ("up", (Fs, D)), ("down", (D, Fs))):
                     add(p + f"ffn_{name}_shexp.weight", shape, t[f"ffn_{name}_shexp"])
             if arch == "glm4moe":  # the shared experts as one FFN
                 Fs = n_shared * N_FF_EXP

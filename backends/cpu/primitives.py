@@ -181,7 +181,7 @@ class CpuPrimitives:
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = self.attn.reshape(T, H, R)
         attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
+                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = ws.mla_out[:T]

@@ -119,6 +119,29 @@ class ModelConfig:
     # ssm_inner_size / H, ssm_group_count groups G of B and C, ssm_state_size N each
     mamba2: bool = False
     rope: bool = True  # False: attention without positions (granitehybrid's NoPE: rope.scaling.finetuned false)
+    # Gemma 4 (Architecture.layer_shapes): the sliding-window layers' own attention shape, KV heads,
+    # head size (K and V alike) and rotated dims (0: as the global layers'); the layers from
+    # n_layer_kv on have no K/V of their own but read the last earlier layer's of their kind (0: all own)
+    n_head_kv_swa: int = 0
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_layer_kv: int = 0
+
+    def attn_shape(self, il: int) -> tuple[int, int, int, int]:
+        """Layer il's (KV heads, K head size, V head size, rotated dims): a sliding-window layer's
+        may differ from a global one's (Gemma 4)."""
+        if not self.layer_swa[il]:
+            return self.n_head_kv, self.head_dim, self.head_dim_v, self.n_rot
+        return (self.n_head_kv_swa or self.n_head_kv, self.head_dim_swa or self.head_dim,
+                self.head_dim_swa or self.head_dim_v, self.n_rot_swa or self.n_rot)
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose K/V layer il attends over: itself, or for a layer from n_layer_kv on the
+        last layer before n_layer_kv of its kind (llama.cpp's layer_reuse_cb of Gemma 3n / 4:
+        n_layer_kv - 2 for a sliding-window layer, n_layer_kv - 1 for a global one)."""
+        if not self.n_layer_kv or il < self.n_layer_kv:
+            return il
+        return self.n_layer_kv - (2 if self.layer_swa[il] else 1)
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -159,7 +182,8 @@ class ModelConfig:
         """The global layers, then the sliding-window layers (if any): each group has its own blocks,
         so the sliding-window layers can drop the blocks that fall out of their window. Recurrent
         layers keep no K/V and are in no group."""
-        kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])]
+        kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])
+              and self.kv_source(i) == i]
         full = tuple(i for i in kv if not self.layer_swa[i])
         local = tuple(i for i in kv if self.layer_swa[i])
         groups = [KVGroup(0, full)] if full else []
@@ -169,16 +193,25 @@ class ModelConfig:
 
     @property
     def kv_layer_index(self) -> dict[int, tuple[int, int]]:
-        """layer -> (its KV group, its index within the group): where a pool keeps its K/V."""
-        return {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
+        """layer -> (its KV group, its index within the group): where a pool keeps its K/V (a layer
+        that reuses another's K/V: where that one's are)."""
+        own = {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
+        return {**own, **{il: own[self.kv_source(il)] for il in range(self.n_layer) if self.kv_source(il) in own}}
+
+    def kv_group_shape(self, g: int) -> tuple[int, int, int]:
+        """KV group g's (KV heads, K head size, V head size): those of its layers (one kind)."""
+        return self.attn_shape(self.kv_groups[g].layers[0])[:3]
 
     def kv_block_bytes(self, block_size: int, k_bytes: float = 2, v_bytes: float | None = None) -> tuple[int, ...]:
         """Bytes one block of each KV group takes: K and V of all its layers, k_bytes per element of K and
         v_bytes (by default k_bytes) per element of V; a quantized cache type takes a fraction of a byte
         more than its bits (q8_0: 34/32, its f16 scale per 32)."""
         v_bytes = k_bytes if v_bytes is None else v_bytes
-        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_bytes * self.head_dim_v))
-        return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
+        out = []
+        for gi, g in enumerate(self.kv_groups):
+            hkv, dk, dv = self.kv_group_shape(gi)
+            out.append(len(g.layers) * block_size * round(hkv * (k_bytes * dk + v_bytes * dv)))
+        return tuple(out)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int | None = None) -> "ModelConfig":
@@ -214,9 +247,10 @@ class ModelConfig:
                                    f"below block_count)")
         n_layer -= n_nextn
         # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
+        raw = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         try:
-            hybrid = spec.recurrent(lambda key, default=None: meta.get(f"{arch}.{key}", default), n_layer) \
-                if spec.recurrent is not None else {}
+            hybrid = spec.recurrent(raw, n_layer) if spec.recurrent is not None else {}
+            hybrid.update(spec.layer_shapes(raw, n_layer) if spec.layer_shapes is not None else {})
         except ValueError as e:
             raise ModelConfigError(f"{arch}: {e}") from None
         n_head_kv = int(hybrid.pop("n_head_kv", None) or get("attention.head_count_kv", n_head))

@@ -90,6 +90,10 @@ class LayerWeights:
     ssm_in: Matrix | None = None
     ssm_conv_b: np.ndarray | None = None
     ssm_d: np.ndarray | None = None
+    # Gemma 4: V's RMSNorm per head without a weight, as a weight of ones (head_dim_v,); the layer's
+    # output scale (1,) (layer_output_scale); None where absent
+    v_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -155,12 +159,14 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
     D, F = cfg.n_embd, cfg.n_ff
-    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     arch = cfg.architecture
-    qk_norm = {"": (0, 0), "head": (cfg.head_dim, cfg.head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        n_head_kv, head_dim, head_dim_v, _ = cfg.attn_shape(i)  # a layer's own (Gemma 4's differ by kind)
+        q_dim, kv_dim, v_dim = cfg.n_head * head_dim, n_head_kv * head_dim, n_head_kv * head_dim_v
+        qk_norm = {"": (0, 0), "head": (head_dim, head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
+        own_kv = cfg.kv_source(i) == i
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
         moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
         if recurrent:
@@ -171,19 +177,28 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
             wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
             bq = bk = bv = None
-            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
             own = {"attn_gate": gate}
-        else:
-            wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
-            bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
-            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+        elif not own_kv:  # it reads an earlier layer's K/V (Gemma 4): Q alone, whatever K/V the file has
+            wq, wk, wv = get(p + "attn_q.weight", (q_dim, D)), None, None
+            bq = bk = bv = None
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
             own = {}
+        else:
+            wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path, arch.v_from_k)
+            bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
+            own = {}
+        if arch.v_norm and not recurrent:
+            own["v_norm"] = np.ones(head_dim_v, np.float32)
+        if arch.out_scale:
+            own["out_scale"] = vec(p + "layer_output_scale.weight", 1, required=False)
         layers.append(LayerWeights(
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
             bq=bq, bk=bk, bv=bv,
             q_norm=vec(p + "attn_q_norm.weight", qk_norm[0]) if qk_norm[0] and not recurrent else None,
-            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] and not recurrent else None,
+            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1]) if qk_norm[1] and not recurrent and own_kv else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(get, p, cfg) if moe else {**_gate_up(tensors, get, p, D, F),
@@ -214,10 +229,15 @@ def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
     return t[lo:hi]
 
 
-def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path) -> tuple[Matrix, Matrix, Matrix]:
+def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path,
+         v_from_k: bool = False) -> tuple[Matrix, Matrix, Matrix]:
     """Q, K, V: three matrices, or row ranges of one fused attn_qkv (which llama.cpp accepts for every
-    architecture; phi3 files have it)."""
+    architecture; phi3 files have it). v_from_k: a layer without attn_v takes K's product as V
+    (Gemma 4's attention_k_eq_v layers)."""
     fused = tensors.get(p + "attn_qkv.weight")
+    if fused is None and v_from_k and p + "attn_v.weight" not in tensors:
+        wk = get(p + "attn_k.weight", (dims[1], D))
+        return get(p + "attn_q.weight", (dims[0], D)), wk, wk
     if fused is None:
         return (get(p + "attn_q.weight", (dims[0], D)), get(p + "attn_k.weight", (dims[1], D)),
                 get(p + "attn_v.weight", (dims[2], D)))

@@ -11,8 +11,9 @@ from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
+# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite
+# 4.0 H Tiny), gemma4 with shared-KV layers (E2B's)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "gemma4-shared"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

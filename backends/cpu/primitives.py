@@ -20,8 +20,8 @@ from .attention import attention
 from .delta_net import delta_net
 from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
 from .glu import ACTIVATIONS, glu, glu_rows
-from .kv_pool import KVPool
-from .kv_write import qkv_post
+from .kv_pool import KVPool, layer_kind
+from .kv_write import q_post, qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
 from .moe import GATING, add_gated, add_row, combine, experts_ffn, gather_tokens, group, route, scatter_slots
@@ -50,6 +50,12 @@ class CpuPrimitives:
         self.attn_softcap = np.float32(cfg.attn_logit_softcap)
         self.residual_scale = np.float32(cfg.residual_scale)
         self.any_swa = any(cfg.layer_swa)
+        # per layer: which of the workspace's kinds of attention scratch it uses (runner.layer_kind)
+        self.kind = [layer_kind(cfg, il) for il in range(cfg.n_layer)]
+        # RoPE frequency factors of the sliding-window layers where only the global ones take the
+        # file's (Gemma 4's proportional RoPE): none
+        self.swa_ff = (np.ones(cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2, np.float32)
+                       if arch.rope_freqs_global_only and self.any_swa else None)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
@@ -59,6 +65,7 @@ class CpuPrimitives:
         T = len(batch.tokens)
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
+        self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
         self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         if cfg.recurrent_layers and cfg.mamba2:
             self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
@@ -66,7 +73,7 @@ class CpuPrimitives:
             self.out.update(ssm_in=ws.ssm_in[:T], linear_attn_out=ws.o[:T])
         elif cfg.recurrent_layers:
             self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
-        self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
+        self.cos, self.sin = [c[:T] for c in ws.cos], [s[:T] for s in ws.sin]
         ff = self.runner.freq_factors
         if cfg.rope:
             rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
@@ -74,7 +81,7 @@ class CpuPrimitives:
             self.cos[0].fill(1.0)
             self.sin[0].fill(0.0)
         if self.any_swa:
-            rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
+            rope_angles(cfg, batch.positions, True, ff if self.swa_ff is None else self.swa_ff, self.cos[1], self.sin[1])
         self.prompt_end = batch.prompt_ends()
         self.trace = self.runner.trace
 
@@ -103,7 +110,7 @@ class CpuPrimitives:
         return self.xn
 
     def linear(self, ws: list, h: np.ndarray, name: str, il: int) -> np.ndarray:
-        out = self.out[name]
+        out = self.kinds[self.kind[il]]["qkv"] if name == "qkv" else self.out[name]
         mm = self.ws.mm
         for w, col in ws:
             qmatmul(w, h, out, mm, col)
@@ -115,17 +122,22 @@ class CpuPrimitives:
         cfg, ws, batch, pool, T, r = self.cfg, self.ws, self.batch, self.pool, self.T, self.runner
         rope = 1 if cfg.layer_swa[il] else 0
         g, kc, vc = pool.layer(il)
-        q3 = ws.q[:T]
-        qd = ws.qd[:T]
-        qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, self.eps, self.cos[rope], self.sin[rope],
-                 self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum,
-                 r.rot_k, r.rot_v)
+        kind = self.kind[il]
+        q3, qd, attn = self.kinds[kind]["q"], self.kinds[kind]["qd"], self.kinds[kind]["attn"]
+        rot_k, rot_v = r.rot_k[kind], r.rot_v[kind]
+        if cfg.kv_source(il) == il:
+            qkv_post(qkv, ly.bq, ly.bk, ly.bv, ly.q_norm, ly.k_norm, ly.v_norm, self.eps, self.cos[rope],
+                     self.sin[rope], self.neox, self.q_scale, q3, qd, kc, vc, batch.slots[g], ws.kinds[kind]["kf"],
+                     ws.kinds[kind]["vf"], ws.dxb, ws.bsum, rot_k, rot_v)
+        else:  # a layer that attends over an earlier layer's K/V (Gemma 4's shared-KV layers): Q alone
+            q_post(qkv, ly.bq, ly.q_norm, self.eps, self.cos[rope], self.sin[rope], self.neox, self.q_scale, q3, qd,
+                   kc, ws.bsum, rot_k)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
-                  self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
+                  pool.windows[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+                  attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
-            self._seen("kqv_out", il, self.attn)
-        return self.attn
+            self._seen("kqv_out", il, attn)
+        return attn
 
     def shortconv(self, bcx: np.ndarray, ly: Any, il: int) -> np.ndarray:
         ws, T, batch = self.ws, self.T, self.batch
@@ -177,6 +189,16 @@ class CpuPrimitives:
             self._seen(name, il, x)
             self._seen(next_name, next_il, self.xn)
         return x, self.xn
+
+    def add_scale_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, s: np.ndarray, w: np.ndarray, il: int,
+                       next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
+        if not s.shape[0]:
+            return self.add_norm(x, o, post, w, il, "l_out", next_name, next_il)
+        residual_norm(x, o, post, self.eps, self.residual_scale, s[:0], self.xn)
+        x *= s[0]  # float32 times float32, as ggml_mul by the (1,) tensor
+        if self.trace is not None:
+            self._seen("l_out", il, x)
+        return x, self.norm(x, w, next_name, next_il)
 
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
         act = self.ws.act[:self.T]

@@ -21,7 +21,7 @@ from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor, StackedRows
 
 from .hugepages import HugeArena, huge_empty
-from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
+from .kv_pool import KVPool, SequenceKV, check_head_size, kind_layers, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
@@ -135,6 +135,8 @@ class _Layer:
     bv: np.ndarray
     q_norm: np.ndarray
     k_norm: np.ndarray
+    v_norm: np.ndarray  # (hdv,) ones where V is RMS-normed per head (Gemma 4), else (0,)
+    out_scale: np.ndarray  # (1,): the layer's output times it (Gemma 4's layer_output_scale), else (0,)
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
@@ -175,7 +177,9 @@ class _Layer:
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         return cls(
             # a gated attention's gate after V (qkv_post reads Q|K|V off the front)
-            qkv=_products((lw.wq, lw.wk, lw.wv) + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
+            # a layer that reads an earlier layer's K/V has Q alone (Gemma 4's shared-KV layers)
+            qkv=_products(tuple(w for w in (lw.wq, lw.wk, lw.wv) if w is not None)
+                          + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
             if lw.wq is not None else [],
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
@@ -188,6 +192,7 @@ class _Layer:
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
+            v_norm=_vec(lw.v_norm), out_scale=_vec(lw.out_scale),
             bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias), exp_probs_b=_vec(lw.exp_probs_b),
             gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
             down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
@@ -221,14 +226,17 @@ class Workspace:
         self.rows = np.arange(T, dtype=np.int32)  # 0, 1, ...: embd's row of each token
         self.x = np.zeros((T, D), f32)
         self.xn = np.zeros((T, D), f32)
-        nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-        gate = nq if cfg.architecture.attn_output_gate else 0  # the gate's columns after V
+        # the attention's shapes: the global layers', then the sliding-window layers' where they differ
+        # (Gemma 4: other head sizes and KV heads; ModelConfig.attn_shape)
+        shapes = [cfg.attn_shape(il) for il in kind_layers(cfg)]
+        gate = cfg.architecture.attn_output_gate  # the gate's n_head * head_dim columns after V
         # A layer's mixer (attention, or a recurrent layer's) and its FFN never hold scratch at once:
-        # the mixer ends in its output product (o) before the FFN begins. So the three sets of
+        # the mixer ends in its output product (o) before the FFN begins. So the sets of
         # scratch below are views of one arena as large as the largest (a hybrid's 512-token batch:
-        # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another.
-        attention = {"qkv": (T, nq + nk + nv + gate), "q": (T, cfg.n_head, cfg.head_dim),
-                     "attn": (T, cfg.n_head * cfg.head_dim_v)}
+        # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another; each kind
+        # of attention layer has a set of its own (one of them runs at a time).
+        attention = [{"qkv": (T, cfg.n_head * dk * (1 + gate) + hkv * (dk + dv)),
+                      "q": (T, cfg.n_head, dk), "attn": (T, cfg.n_head * dv)} for hkv, dk, dv, _ in shapes]
         ffn = {"gu": (T, 2 * F), "act": (T, F)}
         recurrent: dict[str, tuple[int, ...]] = {}
         if cfg.recurrent_layers and cfg.ssm_state_size:  # Mamba-2 mixers (mamba.py: z|xBC|dt) or gated
@@ -238,30 +246,39 @@ class Workspace:
             recurrent = {"ssm_in": (T, width), "ssm_xc": (T, C), "ssm_e": (T, C), "ssm_y": (T, inner)}
         elif cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
             recurrent = {"bcx": (T, 3 * D), "bx": (T, D), "conv_y": (T, D)}
-        sets = (attention, ffn, recurrent)
+        sets = (*attention, ffn, recurrent)
         arena = np.zeros(max(sum(math.prod(shape) for shape in views.values()) for views in sets), f32)
-        for views in sets:
+        self.kinds: list[dict[str, np.ndarray]] = [{} for _ in attention]
+        for i, views in enumerate(sets):
             at = 0
             for name, shape in views.items():
                 n = math.prod(shape)
-                setattr(self, name, arena[at:at + n].reshape(shape))
+                if i < len(attention):
+                    self.kinds[i][name] = arena[at:at + n].reshape(shape)
+                else:
+                    setattr(self, name, arena[at:at + n].reshape(shape))
                 at += n
-        self.qd = np.zeros((T, nq // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
-        self.kf = np.zeros((cfg.n_head_kv, cfg.head_dim), f32)
-        self.vf = np.zeros((cfg.n_head_kv, cfg.head_dim_v), f32)
-        self.dxb = np.zeros(max(nq, nk, nv) // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
+        for kind, (hkv, dk, dv, _) in zip(self.kinds, shapes):
+            kind["qd"] = np.zeros((T, cfg.n_head * dk // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
+            kind["kf"] = np.zeros((hkv, dk), f32)
+            kind["vf"] = np.zeros((hkv, dv), f32)
+        # RoPE's cos and sin: [0] of the global layers, [1] of the sliding-window layers (their own
+        # rotated dims: Gemma 4)
+        halves = [cfg.n_rot // 2, cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2 if any(cfg.layer_swa) else 1]
+        self.cos = [np.zeros((T, h), f32) for h in halves]
+        self.sin = [np.zeros((T, h), f32) for h in halves]
+        self.qkv, self.attn = self.kinds[0]["qkv"], self.kinds[0]["attn"]
+        widest = max(max(cfg.n_head, hkv) * max(dk, dv) for hkv, dk, dv, _ in shapes)
+        self.dxb = np.zeros(widest // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
         self.bsum = np.zeros_like(self.dxb)
         self.o = np.zeros((T, D), f32)
         self.positions = np.zeros(T, np.int32)
-        half = cfg.n_rot // 2
-        self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
-        self.sin = np.zeros((2, T, half), f32)
         n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
         # attention's scratch: a row per chunk, room in each for the scores of all the query heads
         # that share a KV head (attention.py serves them together)
-        self.group = cfg.n_head // cfg.n_head_kv
+        self.group = max(cfg.n_head // hkv for hkv, _, _, _ in shapes)
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size, cfg.n_ff_exp,
+        self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size, cfg.n_ff_exp,
                                          cfg.n_ff_shexp), n_chunks)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
@@ -296,11 +313,14 @@ class CpuRunner:
 
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
                  mmap: bool = True, mlock: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
-        check_head_size(cache_type_k, "--cache-type-k", config.head_dim)
-        check_head_size(cache_type_v, "--cache-type-v", config.head_dim_v)
+        shapes = [config.attn_shape(il) for il in kind_layers(config)]
+        for _, dk, dv, _ in shapes:
+            check_head_size(cache_type_k, "--cache-type-k", dk)
+            check_head_size(cache_type_v, "--cache-type-v", dv)
         self.cache_types = (cache_type_k, cache_type_v)
-        self.rot_k = rotation(cache_type_k, config.head_dim, widest=True)
-        self.rot_v = rotation(cache_type_v, config.head_dim_v, widest=False)
+        # per kind of attention layer (layer_kind): the rotations of K and V in a quantized cache
+        self.rot_k = [rotation(cache_type_k, dk, widest=True) for _, dk, _, _ in shapes]
+        self.rot_v = [rotation(cache_type_v, dv, widest=False) for _, _, dv, _ in shapes]
         self.cfg = config
         self.w = weights
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS

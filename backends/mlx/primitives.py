@@ -141,6 +141,14 @@ class MlxPrimitives:
         x = x + o
         return x, self._norm(x, w)
 
+    def add_scale_norm(self, x: mx.array, o: mx.array, post: mx.array | None, s: mx.array | None,
+                       w: mx.array | None, il: int, next_name: str, next_il: int) -> tuple[mx.array, mx.array]:
+        x, h = self.add_norm(x, o, post, None if s is not None else w, il, "l_out", next_name, next_il)
+        if s is None:
+            return x, h
+        x = x * s
+        return x, self._norm(x, w)
+
     def glu(self, gu: mx.array, il: int) -> mx.array:
         F = gu.shape[-1] // 2  # n_ff, or an expert's width
         gate, up = gu[:, :F], gu[:, F:]

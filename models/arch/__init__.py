@@ -64,6 +64,7 @@ from ..hf_files import ConvertError
 from . import (
     gemma2,
     gemma3,
+    gemma4,
     gpt_oss,
     granite,
     granitehybrid,
@@ -84,7 +85,7 @@ from .spec import Architecture
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid, qwen35moe, qwen3next)
+            granitehybrid, qwen35moe, qwen3next, gemma4)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

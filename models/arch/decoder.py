@@ -49,6 +49,11 @@ class Primitives(Protocol[A]):
         """(x, h): x += residual_scale * RMSNorm(o) * post (o alone where post is absent), then
         h = norm(x, w) under next_name."""
 
+    def add_scale_norm(self, x: A, o: A, post: Any, s: Any, w: Any, il: int, next_name: str,
+                       next_il: int) -> tuple[A, A]:
+        """add_norm's (x, h) ending a layer ("l_out"), x times s (the layer's output scale, (1,):
+        Gemma 4's layer_output_scale) before the norm that follows where the layer has one."""
+
     def glu(self, gu: A, il: int) -> A:
         """act(gate) * up of the two halves of gu ("ffn_act")."""
 

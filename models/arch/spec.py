@@ -72,6 +72,13 @@ class Architecture:
     # Qwen3.5: attn_q gives each head's Q and an output gate interleaved (2 head_dim per head); the
     # attention's output is multiplied by sigmoid(gate) before attn_output
     attn_output_gate: bool = False
+    # Gemma 4: V RMS-normed per head (no weight) before the cache; a layer without attn_v takes K's
+    # product as V; the global layers alone take rope_freqs (proportional RoPE), the sliding-window
+    # ones none; each layer's output times its layer_output_scale where the file has one
+    v_norm: bool = False
+    v_from_k: bool = False
+    rope_freqs_global_only: bool = False
+    out_scale: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
@@ -80,7 +87,11 @@ class Architecture:
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
     recurrent: Callable[..., dict[str, Any]] | None = None
-    recurrent_kind: str = ""  # what its recurrent layers are, in words (the README's table)
+    recurrent_kind: str = ""
+    # (raw get, n_layer) -> ModelConfig fields of attention shapes that differ by layer (Gemma 4:
+    # n_head_kv and n_head_kv_swa from a per-layer head_count_kv, head_dim_swa, n_rot_swa,
+    # n_layer_kv); None: one shape for every layer
+    layer_shapes: Callable[..., dict[str, Any]] | None = None  # what its recurrent layers are, in words (the README's table)
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

@@ -126,7 +126,8 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 # that judge a random model's agreement against llama.cpp's own spread were tuned on those weights).
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
-              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14}
+              "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "gemma4": 15,
+              "gemma4-shared": 15}
 
 
 def tiny_seed(arch: str) -> int:
@@ -205,6 +206,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
+    if arch in ("gemma4", "gemma4-shared"):
+        return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared")
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe")
     gdn = arch in GDN_ARCHS
@@ -413,4 +416,83 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     w.close()
     if split_max_tensors:
         return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
+    return path
+
+
+# gemma4: sliding-window layers (True) of head size 64 with 2 KV heads, global ones of head size 128
+# with 1 KV head, no attn_v (K's product is V) and RoPE over a quarter of each head (rope_freqs)
+GEMMA4_SWA = (True, True, False, True, True, False)
+# gemma4-shared (E2B's attention): the last 2 layers keep no K/V; each reads the last earlier layer
+# of its kind's (layer 4 layer 2's, layer 5 layer 3's)
+GEMMA4_SHARED_SWA, GEMMA4_SHARED = (True, False, True, False, True, False), 2
+GEMMA4_TYPES = {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_K, "attn_output": GT.Q6_K,
+                "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q8_0, "token_embd": GT.Q8_0}
+
+
+def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: str | None = None,
+                      n_ctx: int = 256, shared: bool = False) -> Path:
+    """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers) as
+    llama.cpp's converter writes one."""
+    rng = np.random.default_rng(seed)
+    D, H, F, t = 256, 4, 512, GEMMA4_TYPES
+    shape = {True: (2, 64), False: (1, 128)}  # (KV heads, head size) by kind: sliding-window or not
+    pattern, n_shared = (GEMMA4_SHARED_SWA, GEMMA4_SHARED) if shared else (GEMMA4_SWA, 0)
+    n_layer = len(pattern)
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    add_common_kvs(w, "gemma4", D, F, n_layer, H, [shape[s][0] for s in pattern], shape[False][1], n_ctx)
+    w.add_key_length_swa(shape[True][1])
+    w.add_value_length_swa(shape[True][1])
+    w.add_sliding_window_pattern(list(pattern))
+    w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+    w.add_rope_dimension_count(shape[False][1])
+    w.add_rope_dimension_count_swa(shape[True][1])
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_final_logit_softcapping(2.0)  # small enough to bend these tiny logits
+    w.add_shared_kv_layers(n_shared)
+    w.add_embedding_length_per_layer_input(0)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    add_spm_vocab(w, n_vocab)
+    w.add_unk_token_id(0)
+
+    def add(name: str, shp: tuple[int, ...], qtype: GT | None = None) -> None:
+        if len(shp) == 1:  # norms stay F32
+            w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shp)).astype(np.float32))
+            return
+        data, qt = random_tensor(rng, shp, qtype)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
+
+    add("token_embd.weight", (n_vocab, D), t["token_embd"])
+    add("output_norm.weight", (D,))
+    # proportional RoPE: a quarter of the global head's pairs rotate, the others stand still (1e30)
+    half = shape[False][1] // 2
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * (half // 4) + [1e30] * (half - half // 4), np.float32))
+    for i, swa in enumerate(pattern):
+        p, (hkv, hd) = f"blk.{i}.", shape[swa]
+        own_kv = i < n_layer - n_shared  # a shared-KV layer has Q alone
+        add(p + "attn_norm.weight", (D,))
+        add(p + "attn_q.weight", (H * hd, D), t["attn_q"])
+        if own_kv:
+            add(p + "attn_k.weight", (hkv * hd, D), t["attn_k"])
+        if swa and own_kv:  # the global layers have none: their V is K's product
+            add(p + "attn_v.weight", (hkv * hd, D), t["attn_v"])
+        add(p + "attn_output.weight", (D, H * hd), t["attn_output"])
+        # Q·K is not scaled (Q and K are normed instead): norm weights of 1/4 keep these random
+        # scores soft, else f16 roundings of Q flip which key dominates (llama.cpp's flash attention
+        # then disagrees with its other path by half the logits)
+        for name in ("attn_q_norm", "attn_k_norm") if own_kv else ("attn_q_norm",):
+            w.add_tensor(p + name + ".weight", (0.25 * (1.0 + rng.normal(0, 0.1, size=hd))).astype(np.float32))
+        add(p + "post_attention_norm.weight", (D,))
+        add(p + "ffn_norm.weight", (D,))
+        add(p + "ffn_gate.weight", (F, D), t["ffn_gate"])
+        add(p + "ffn_up.weight", (F, D), t["ffn_up"])
+        add(p + "ffn_down.weight", (D, F), t["ffn_down"])
+        add(p + "post_ffw_norm.weight", (D,))
+        w.add_tensor(p + "layer_output_scale.weight", rng.uniform(0.5, 1.5, size=1).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path

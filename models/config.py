@@ -126,6 +126,8 @@ class ModelConfig:
     head_dim_swa: int = 0
     n_rot_swa: int = 0
     n_layer_kv: int = 0
+    # Gemma 4 E2B/E4B: the width of each layer's own token embedding (per_layer_token_embd); 0: none
+    n_embd_per_layer: int = 0
 
     def attn_shape(self, il: int) -> tuple[int, int, int, int]:
         """Layer il's (KV heads, K head size, V head size, rotated dims): a sliding-window layer's

@@ -94,6 +94,11 @@ class LayerWeights:
     # output scale (1,) (layer_output_scale); None where absent
     v_norm: np.ndarray | None = None
     out_scale: np.ndarray | None = None
+    # Gemma 4's per-layer embeddings (ModelConfig.n_embd_per_layer P): inp_gate (P, n_embd), proj
+    # (n_embd, P), post_norm (n_embd,); None where absent
+    ple_gate: Matrix | None = None
+    ple_proj: Matrix | None = None
+    ple_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,11 @@ class ModelWeights:
     rope_freqs: np.ndarray | None  # RoPE frequency divisors (Llama 3.1's; LongRoPE's short factors)
     rope_freqs_long: np.ndarray | None  # LongRoPE's factors for contexts beyond config.n_ctx_orig
     layers: tuple[LayerWeights, ...]
+    # Gemma 4's per-layer embeddings: per_layer_token_embd (n_vocab, n_layer * P), per_layer_model_proj
+    # (n_layer * P, n_embd), per_layer_proj_norm (P,); None without them
+    ple_embd: Matrix | None = None
+    ple_model_proj: Matrix | None = None
+    ple_proj_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,6 +203,10 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             own["v_norm"] = np.ones(head_dim_v, np.float32)
         if arch.out_scale:
             own["out_scale"] = vec(p + "layer_output_scale.weight", 1, required=False)
+        if cfg.n_embd_per_layer:
+            P = cfg.n_embd_per_layer
+            own.update(ple_gate=get(p + "inp_gate.weight", (P, D)), ple_proj=get(p + "proj.weight", (D, P)),
+                       ple_norm=vec(p + "post_norm.weight", D))
         layers.append(LayerWeights(
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
@@ -217,7 +231,19 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs=_rope_freqs(tensors, vec, cfg.n_rot // 2),
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
+        **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
     )
+
+
+def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma 4's per-layer token embeddings and their projection from the embedding (llama.cpp's
+    LLM_TENSOR_PER_LAYER_*)."""
+    n = cfg.n_layer * cfg.n_embd_per_layer
+    embd = get("per_layer_token_embd.weight", (cfg.n_vocab, n))
+    if not isinstance(embd, QTensor):
+        raise ModelLoadError(f"per_layer_token_embd in {type(embd).__name__} form is not supported")
+    return {"ple_embd": embd, "ple_model_proj": get("per_layer_model_proj.weight", (n, cfg.n_embd)),
+            "ple_proj_norm": vec("per_layer_proj_norm.weight", cfg.n_embd_per_layer)}
 
 
 def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:

@@ -12,8 +12,8 @@ from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
 # every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite
-# 4.0 H Tiny), gemma4 with shared-KV layers (E2B's)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "gemma4-shared"]
+# 4.0 H Tiny), gemma4 with shared-KV layers and with per-layer embeddings (E2B's)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "gemma4-shared", "gemma4-ple"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

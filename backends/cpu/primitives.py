@@ -8,6 +8,7 @@ part of the time, so fewer, larger calls pay.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ from infer.quant.static_type import static_type
 from .attention import attention
 from .delta_net import delta_net
 from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
-from .glu import ACTIVATIONS, glu, glu_rows
+from .glu import ACTIVATIONS, gelu_mul, glu, glu_rows
 from .kv_pool import KVPool, layer_kind
 from .kv_write import q_post, qkv_post
 from .mamba import mamba2
@@ -66,7 +67,7 @@ class CpuPrimitives:
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
         self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
         self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
-        self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.out = {"qkv": ws.qkv[:T], "per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         if cfg.recurrent_layers and cfg.mamba2:
             self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
         elif cfg.recurrent_layers and cfg.ssm_state_size:
@@ -182,13 +183,42 @@ class CpuPrimitives:
             self._seen(name, il, y)
         return y
 
-    def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray, il: int, name: str,
+    def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray | None, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
-        residual_norm(x, o, post, self.eps, self.residual_scale, w, self.xn)
+        residual_norm(x, o, post, self.eps, self.residual_scale, post[:0] if w is None else w, self.xn)
         if self.trace is not None:
             self._seen(name, il, x)
             self._seen(next_name, next_il, self.xn)
         return x, self.xn
+
+    def per_layer_inputs(self, x: np.ndarray) -> None:
+        """Gemma 4's per-layer inputs of the batch (ws.ple, (T, n_layer * P)), from x the scaled token
+        embeddings: (RMSNorm(per_layer_model_proj · x / sqrt(D)) per layer + the token's own
+        per_layer_token_embd rows * sqrt(P)) / sqrt(2), as llama.cpp's project_per_layer_inputs."""
+        cfg, ws, T, r = self.cfg, self.ws, self.T, self.runner
+        P, f32 = cfg.n_embd_per_layer, np.float32
+        proj, ple = ws.ple_proj[:T], ws.ple[:T]
+        r.ple_rows.gather(self.batch.tokens, ws.ple_rows)
+        embed(static_type(r.ple_embd.type_id), ws.ple_rows, ws.rows[:T], f32(math.sqrt(P)), ple)
+        for w, col in r.ple_model_proj:
+            qmatmul(w, x, proj, ws.mm, col)
+        proj *= f32(1.0 / math.sqrt(cfg.n_embd))
+        normed = proj.reshape(T * cfg.n_layer, P)
+        rmsnorm(normed, r.ple_proj_norm, self.eps, normed)
+        ple += proj
+        ple *= f32(1.0 / math.sqrt(2.0))
+        if self.trace is not None:
+            self._seen("inp_per_layer", -1, ple)
+
+    def per_layer_gate(self, x: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        """GELU(inp_gate · x) times the layer's per-layer input (T, P)."""
+        cfg, ws, T = self.cfg, self.ws, self.T
+        g = ws.ple_g[:T]
+        for w, col in ly.ple_gate:
+            qmatmul(w, x, g, ws.mm, col)
+        P = cfg.n_embd_per_layer
+        gelu_mul(g, ws.ple[:T, il * P:(il + 1) * P])
+        return g
 
     def add_scale_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, s: np.ndarray, w: np.ndarray, il: int,
                        next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:

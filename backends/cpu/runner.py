@@ -137,6 +137,10 @@ class _Layer:
     k_norm: np.ndarray
     v_norm: np.ndarray  # (hdv,) ones where V is RMS-normed per head (Gemma 4), else (0,)
     out_scale: np.ndarray  # (1,): the layer's output times it (Gemma 4's layer_output_scale), else (0,)
+    # Gemma 4's per-layer embedding: inp_gate's and proj's products ([] when absent), post_norm (D,)
+    ple_gate: list
+    ple_proj: list
+    ple_norm: np.ndarray
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
@@ -193,6 +197,9 @@ class _Layer:
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
             v_norm=_vec(lw.v_norm), out_scale=_vec(lw.out_scale),
+            ple_gate=[(_pack(lw.ple_gate, mmap), 0)] if lw.ple_gate is not None else [],
+            ple_proj=[(_pack(lw.ple_proj, mmap), 0)] if lw.ple_proj is not None else [],
+            ple_norm=_vec(lw.ple_norm),
             bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias), exp_probs_b=_vec(lw.exp_probs_b),
             gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
             down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
@@ -211,14 +218,14 @@ class _Layer:
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
     out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out + ly.ssm_in + ly.ssm_out
-    out += ly.shexp + ly.shexp_down + ly.shexp_gate
+    out += ly.shexp + ly.shexp_down + ly.shexp_gate + ly.ple_gate + ly.ple_proj
     for gate_up, down in ly.experts:
         out += gate_up + down
     return out
 
 
 class Workspace:
-    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int, embd_row_bytes: int):
+    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int, embd_row_bytes: int, ple_row_bytes: int = 0):
         T, D, F = max_tokens, cfg.n_embd, cfg.n_ff
         f32 = np.float32
         self.max_tokens, self.n_ctx = T, n_ctx
@@ -278,8 +285,8 @@ class Workspace:
         # that share a KV head (attention.py serves them together)
         self.group = max(cfg.n_head // hkv for hkv, _, _, _ in shapes)
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size, cfg.n_ff_exp,
-                                         cfg.n_ff_shexp), n_chunks)
+        self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size,
+                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer), n_chunks)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)
@@ -297,6 +304,13 @@ class Workspace:
             self.eact = np.zeros((T, Fe), f32)
             self.ey = np.zeros((T, D), f32)
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
+        if cfg.n_embd_per_layer:  # Gemma 4's per-layer embeddings: every layer's input (its own token
+            # embedding's rows as stored, the projection of the embedding, their mix) and one layer's gate
+            n = cfg.n_layer * cfg.n_embd_per_layer
+            self.ple_rows = np.zeros((T, ple_row_bytes), np.uint8)
+            self.ple_proj = np.zeros((T, n), f32)
+            self.ple = np.zeros((T, n), f32)
+            self.ple_g = np.zeros((T, cfg.n_embd_per_layer), f32)
         if cfg.n_ff_shexp:  # the shared expert: gate|up, its activation, its output, its gate's logit
             Fs = cfg.n_ff_shexp
             self.sgu = np.zeros((T, 2 * Fs), f32)
@@ -351,6 +365,11 @@ class CpuRunner:
             except OSError as e:
                 warnings.warn(str(e.strerror or e), RuntimeWarning, stacklevel=2)
         self.output_norm = _vec(weights.output_norm)
+        # Gemma 4's per-layer embeddings (read by rows, as token_embd), their projection, its norm
+        self.ple_embd = None if weights.ple_embd is None else weights.ple_embd if mmap else _in_memory(weights.ple_embd)
+        self.ple_rows = RowReader(self.ple_embd) if self.ple_embd is not None else None
+        self.ple_model_proj = [(_pack(weights.ple_model_proj, mmap), 0)] if weights.ple_model_proj is not None else []
+        self.ple_proj_norm = _vec(weights.ple_proj_norm)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor
@@ -391,7 +410,7 @@ class CpuRunner:
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None:
             self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads,
-                                 self.embd_rows.row_bytes)
+                                 self.embd_rows.row_bytes, self.ple_rows.row_bytes if self.ple_rows else 0)
         elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
             ws = self._ws
             ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)

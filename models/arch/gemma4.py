@@ -9,6 +9,9 @@ with its own quirks:
 - V RMS-normed per head without a weight; no attention scale (Q·K as it is); a layer without
   attn_v takes K's product as V;
 - each layer's output times its layer_output_scale;
+- E2B / E4B: per-layer embeddings (embedding_length_per_layer_input P): every layer gets a P-wide
+  input of the token's own per_layer_token_embd row mixed with a projection of its embedding, which
+  gates a small FFN-like block (inp_gate, proj, post_norm) after the FFN;
 - the last attention.shared_kv_layers layers keep no K/V: each attends over the last earlier
   layer of its kind's (llama.cpp's layer_reuse_cb).
 The final logits are soft-capped where final_logit_softcapping is set."""
@@ -57,6 +60,10 @@ def layer_shapes(get, n_layer: int) -> dict[str, Any]:
     if n_rot % 2 or n_rot < 0 or n_rot > (head_k or 4096):
         raise ValueError(f"rope.dimension_count_swa {n_rot} must be even and at most the head size")
     out["n_rot_swa"] = n_rot
+    per_layer = int(get("embedding_length_per_layer_input", 0))
+    if not 0 <= per_layer <= 65536:
+        raise ValueError(f"embedding_length_per_layer_input {per_layer} is out of range")
+    out["n_embd_per_layer"] = per_layer
     shared = int(get("attention.shared_kv_layers", 0))
     if shared:
         first = n_layer - shared
@@ -71,6 +78,8 @@ def layer_shapes(get, n_layer: int) -> dict[str, Any]:
 def layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
     """One Gemma 4 layer: dense_layer's, its output times the layer's output scale before the norm
     that follows."""
+    if il == 0 and ly.ple_gate:  # x: the scaled token embeddings
+        ops.per_layer_inputs(x)
     qkv = ops.linear(ly.qkv, h, "qkv", il)
     a = ops.attention(qkv, ly, il)
     o = ops.linear(ly.wo, a, "attn_wo", il)
@@ -78,7 +87,12 @@ def layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int])
     x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "attn_out", "ffn_norm", il)
     gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
     o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
-    return ops.add_scale_norm(x, o, ly.post_ffn_norm, ly.out_scale, nxt[0], il, nxt[1], nxt[2])
+    if not ly.ple_gate:
+        return ops.add_scale_norm(x, o, ly.post_ffn_norm, ly.out_scale, nxt[0], il, nxt[1], nxt[2])
+    # the per-layer embedding (E2B, E4B): proj(GELU(inp_gate · x) * the layer's input), normed, added
+    x, _ = ops.add_norm(x, o, ly.post_ffn_norm, None, il, "pe_in", "pe_in", il)
+    o = ops.linear(ly.ple_proj, ops.per_layer_gate(x, ly, il), "per_layer_proj", il)
+    return ops.add_scale_norm(x, o, ly.ple_norm, ly.out_scale, nxt[0], il, nxt[1], nxt[2])
 
 
 ARCHITECTURE = Architecture(

@@ -127,7 +127,7 @@ GDN_ARCHS, GDN_EXPERTS_USED, N_FF_SHEXP = ("qwen35", "qwen35moe", "qwen3next"), 
 TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 5, "granite": 6, "phi3": 7,
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "gemma4": 15,
-              "gemma4-shared": 15}
+              "gemma4-shared": 15, "gemma4-ple": 15}
 
 
 def tiny_seed(arch: str) -> int:
@@ -206,8 +206,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
-    if arch in ("gemma4", "gemma4-shared"):
-        return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared")
+    if arch in ("gemma4", "gemma4-shared", "gemma4-ple"):
+        return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared",
+                                 per_layer=GEMMA4_PER_LAYER if arch == "gemma4-ple" else 0)
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe")
     gdn = arch in GDN_ARCHS
@@ -425,14 +426,16 @@ GEMMA4_SWA = (True, True, False, True, True, False)
 # gemma4-shared (E2B's attention): the last 2 layers keep no K/V; each reads the last earlier layer
 # of its kind's (layer 4 layer 2's, layer 5 layer 3's)
 GEMMA4_SHARED_SWA, GEMMA4_SHARED = (True, False, True, False, True, False), 2
+# gemma4-ple (E2B's per-layer embeddings): each layer's own token embedding this wide
+GEMMA4_PER_LAYER = 64
 GEMMA4_TYPES = {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_K, "attn_output": GT.Q6_K,
                 "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q8_0, "token_embd": GT.Q8_0}
 
 
 def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: str | None = None,
-                      n_ctx: int = 256, shared: bool = False) -> Path:
-    """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers) as
-    llama.cpp's converter writes one."""
+                      n_ctx: int = 256, shared: bool = False, per_layer: int = 0) -> Path:
+    """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers;
+    per_layer: with E2B's per-layer embeddings that wide) as llama.cpp's converter writes one."""
     rng = np.random.default_rng(seed)
     D, H, F, t = 256, 4, 512, GEMMA4_TYPES
     shape = {True: (2, 64), False: (1, 128)}  # (KV heads, head size) by kind: sliding-window or not
@@ -451,7 +454,7 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
     w.add_layer_norm_rms_eps(1e-6)
     w.add_final_logit_softcapping(2.0)  # small enough to bend these tiny logits
     w.add_shared_kv_layers(n_shared)
-    w.add_embedding_length_per_layer_input(0)
+    w.add_embedding_length_per_layer_input(per_layer)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     add_spm_vocab(w, n_vocab)
@@ -469,6 +472,10 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
     # proportional RoPE: a quarter of the global head's pairs rotate, the others stand still (1e30)
     half = shape[False][1] // 2
     w.add_tensor("rope_freqs.weight", np.array([1.0] * (half // 4) + [1e30] * (half - half // 4), np.float32))
+    if per_layer:
+        add("per_layer_token_embd.weight", (n_vocab, n_layer * per_layer), GT.Q8_0)
+        add("per_layer_model_proj.weight", (n_layer * per_layer, D), GT.Q8_0)
+        add("per_layer_proj_norm.weight", (per_layer,))
     for i, swa in enumerate(pattern):
         p, (hkv, hd) = f"blk.{i}.", shape[swa]
         own_kv = i < n_layer - n_shared  # a shared-KV layer has Q alone
@@ -491,6 +498,10 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
         add(p + "ffn_down.weight", (D, F), t["ffn_down"])
         add(p + "post_ffw_norm.weight", (D,))
         w.add_tensor(p + "layer_output_scale.weight", rng.uniform(0.5, 1.5, size=1).astype(np.float32))
+        if per_layer:
+            add(p + "inp_gate.weight", (per_layer, D), GT.Q8_0)
+            add(p + "proj.weight", (D, per_layer), GT.Q8_0)
+            add(p + "post_norm.weight", (D,))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as GT
 
 from helpers.cli import assert_one_line_error, infer
 from helpers.llama_quantize import FTYPES, llama_quantize
-from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
+from helpers.tiny_models import GEMMA4_PER_LAYER, add_common_kvs, add_spm_vocab, write_tiny_gemma4, write_tiny_model
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_model
 
@@ -21,7 +21,7 @@ from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_
 pytestmark = pytest.mark.reference  # llama.cpp's quantizer is the reference of every test (and imported above)
 ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF16, "phi3": GT.F16, "olmo2": GT.BF16,
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
-              "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16}
+              "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16, "gemma4": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -29,6 +29,8 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
                       nan_in: str | None = None, seed: int = 0) -> Path:
     """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input
     ("granitehybrid-moe": granitehybrid with experts F wide and a shared expert, Granite 4.0 H Tiny's layout)."""
+    if arch == "gemma4":  # E2B's layout: shared-KV layers, per-layer embeddings, global layers without attn_v
+        return write_tiny_gemma4(path, seed, shared=True, per_layer=GEMMA4_PER_LAYER, float_type=dtype)
     rng = np.random.default_rng(seed)
     granite_moe = arch == "granitehybrid-moe"
     arch = "granitehybrid" if granite_moe else arch

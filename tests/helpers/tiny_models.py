@@ -433,9 +433,11 @@ GEMMA4_TYPES = {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_K, "attn_o
 
 
 def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: str | None = None,
-                      n_ctx: int = 256, shared: bool = False, per_layer: int = 0) -> Path:
+                      n_ctx: int = 256, shared: bool = False, per_layer: int = 0,
+                      float_type: GT | None = None) -> Path:
     """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers;
-    per_layer: with E2B's per-layer embeddings that wide) as llama.cpp's converter writes one."""
+    per_layer: with E2B's per-layer embeddings that wide) as llama.cpp's converter writes one;
+    float_type: every matrix in that float type with a few outliers (llama-quantize's input)."""
     rng = np.random.default_rng(seed)
     D, H, F, t = 256, 4, 512, GEMMA4_TYPES
     shape = {True: (2, 64), False: (1, 128)}  # (KV heads, head size) by kind: sliding-window or not
@@ -464,7 +466,17 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
         if len(shp) == 1:  # norms stay F32
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shp)).astype(np.float32))
             return
-        data, qt = random_tensor(rng, shp, qtype)
+        if float_type is not None:
+            x = rng.normal(0, WEIGHT_STD, size=shp).astype(np.float32)
+            x[0, :8] *= 40  # a few outliers, so scale searches have something to do
+            qtype = float_type
+            if float_type == GT.BF16:  # truncated: fine for a test input
+                w.add_tensor(name, (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(shp[0], -1),
+                             raw_dtype=GT.BF16)
+                return
+            data, qt = (x, GT.F32) if float_type == GT.F32 else (x.astype(np.float16), GT.F16)
+        else:
+            data, qt = random_tensor(rng, shp, qtype)
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
 
     add("token_embd.weight", (n_vocab, D), t["token_embd"])

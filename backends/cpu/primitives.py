@@ -8,7 +8,6 @@ part of the time, so fewer, larger calls pay.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from typing import Any, Callable
 
@@ -51,7 +50,7 @@ class CpuPrimitives:
         self.attn_softcap = np.float32(cfg.attn_logit_softcap)
         self.residual_scale = np.float32(cfg.residual_scale)
         self.any_swa = any(cfg.layer_swa)
-        # per layer: which of the workspace's kinds of attention scratch it uses (runner.layer_kind)
+        # per layer: which of the workspace's kinds of attention scratch it uses (kv_pool.layer_kind)
         self.kind = [layer_kind(cfg, il) for il in range(cfg.n_layer)]
         # RoPE frequency factors of the sliding-window layers where only the global ones take the
         # file's (Gemma 4's proportional RoPE): none
@@ -65,9 +64,10 @@ class CpuPrimitives:
         cfg = self.cfg
         T = len(batch.tokens)
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
-        self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
+        self.x, self.xn = ws.x[:T], ws.xn[:T]
+        # each kind of attention layer's scratch (Q|K|V products, Q, its q8_0 scales, the output)
         self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
-        self.out = {"qkv": ws.qkv[:T], "per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         if cfg.recurrent_layers and cfg.mamba2:
             self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
         elif cfg.recurrent_layers and cfg.ssm_state_size:
@@ -199,14 +199,15 @@ class CpuPrimitives:
         P, f32 = cfg.n_embd_per_layer, np.float32
         proj, ple = ws.ple_proj[:T], ws.ple[:T]
         r.ple_rows.gather(self.batch.tokens, ws.ple_rows)
-        embed(static_type(r.ple_embd.type_id), ws.ple_rows, ws.rows[:T], f32(math.sqrt(P)), ple)
+        # the scales as llama.cpp's float arithmetic forms them: sqrtf(P), 1.0f / sqrtf(n_embd), 1.0f / sqrtf(2)
+        embed(static_type(r.ple_embd.type_id), ws.ple_rows, ws.rows[:T], np.sqrt(f32(P)), ple)
         for w, col in r.ple_model_proj:
             qmatmul(w, x, proj, ws.mm, col)
-        proj *= f32(1.0 / math.sqrt(cfg.n_embd))
+        proj *= f32(1.0) / np.sqrt(f32(cfg.n_embd))
         normed = proj.reshape(T * cfg.n_layer, P)
         rmsnorm(normed, r.ple_proj_norm, self.eps, normed)
         ple += proj
-        ple *= f32(1.0 / math.sqrt(2.0))
+        ple *= f32(1.0) / np.sqrt(f32(2.0))
         if self.trace is not None:
             self._seen("inp_per_layer", -1, ple)
 

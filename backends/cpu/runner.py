@@ -122,7 +122,7 @@ class _Layer:
     """One layer's weights as the forward pass uses them, prepared once."""
 
     # products: (weight, first output column) pairs side by side (_products)
-    qkv: list  # into Workspace.qkv
+    qkv: list  # into its kind's Workspace.kinds[...]["qkv"]
     wo: list
     gate_up: list  # into Workspace.gu
     down: list
@@ -274,7 +274,6 @@ class Workspace:
         halves = [cfg.n_rot // 2, cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2 if any(cfg.layer_swa) else 1]
         self.cos = [np.zeros((T, h), f32) for h in halves]
         self.sin = [np.zeros((T, h), f32) for h in halves]
-        self.qkv, self.attn = self.kinds[0]["qkv"], self.kinds[0]["attn"]
         widest = max(max(cfg.n_head, hkv) * max(dk, dv) for hkv, dk, dv, _ in shapes)
         self.dxb = np.zeros(widest // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
         self.bsum = np.zeros_like(self.dxb)

@@ -128,6 +128,13 @@ class ModelConfig:
     n_layer_kv: int = 0
     # Gemma 4 E2B/E4B: the width of each layer's own token embedding (per_layer_token_embd); 0: none
     n_embd_per_layer: int = 0
+    # per layer: its FFN's width where a per-layer feed_forward_length gives them (Gemma 4 E2B's
+    # double-wide FFNs in the shared-KV layers; n_ff is then the widest); () where one n_ff is all
+    n_ff_layers: tuple[int, ...] = ()
+
+    def layer_n_ff(self, il: int) -> int:
+        """Layer il's dense FFN width."""
+        return self.n_ff_layers[il] if self.n_ff_layers else self.n_ff
 
     def attn_shape(self, il: int) -> tuple[int, int, int, int]:
         """Layer il's (KV heads, K head size, V head size, rotated dims): a sliding-window layer's
@@ -275,7 +282,7 @@ class ModelConfig:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
         # a model of experts only has no dense FFN to size (Qwen3.5 MoE's files have no feed_forward_length)
-        n_ff = int(get("feed_forward_length", 0, required=spec.experts != "always"))
+        n_ff = int(hybrid.pop("n_ff", 0) or get("feed_forward_length", 0, required=spec.experts != "always"))
         n_expert = int(get("expert_count", 0)) if spec.experts != "never" else 0
         n_expert_used = int(get("expert_used_count", 0)) if n_expert else 0
         if (n_expert or spec.experts == "always") and not 0 < n_expert_used <= n_expert:

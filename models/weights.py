@@ -177,6 +177,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         q_dim, kv_dim, v_dim = cfg.n_head * head_dim, n_head_kv * head_dim, n_head_kv * head_dim_v
         qk_norm = {"": (0, 0), "head": (head_dim, head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
         own_kv = cfg.kv_source(i) == i
+        F = cfg.layer_n_ff(i)
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
         moe = cfg.n_expert > 0 and i >= cfg.n_layer_dense_lead
         if recurrent:

@@ -111,7 +111,13 @@ class CpuPrimitives:
         return self.xn
 
     def linear(self, ws: list, h: np.ndarray, name: str, il: int) -> np.ndarray:
-        out = self.kinds[self.kind[il]]["qkv"] if name == "qkv" else self.out[name]
+        if name == "qkv":
+            out = self.kinds[self.kind[il]]["qkv"]
+        elif name == "ffn_gate_up" and self.cfg.n_ff_layers:  # this layer's width (Gemma 4 E2B's differ)
+            F = self.cfg.layer_n_ff(il)
+            out = self.ws.gu.reshape(-1)[:self.T * 2 * F].reshape(self.T, 2 * F)
+        else:
+            out = self.out[name]
         mm = self.ws.mm
         for w, col in ws:
             qmatmul(w, h, out, mm, col)
@@ -232,8 +238,9 @@ class CpuPrimitives:
         return x, self.norm(x, w, next_name, next_il)
 
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
-        act = self.ws.act[:self.T]
-        (glu_rows if self.T > 1 else glu)(gu, self.cfg.n_ff, self.act, act)
+        F = self.cfg.layer_n_ff(il)
+        act = self.ws.act.reshape(-1)[:self.T * F].reshape(self.T, F)
+        (glu_rows if self.T > 1 else glu)(gu, F, self.act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act

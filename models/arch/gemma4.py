@@ -60,6 +60,11 @@ def layer_shapes(get, n_layer: int) -> dict[str, Any]:
     if n_rot % 2 or n_rot < 0 or n_rot > (head_k or 4096):
         raise ValueError(f"rope.dimension_count_swa {n_rot} must be even and at most the head size")
     out["n_rot_swa"] = n_rot
+    n_ff = get("feed_forward_length")
+    if hasattr(n_ff, "__len__"):  # use_double_wide_mlp: the shared-KV layers' FFNs twice as wide
+        if len(n_ff) != n_layer or min(int(v) for v in n_ff) <= 0:
+            raise ValueError(f"feed_forward_length needs a positive width for each of the {n_layer} layers")
+        out["n_ff"], out["n_ff_layers"] = max(int(v) for v in n_ff), tuple(int(v) for v in n_ff)
     per_layer = int(get("embedding_length_per_layer_input", 0))
     if not 0 <= per_layer <= 65536:
         raise ValueError(f"embedding_length_per_layer_input {per_layer} is out of range")

@@ -424,7 +424,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
 # with 1 KV head, no attn_v (K's product is V) and RoPE over a quarter of each head (rope_freqs)
 GEMMA4_SWA = (True, True, False, True, True, False)
 # gemma4-shared (E2B's attention): the last 2 layers keep no K/V; each reads the last earlier layer
-# of its kind's (layer 4 layer 2's, layer 5 layer 3's)
+# of its kind's (layer 4 layer 2's, layer 5 layer 3's); their FFNs twice as wide (use_double_wide_mlp)
 GEMMA4_SHARED_SWA, GEMMA4_SHARED = (True, False, True, False, True, False), 2
 # gemma4-ple (E2B's per-layer embeddings): each layer's own token embedding this wide
 GEMMA4_PER_LAYER = 64
@@ -444,7 +444,11 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
     pattern, n_shared = (GEMMA4_SHARED_SWA, GEMMA4_SHARED) if shared else (GEMMA4_SWA, 0)
     n_layer = len(pattern)
     w = gguf.GGUFWriter(str(path), "gemma4")
-    add_common_kvs(w, "gemma4", D, F, n_layer, H, [shape[s][0] for s in pattern], shape[False][1], n_ctx)
+    n_ff = [2 * F if i >= n_layer - n_shared else F for i in range(n_layer)]
+    add_common_kvs(w, "gemma4", D, 0 if n_shared else F, n_layer, H, [shape[s][0] for s in pattern],
+                   shape[False][1], n_ctx)
+    if n_shared:  # a width per layer, as llama.cpp's converter writes use_double_wide_mlp
+        w.add_feed_forward_length(n_ff)
     w.add_key_length_swa(shape[True][1])
     w.add_value_length_swa(shape[True][1])
     w.add_sliding_window_pattern(list(pattern))
@@ -505,9 +509,9 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
             w.add_tensor(p + name + ".weight", (0.25 * (1.0 + rng.normal(0, 0.1, size=hd))).astype(np.float32))
         add(p + "post_attention_norm.weight", (D,))
         add(p + "ffn_norm.weight", (D,))
-        add(p + "ffn_gate.weight", (F, D), t["ffn_gate"])
-        add(p + "ffn_up.weight", (F, D), t["ffn_up"])
-        add(p + "ffn_down.weight", (D, F), t["ffn_down"])
+        add(p + "ffn_gate.weight", (n_ff[i], D), t["ffn_gate"])
+        add(p + "ffn_up.weight", (n_ff[i], D), t["ffn_up"])
+        add(p + "ffn_down.weight", (D, n_ff[i]), t["ffn_down"])
         add(p + "post_ffw_norm.weight", (D,))
         w.add_tensor(p + "layer_output_scale.weight", rng.uniform(0.5, 1.5, size=1).astype(np.float32))
         if per_layer:

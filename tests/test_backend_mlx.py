@@ -195,8 +195,8 @@ def test_refuses_what_it_cannot_run(arch, tiny_model):
 
 
 def test_refuses_a_state_it_does_not_keep(tiny_model, monkeypatch):
-    # every registered architecture runs on mlx now: the refusal of a recurrent state the backend's
-    # kernels do not keep (base.STATE_KINDS), on qwen35 with "delta" taken out of mlx's kinds
+    # every registered recurrent architecture runs on mlx now: the refusal of a recurrent state the
+    # backend's kernels do not keep (base.STATE_KINDS), on qwen35 with "delta" taken out of mlx's kinds
     from infer.backends.mlx import runner as mlx_runner
 
     monkeypatch.setattr(mlx_runner, "STATE_KINDS", {"mlx": frozenset({"conv"})})

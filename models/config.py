@@ -167,6 +167,38 @@ class ModelConfig:
     def kv_v_in_k(self) -> bool:
         """The cache keeps no V of its own: V is the leading head_dim_v columns of each K row (MLA)."""
         return self.n_lora_kv > 0
+    # Gemma 4 (Architecture.layer_shapes): the sliding-window layers' own attention shape, KV heads,
+    # head size (K and V alike) and rotated dims (0: as the global layers'); the layers from
+    # n_layer_kv on have no K/V of their own but read the last earlier layer's of their kind (0: all own)
+    n_head_kv_swa: int = 0
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_layer_kv: int = 0
+    # Gemma 4 E2B/E4B: the width of each layer's own token embedding (per_layer_token_embd); 0: none
+    n_embd_per_layer: int = 0
+    # per layer: its FFN's width where a per-layer feed_forward_length gives them (Gemma 4 E2B's
+    # double-wide FFNs in the shared-KV layers; n_ff is then the widest); () where one n_ff is all
+    n_ff_layers: tuple[int, ...] = ()
+
+    def layer_n_ff(self, il: int) -> int:
+        """Layer il's dense FFN width."""
+        return self.n_ff_layers[il] if self.n_ff_layers else self.n_ff
+
+    def attn_shape(self, il: int) -> tuple[int, int, int, int]:
+        """Layer il's (KV heads, K head size, V head size, rotated dims): a sliding-window layer's
+        may differ from a global one's (Gemma 4)."""
+        if not self.layer_swa[il]:
+            return self.n_head_kv, self.head_dim, self.head_dim_v, self.n_rot
+        return (self.n_head_kv_swa or self.n_head_kv, self.head_dim_swa or self.head_dim,
+                self.head_dim_swa or self.head_dim_v, self.n_rot_swa or self.n_rot)
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose K/V layer il attends over: itself, or for a layer from n_layer_kv on the
+        last layer before n_layer_kv of its kind (llama.cpp's layer_reuse_cb of Gemma 3n / 4:
+        n_layer_kv - 2 for a sliding-window layer, n_layer_kv - 1 for a global one)."""
+        if not self.n_layer_kv or il < self.n_layer_kv:
+            return il
+        return self.n_layer_kv - (2 if self.layer_swa[il] else 1)
 
     def layer_experts(self, il: int) -> bool:
         """Whether layer il's FFN is the mixture of experts (else the dense FFN)."""
@@ -224,7 +256,8 @@ class ModelConfig:
         """The global layers, then the sliding-window layers (if any): each group has its own blocks,
         so the sliding-window layers can drop the blocks that fall out of their window. Recurrent
         layers keep no K/V and are in no group."""
-        kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])]
+        kv = [i for i in range(self.n_layer) if not (self.layer_recurrent and self.layer_recurrent[i])
+              and self.kv_source(i) == i]
         full = tuple(i for i in kv if not self.layer_swa[i])
         local = tuple(i for i in kv if self.layer_swa[i])
         groups = [KVGroup(0, full)] if full else []
@@ -234,17 +267,29 @@ class ModelConfig:
 
     @property
     def kv_layer_index(self) -> dict[int, tuple[int, int]]:
-        """layer -> (its KV group, its index within the group): where a pool keeps its K/V."""
-        return {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
+        """layer -> (its KV group, its index within the group): where a pool keeps its K/V (a layer
+        that reuses another's K/V: where that one's are)."""
+        own = {il: (gi, j) for gi, g in enumerate(self.kv_groups) for j, il in enumerate(g.layers)}
+        return {**own, **{il: own[self.kv_source(il)] for il in range(self.n_layer) if self.kv_source(il) in own}}
+
+    def kv_group_shape(self, g: int) -> tuple[int, int, int]:
+        """The rows KV group g keeps per token: (KV heads, K row size, V row size), those of its
+        layers (one kind: Gemma 4's sliding-window layers differ from its global ones). V's is 0
+        where the cache keeps no V (kv_v_in_k: MLA reads V from the K rows). The pools' arrays and
+        kv_block_bytes are both sized from this."""
+        hkv, dk, dv, _ = self.attn_shape(self.kv_groups[g].layers[0])
+        return hkv, dk, 0 if self.kv_v_in_k else dv
 
     def kv_block_bytes(self, block_size: int, k_bytes: float = 2, v_bytes: float | None = None) -> tuple[int, ...]:
         """Bytes one block of each KV group takes: K and V of all its layers, k_bytes per element of K and
         v_bytes (by default k_bytes) per element of V; a quantized cache type takes a fraction of a byte
         more than its bits (q8_0: 34/32, its f16 scale per 32)."""
         v_bytes = k_bytes if v_bytes is None else v_bytes
-        v_part = 0 if self.kv_v_in_k else v_bytes * self.head_dim_v
-        per_token = round(self.n_head_kv * (k_bytes * self.head_dim + v_part))
-        return tuple(len(g.layers) * block_size * per_token for g in self.kv_groups)
+        out = []
+        for gi, g in enumerate(self.kv_groups):
+            hkv, dk, dv = self.kv_group_shape(gi)
+            out.append(len(g.layers) * block_size * round(hkv * (k_bytes * dk + v_bytes * dv)))
+        return tuple(out)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int | None = None) -> "ModelConfig":
@@ -285,6 +330,7 @@ class ModelConfig:
         # a hybrid model's recurrent layers (its module reads which they are, per-layer arrays included)
         try:
             hybrid = spec.recurrent(raw, n_layer) if spec.recurrent is not None else {}
+            hybrid.update(spec.layer_shapes(raw, n_layer) if spec.layer_shapes is not None else {})
         except ValueError as e:
             raise ModelConfigError(f"{arch}: {e}") from None
         n_head_kv = int(hybrid.pop("n_head_kv", None) or get("attention.head_count_kv", n_head))
@@ -307,7 +353,7 @@ class ModelConfig:
             tokens = meta.get("tokenizer.ggml.tokens")
             n_vocab = int(get("vocab_size", len(tokens) if tokens is not None else 0))
         # a model of experts only has no dense FFN to size (Qwen3.5 MoE's files have no feed_forward_length)
-        n_ff = int(get("feed_forward_length", 0, required=spec.experts != "always"))
+        n_ff = int(hybrid.pop("n_ff", 0) or get("feed_forward_length", 0, required=spec.experts != "always"))
         n_expert = int(get("expert_count", 0)) if spec.experts != "never" else 0
         n_expert_used = int(get("expert_used_count", 0)) if n_expert else 0
         if (n_expert or spec.experts == "always") and not 0 < n_expert_used <= n_expert:

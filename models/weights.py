@@ -100,6 +100,15 @@ class LayerWeights:
     kv_a_norm: np.ndarray | None = None
     k_b: tuple[Matrix, ...] = ()
     v_b: tuple[Matrix, ...] = ()
+    # Gemma 4: V's RMSNorm per head without a weight, as a weight of ones (head_dim_v,); the layer's
+    # output scale (1,) (layer_output_scale); None where absent
+    v_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None
+    # Gemma 4's per-layer embeddings (ModelConfig.n_embd_per_layer P): inp_gate (P, n_embd), proj
+    # (n_embd, P), post_norm (n_embd,); None where absent
+    ple_gate: Matrix | None = None
+    ple_proj: Matrix | None = None
+    ple_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,11 @@ class ModelWeights:
     rope_freqs: np.ndarray | None  # RoPE frequency divisors (Llama 3.1's; LongRoPE's short factors)
     rope_freqs_long: np.ndarray | None  # LongRoPE's factors for contexts beyond config.n_ctx_orig
     layers: tuple[LayerWeights, ...]
+    # Gemma 4's per-layer embeddings: per_layer_token_embd (n_vocab, n_layer * P), per_layer_model_proj
+    # (n_layer * P, n_embd), per_layer_proj_norm (P,); None without them
+    ple_embd: Matrix | None = None
+    ple_model_proj: Matrix | None = None
+    ple_proj_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,15 +179,18 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
     D, F = cfg.n_embd, cfg.n_ff
-    q_dim, kv_dim, v_dim = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     arch = cfg.architecture
-    qk_norm = {"": (0, 0), "head": (cfg.head_dim, cfg.head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         # both norms or neither (the backends normalize Q and K alike)
         qk_required = not arch.qk_norm_optional or p + "attn_q_norm.weight" in tensors \
             or p + "attn_k_norm.weight" in tensors
+        n_head_kv, head_dim, head_dim_v, _ = cfg.attn_shape(i)  # a layer's own (Gemma 4's differ by kind)
+        q_dim, kv_dim, v_dim = cfg.n_head * head_dim, n_head_kv * head_dim, n_head_kv * head_dim_v
+        qk_norm = {"": (0, 0), "head": (head_dim, head_dim), "all": (q_dim, kv_dim)}[arch.qk_norm]
+        own_kv = cfg.kv_source(i) == i
+        F = cfg.layer_n_ff(i)
         recurrent = bool(cfg.layer_recurrent) and cfg.layer_recurrent[i]
         moe = cfg.layer_experts(i)
         if recurrent:
@@ -189,19 +206,33 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
             wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
             bq = bk = bv = None
-            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
             own = {"attn_gate": gate}
-        else:
-            wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path)
-            bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
-            wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v))
+        elif not own_kv:  # it reads an earlier layer's K/V (Gemma 4): Q alone, whatever K/V the file has
+            wq, wk, wv = get(p + "attn_q.weight", (q_dim, D)), None, None
+            bq = bk = bv = None
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
             own = {}
+        else:
+            wq, wk, wv = _qkv(tensors, get, p, D, (q_dim, kv_dim, v_dim), path, arch.v_from_k)
+            bq, bk, bv = _qkv_biases(tensors, vec, p, (q_dim, kv_dim, v_dim))
+            wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
+            own = {}
+        if arch.v_norm and not recurrent:
+            own["v_norm"] = np.ones(head_dim_v, np.float32)
+        if arch.out_scale:
+            own["out_scale"] = vec(p + "layer_output_scale.weight", 1, required=False)
+        if cfg.n_embd_per_layer:
+            P = cfg.n_embd_per_layer
+            own.update(ple_gate=get(p + "inp_gate.weight", (P, D)), ple_proj=get(p + "proj.weight", (D, P)),
+                       ple_norm=vec(p + "post_norm.weight", D))
         layers.append(LayerWeights(
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
             bq=bq, bk=bk, bv=bv,
             q_norm=vec(p + "attn_q_norm.weight", qk_norm[0], qk_required) if qk_norm[0] and not recurrent else None,
-            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1], qk_required) if qk_norm[1] and not recurrent else None,
+            k_norm=vec(p + "attn_k_norm.weight", qk_norm[1], qk_required)
+            if qk_norm[1] and not recurrent and own_kv else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(get, p, cfg) if moe else {**_gate_up(tensors, get, p, D, F),
@@ -220,7 +251,19 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs=_rope_freqs(tensors, vec, cfg.n_rot // 2),
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
+        **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
     )
+
+
+def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma 4's per-layer token embeddings and their projection from the embedding (llama.cpp's
+    LLM_TENSOR_PER_LAYER_*)."""
+    n = cfg.n_layer * cfg.n_embd_per_layer
+    embd = get("per_layer_token_embd.weight", (cfg.n_vocab, n))
+    if not isinstance(embd, QTensor):
+        raise ModelLoadError(f"per_layer_token_embd in {type(embd).__name__} form is not supported")
+    return {"ple_embd": embd, "ple_model_proj": get("per_layer_model_proj.weight", (n, cfg.n_embd)),
+            "ple_proj_norm": vec("per_layer_proj_norm.weight", cfg.n_embd_per_layer)}
 
 
 def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
@@ -232,10 +275,15 @@ def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
     return t[lo:hi]
 
 
-def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path) -> tuple[Matrix, Matrix, Matrix]:
+def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path,
+         v_from_k: bool = False) -> tuple[Matrix, Matrix, Matrix]:
     """Q, K, V: three matrices, or row ranges of one fused attn_qkv (which llama.cpp accepts for every
-    architecture; phi3 files have it)."""
+    architecture; phi3 files have it). v_from_k: a layer without attn_v takes K's product as V
+    (Gemma 4's attention_k_eq_v layers)."""
     fused = tensors.get(p + "attn_qkv.weight")
+    if fused is None and v_from_k and p + "attn_v.weight" not in tensors:
+        wk = get(p + "attn_k.weight", (dims[1], D))
+        return get(p + "attn_q.weight", (dims[0], D)), wk, wk
     if fused is None:
         return (get(p + "attn_q.weight", (dims[0], D)), get(p + "attn_k.weight", (dims[1], D)),
                 get(p + "attn_v.weight", (dims[2], D)))

@@ -62,6 +62,9 @@ def _layer(a) -> str:
         parts.append({"gelu": "GELU", "swiglu_oai": "clamped SwiGLU"}.get(a.activation, a.activation))
     if a.layer_plan_kind:
         parts.append(a.layer_plan_kind)
+    if a.layer_shapes is not None:  # the file's per-layer flags say which layers slide (Gemma 4)
+        parts.append("sliding-window and global layers of different head sizes, shared-KV layers, "
+                     "per-layer embeddings where the file has them")
     elif a.swa_pattern:
         parts.append(f"sliding window on {a.swa_pattern - 1} of {a.swa_pattern} layers")
     if any(a.default_softcaps):

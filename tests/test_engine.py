@@ -64,6 +64,21 @@ def test_batched_equals_alone_per_position(tmp_path, arch):
     assert together == alone(path, prompts, config)
 
 
+@pytest.mark.slow  # threaded steps, as the tests above
+@pytest.mark.parametrize("arch", ["gemma4-shared", "gemma4-ple"])
+def test_batched_equals_alone_gemma4(tmp_path, arch):
+    # Gemma 4: two KV groups of different head sizes, layers that read an earlier layer's K/V blocks
+    # (gemma4-shared) or take per-layer embeddings of each token (gemma4-ple), prompts chunked
+    # differently together than alone
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=15)
+    config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
+    prompts = tiny_prompts()
+    together, widest = run_all(LLM.load(path, config), prompts)
+    assert widest == 8
+    assert together == alone(path, prompts, config)
+    assert all(len(t) > 0 for t in together)
+
+
 def test_grouped_experts_equal_expert_by_expert(tmp_path):
     # moe.experts_ffn (experts packed alike) against primitives' expert-by-expert loop: the same rows
     path = write_tiny_model(tmp_path / "tiny-llama-moe.gguf", "llama-moe", seed=13)

@@ -236,7 +236,7 @@ def test_kv_cache_is_resident_only_where_written():
     from infer.models.config import KVGroup
 
     cfg = SimpleNamespace(kv_groups=(KVGroup(0, (0, 1, 2, 3)),), kv_layer_index={i: (0, i) for i in range(4)},
-                          n_head_kv=2, head_dim=128, head_dim_v=128)
+                          kv_group_shape=lambda g: (2, 128, 128))
     pool = KVPool(cfg, [256], 16)
     k = pool.k[0]
     assert k.shape == (4, 4096, 2, 128) and k.dtype == np.uint16

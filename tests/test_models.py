@@ -14,8 +14,8 @@ from infer.models.loader import load_model
 
 # every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
 # glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air), deepseek2 as DeepSeek-V2-Lite (no Q
-# compression, softmax gating)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite"]
+# compression, softmax gating), gemma4 with shared-KV layers and with per-layer embeddings (E2B's)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -401,3 +401,19 @@ def test_llama4_layer_plan_as_llama_cpp_reads_it():
         ModelConfig.from_metadata({k: v for k, v in meta.items() if "interleave" not in k}, n_vocab=320)
     with pytest.raises(ModelConfigError, match="expert"):
         ModelConfig.from_metadata({**meta, "llama4.expert_count": 0}, n_vocab=320)
+
+
+def test_gemma4_kv_pool_by_kind_and_shared_layers(tmp_path):
+    # Gemma 4's pool: each KV group rows of its own kind's shape (global: 1 KV head of 128, sliding
+    # window: 2 of 64), no rows for the shared-KV layers 4 and 5, which read layers 2's and 3's
+    from infer.backends.cpu.kv_pool import KVPool
+
+    path = write_tiny_model(tmp_path / "tiny-gemma4-shared.gguf", "gemma4-shared", seed=tiny_seed("gemma4-shared"))
+    cfg = load_model(path).config
+    assert [g.layers for g in cfg.kv_groups] == [(1, 3), (0, 2)]
+    assert cfg.kv_layer_index[4] == cfg.kv_layer_index[2] and cfg.kv_layer_index[5] == cfg.kv_layer_index[3]
+    pool = KVPool(cfg, [3, 2], 16)
+    assert pool.k[0].shape == (2, 48, 1, 128) and pool.k[1].shape == (2, 32, 2, 64)
+    # f16 K and V of 2 layers a group: 1 * (128 + 128) and 2 * (64 + 64) elements a token
+    assert cfg.kv_block_bytes(16) == (2 * 16 * 256 * 2, 2 * 16 * 256 * 2)
+    assert [pool.block_bytes(g) for g in (0, 1)] == list(cfg.kv_block_bytes(16))

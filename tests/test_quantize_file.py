@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as GT
 from helpers.cli import assert_one_line_error, infer
 from helpers.llama_quantize import FTYPES, llama_quantize
 from helpers.tiny_deepseek2 import write_tiny_deepseek2
-from helpers.tiny_models import add_common_kvs, add_spm_vocab, write_tiny_model
+from helpers.tiny_models import GEMMA4_PER_LAYER, add_common_kvs, add_spm_vocab, write_tiny_gemma4, write_tiny_model
 from infer.models.gguf_file import read_gguf
 from infer.models.quantize_file import QuantizeError, QuantizeOptions, quantize_model
 
@@ -24,7 +24,7 @@ ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
               "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16,
-              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16}
+              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16, "gemma4": GT.BF16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -35,6 +35,8 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
     deepseek2: tiny_deepseek2.py's, its MLA tensors 3-D)."""
     if arch in ("deepseek2", "deepseek2-lite"):
         return write_tiny_deepseek2(path, arch, seed, 320, 256, None, dtype)
+    if arch == "gemma4":  # E2B's layout: shared-KV layers, per-layer embeddings, global layers without attn_v
+        return write_tiny_gemma4(path, seed, shared=True, per_layer=GEMMA4_PER_LAYER, float_type=dtype)
     rng = np.random.default_rng(seed)
     granite_moe = arch == "granitehybrid-moe"
     arch = "granitehybrid" if granite_moe else arch

@@ -111,8 +111,9 @@ def rope_angles(cfg: Any, positions: np.ndarray, swa: bool, freq_factors: np.nda
     """The cos and sin of a batch's positions for the global layers (swa False) or the sliding-window
     ones, from the model's RoPE settings: what both the cpu and the mlx backend rotate by."""
     base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
-    lo, hi = yarn_corr_dims(cfg.n_rot, cfg.n_ctx_orig, base, cfg.yarn_beta_fast, cfg.yarn_beta_slow)
-    rope_cache(positions, cfg.n_rot, base, scale, freq_factors, cfg.rope_attn_factor, cfg.rope_ext_factor, lo, hi,
+    n_rot = 2 * cos_out.shape[1]  # the layers' rotated dims (Gemma 4's sliding-window layers have their own)
+    lo, hi = yarn_corr_dims(n_rot, cfg.n_ctx_orig, base, cfg.yarn_beta_fast, cfg.yarn_beta_slow)
+    rope_cache(positions, n_rot, base, scale, freq_factors, cfg.rope_attn_factor, cfg.rope_ext_factor, lo, hi,
                cos_out, sin_out)
 
 

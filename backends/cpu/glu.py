@@ -119,3 +119,11 @@ def glu_rows(gu, F, act, out):
     # glu over a batch, its rows split among the threads
     for t in prange(gu.shape[0]):
         _glu_row(gu[t], F, act, out[t])
+
+
+@njit(cache=True, error_model="numpy")
+def gelu_mul(g, m):
+    # g: (T, N) f32 in place = ggml_gelu(g) * m; m: (T, N) f32 (Gemma 4's per-layer gate times its input)
+    for t in range(g.shape[0]):
+        for i in range(g.shape[1]):
+            g[t, i] = _gelu_slow(g[t, i]) * m[t, i]

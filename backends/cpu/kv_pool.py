@@ -52,19 +52,37 @@ def _rows(cache_type: str, n_layers: int, n_rows: int, n_head: int, head_dim: in
     return lazy_zeros((n_layers, n_rows, n_head, head_dim), np.uint16)
 
 
+def kind_layers(cfg) -> list[int]:
+    """A layer of each kind of attention: a global layer (or 0), then a sliding-window layer where
+    its shape differs (ModelConfig.attn_shape: Gemma 4's); the runner's per-kind scratch and
+    rotations are in that order."""
+    swa = [il for il in range(cfg.n_layer) if cfg.layer_swa[il]]
+    full = [il for il in range(cfg.n_layer) if not cfg.layer_swa[il]]
+    first = full[0] if full else 0
+    return [first, swa[0]] if swa and cfg.attn_shape(swa[0]) != cfg.attn_shape(first) else [first]
+
+
+def layer_kind(cfg, il: int) -> int:
+    """Which of kind_layers' kinds layer il's attention is."""
+    kinds = kind_layers(cfg)
+    return 1 if len(kinds) > 1 and cfg.attn_shape(il) == cfg.attn_shape(kinds[1]) else 0
+
+
 class KVPool(BlockKVPool):
     def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int,
                  cache_type_k: str = "f16", cache_type_v: str = "f16"):
         super().__init__(cfg, n_blocks, block_size)
         groups = cfg.kv_groups
         # k[g]: (layers in group, n_blocks * block_size, n_head_kv, K row) f16 bits or q8_0 blocks
-        self.k = [_rows(cache_type_k, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim)
-                  for g, n in zip(groups, self.n_blocks)]
-        # v[g]: likewise with V rows; MLA (cfg.kv_v_in_k) keeps no V: its V is the leading
-        # head_dim_v of each K row (llama.cpp's K-only cache for it), so v is k itself
-        self.v = self.k if cfg.kv_v_in_k else [
-            _rows(cache_type_v, len(g.layers), n * block_size, cfg.n_head_kv, cfg.head_dim_v)
-            for g, n in zip(groups, self.n_blocks)]
+        # each group's own rows (ModelConfig.kv_group_shape: Gemma 4's sliding-window layers differ)
+        shapes = [cfg.kv_group_shape(gi) for gi in range(len(groups))]
+        self.k = [_rows(cache_type_k, len(g.layers), n * block_size, hkv, dk)
+                  for g, n, (hkv, dk, _) in zip(groups, self.n_blocks, shapes)]
+        # v[g]: likewise with V rows; a V row size of 0 (MLA, ModelConfig.kv_v_in_k) keeps no V: its V
+        # is the leading head_dim_v of each K row (llama.cpp's K-only cache for it), so v is k itself
+        self.v = self.k if all(dv == 0 for _, _, dv in shapes) else [
+            _rows(cache_type_v, len(g.layers), n * block_size, hkv, dv)
+            for g, n, (hkv, _, dv) in zip(groups, self.n_blocks, shapes)]
 
     def layer(self, il: int) -> tuple[int, np.ndarray, np.ndarray]:
         """(group, K rows, V rows) of layer il."""

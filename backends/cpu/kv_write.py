@@ -60,13 +60,14 @@ def _prepare_q(q, qd, bsum, k_rows):
 
 
 @njit(cache=True)
-def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, rope, late_norm, neox, q_scale, q_temp, q, qd,
-             k_pool, v_pool, slots, kf, vf, dxb, bsum, rot_k, rot_v):
+def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, v_norm, eps, cos_t, sin_t, rope, late_norm, neox, q_scale, q_temp,
+             q, qd, k_pool, v_pool, slots, kf, vf, dxb, bsum, rot_k, rot_v):
     # What follows the Q/K/V products, in one call: biases, Q/K norms, RoPE, the Q prescale,
     # the rotation of Q and K by rot_k and of V by rot_v (0: none; kv_pool.rotation), Q prepared for
     # the products with K (prepare_q) and K, V written to the cache (kv_store).
     # qkv: (T, Nq+Nk+Nv) f32, the three products side by side; bq, bk, bv: (N,) or (0,) biases
     # q_norm, k_norm: (hd,) per head, (H*hd,) / (Hkv*hd,) over the whole projection, or (0,) (heads_post)
+    # v_norm: (hdv,) per head or (0,) (Gemma 4's V: ggml_rms_norm without a weight, here ones)
     # cos_t, sin_t: (T, n_rot/2) f32 from rope_cache; rope: rotate Q and K by them (a layer without
     #   RoPE: not); late_norm: the Q/K norms after RoPE (heads_post)
     # q_temp: (T,) f32 per token, Q's factor beside q_scale after RoPE (the attention temperature,
@@ -86,7 +87,7 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, rope, late_norm
         qs = q_scale * q_temp[t] if q_temp.shape[0] else q_scale
         heads_post(row[:Nq], bq, q_norm, eps, cos_t[t], sin_t[t], rope, late_norm, neox, qs, q[t])
         heads_post(row[Nq:Nq + Nk], bk, k_norm, eps, cos_t[t], sin_t[t], rope, late_norm, neox, np.float32(1.0), kf)
-        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, bv[:0], eps, cos_t[t], sin_t[t], False, False, neox,
+        heads_post(row[Nq + Nk:Nq + Nk + Nv], bv, v_norm, eps, cos_t[t], sin_t[t], False, False, neox,
                    np.float32(1.0), vf)
         if rot_k > 0:
             fwht(q[t].reshape(Nq), rot_k)
@@ -96,3 +97,18 @@ def qkv_post(qkv, bq, bk, bv, q_norm, k_norm, eps, cos_t, sin_t, rope, late_norm
         prepare_q(q[t].reshape(Nq), qd[t], bsum, k_pool)
         kv_store(kb, dxb, bsum, k_pool[slots[t]].reshape(-1))
         kv_store(vb, dxb, bsum, v_pool[slots[t]].reshape(-1))
+
+
+@njit(cache=True)
+def q_post(qkv, bq, q_norm, eps, cos_t, sin_t, rope, late_norm, neox, q_scale, q_temp, q, qd, k_pool, bsum, rot_k):
+    # qkv_post's work on Q alone, for a layer that attends over an earlier layer's K/V and writes
+    # none (Gemma 4's shared-KV layers): qkv (T, >= Nq) f32, Q its first Nq columns; the other
+    # arrays as qkv_post's (k_pool: the K rows it attends over, whose type Q is prepared for)
+    T = qkv.shape[0]
+    Nq = q.shape[1] * q.shape[2]
+    for t in range(T):
+        qs = q_scale * q_temp[t] if q_temp.shape[0] else q_scale
+        heads_post(qkv[t, :Nq], bq, q_norm, eps, cos_t[t], sin_t[t], rope, late_norm, neox, qs, q[t])
+        if rot_k > 0:
+            fwht(q[t].reshape(Nq), rot_k)
+        prepare_q(q[t].reshape(Nq), qd[t], bsum, k_pool)

@@ -19,9 +19,9 @@ from infer.quant.static_type import static_type
 from .attention import attention
 from .delta_net import delta_net
 from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
-from .glu import ACTIVATIONS, glu, glu_rows
-from .kv_pool import KVPool
-from .kv_write import qkv_post
+from .glu import ACTIVATIONS, gelu_mul, glu, glu_rows
+from .kv_pool import KVPool, layer_kind
+from .kv_write import q_post, qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
 from .mla import mla_post, mla_prepare_q
@@ -64,6 +64,12 @@ class CpuPrimitives:
         self.any_swa = any(cfg.layer_swa)
         # llama4's L2 norm of Q and K (cfg.kq_l2_norm): an RMSNorm of weight 1 after RoPE
         self.l2_norm = np.ones(cfg.head_dim if cfg.kq_l2_norm else 0, np.float32)
+        # per layer: which of the workspace's kinds of attention scratch it uses (kv_pool.layer_kind)
+        self.kind = [layer_kind(cfg, il) for il in range(cfg.n_layer)]
+        # RoPE frequency factors of the sliding-window layers where only the global ones take the
+        # file's (Gemma 4's proportional RoPE): none
+        self.swa_ff = (np.ones(cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2, np.float32)
+                       if arch.rope_freqs_global_only and self.any_swa else None)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
@@ -72,22 +78,26 @@ class CpuPrimitives:
         cfg = self.cfg
         T = len(batch.tokens)
         self.batch, self.pool, self.ws, self.T, self.states = batch, pool, ws, T, states
-        self.x, self.xn, self.attn = ws.x[:T], ws.xn[:T], ws.attn[:T]
-        self.out = {"qkv": ws.qkv[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.x, self.xn = ws.x[:T], ws.xn[:T]
+        # each kind of attention layer's scratch (Q|K|V products, Q, its q8_0 scales, the output)
+        self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
+        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
         if cfg.recurrent_layers and cfg.mamba2:
             self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
         elif cfg.recurrent_layers and cfg.ssm_state_size:
             self.out.update(ssm_in=ws.ssm_in[:T], linear_attn_out=ws.o[:T])
         elif cfg.recurrent_layers:
             self.out.update(shortconv_in_proj=ws.bcx[:T], shortconv_out_proj=ws.o[:T])
-        if cfg.kv_v_in_k:
-            self.out.update(q_a=ws.mla_qa[:T], q=ws.mla_q[:T], kv_cmpr_pe=ws.mla_kv[:T])
-        self.cos, self.sin = ws.cos[:, :T], ws.sin[:, :T]
+        if cfg.kv_v_in_k:  # MLA's products land in its kind's scratch (Workspace)
+            mla = self.kinds[0]
+            self.out.update(q_a=mla["mla_qa"], q=mla["mla_q"], kv_cmpr_pe=mla["mla_kv"])
+        self.cos, self.sin = [c[:T] for c in ws.cos], [s[:T] for s in ws.sin]
         ff = self.runner.freq_factors
         if cfg.rope:  # else no layer rotates (cfg.layer_rope: granitehybrid's NoPE)
             rope_angles(cfg, batch.positions, False, ff, self.cos[0], self.sin[0])
             if self.any_swa:
-                rope_angles(cfg, batch.positions, True, ff, self.cos[1], self.sin[1])
+                rope_angles(cfg, batch.positions, True, ff if self.swa_ff is None else self.swa_ff, self.cos[1],
+                            self.sin[1])
         self.prompt_end = batch.prompt_ends()
         # the attention temperature per token, for the layers that take it (cfg.layer_attn_temp)
         self.q_temp = cfg.attn_temperature(batch.positions) if cfg.attn_temp_scale else np.zeros(0, np.float32)
@@ -127,7 +137,13 @@ class CpuPrimitives:
         return self.xn
 
     def linear(self, ws: list, h: np.ndarray, name: str, il: int) -> np.ndarray:
-        out = self.out[name]
+        if name == "qkv":
+            out = self.kinds[self.kind[il]]["qkv"]
+        elif name == "ffn_gate_up" and self.cfg.n_ff_layers:  # this layer's width (Gemma 4 E2B's differ)
+            F = self.cfg.layer_n_ff(il)
+            out = self.ws.gu.reshape(-1)[:self.T * 2 * F].reshape(self.T, 2 * F)
+        else:
+            out = self.out[name]
         mm = self.ws.mm
         for w, col in ws:
             qmatmul(w, h, out, mm, col)
@@ -139,20 +155,26 @@ class CpuPrimitives:
         cfg, ws, batch, pool, T, r = self.cfg, self.ws, self.batch, self.pool, self.T, self.runner
         rope = 1 if cfg.layer_swa[il] else 0
         g, kc, vc = pool.layer(il)
-        q3 = ws.q[:T]
-        qd = ws.qd[:T]
+        kind = self.kind[il]
+        q3, qd, attn = self.kinds[kind]["q"], self.kinds[kind]["qd"], self.kinds[kind]["attn"]
+        rot_k, rot_v = r.rot_k[kind], r.rot_v[kind]
         rot = cfg.layer_rope(il)
         l2 = rot and self.l2_norm.shape[0] > 0  # llama4: the L2 norm on the layers with RoPE
         q_norm, k_norm = (self.l2_norm, self.l2_norm) if l2 else (ly.q_norm, ly.k_norm)
-        qkv_post(qkv, ly.bq, ly.bk, ly.bv, q_norm, k_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2,
-                 self.neox, self.q_scale, self.q_temp if cfg.layer_attn_temp(il) else self.q_temp[:0], q3, qd, kc,
-                 vc, batch.slots[g], ws.kf, ws.vf, ws.dxb, ws.bsum, r.rot_k, r.rot_v)
+        q_temp = self.q_temp if cfg.layer_attn_temp(il) else self.q_temp[:0]
+        if cfg.kv_source(il) == il:
+            qkv_post(qkv, ly.bq, ly.bk, ly.bv, q_norm, k_norm, ly.v_norm, self.eps, self.cos[rope], self.sin[rope], rot,
+                     l2, self.neox, self.q_scale, q_temp, q3, qd, kc, vc, batch.slots[g], ws.kinds[kind]["kf"],
+                     ws.kinds[kind]["vf"], ws.dxb, ws.bsum, rot_k, rot_v)
+        else:  # a layer that attends over an earlier layer's K/V (Gemma 4's shared-KV layers): Q alone
+            q_post(qkv, ly.bq, q_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2, self.neox, self.q_scale,
+                   q_temp, q3, qd, kc, ws.bsum, rot_k)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, r.rot_v,
-                  self.attn.reshape(T, cfg.n_head, cfg.head_dim_v), ws.scores)
+                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+                  attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
-            self._seen("kqv_out", il, self.attn)
-        return self.attn
+            self._seen("kqv_out", il, attn)
+        return attn
 
     def rms_norm(self, y: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
         rmsnorm(y, w, self.eps, y)
@@ -168,7 +190,8 @@ class CpuPrimitives:
         H, R, n_rot, dq, dv = cfg.n_head, cfg.n_lora_kv, cfg.n_rot, cfg.head_dim_k_mla, cfg.head_dim_v_mla
         nope = dq - n_rot
         g, kc, _ = pool.layer(il)
-        q3, qd = ws.q[:T], ws.qd[:T]
+        scratch = self.kinds[0]  # MLA's layers are all of one kind
+        q3, qd = scratch["q"], scratch["qd"]
         f32 = np.float32
         mla_post(q, kv, ly.kv_a_norm, self.eps, self.cos[0], self.sin[0], q3, np.empty((1, R), f32),
                  np.empty((1, n_rot), f32), np.empty(H * n_rot, f32), np.empty((H, n_rot), f32), kc,
@@ -179,12 +202,12 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
         mla_prepare_q(q3, qd, ws.bsum, kc)
-        lat = self.attn.reshape(T, H, R)
+        lat = scratch["attn"].reshape(T, H, R)
         attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
                   pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
-        out = ws.mla_out[:T]
+        out = scratch["mla_out"]
         for h, w in enumerate(ly.v_b):  # kqv_mla: each head's latent mix back to value_length_mla
             qmatmul(w, lat[:, h], out, mm, h * dv)
         if self.trace is not None:
@@ -234,17 +257,58 @@ class CpuPrimitives:
             self._seen(name, il, y)
         return y
 
-    def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray, il: int, name: str,
+    def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray | None, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
-        residual_norm(x, o, post, self.eps, self.residual_scale, w, self.xn)
+        residual_norm(x, o, post, self.eps, self.residual_scale, post[:0] if w is None else w, self.xn)
         if self.trace is not None:
             self._seen(name, il, x)
             self._seen(next_name, next_il, self.xn)
         return x, self.xn
 
+    def per_layer_inputs(self, x: np.ndarray) -> None:
+        """Gemma 4's per-layer inputs of the batch (ws.ple, (T, n_layer * P)), from x the scaled token
+        embeddings: (RMSNorm(per_layer_model_proj · x / sqrt(D)) per layer + the token's own
+        per_layer_token_embd rows * sqrt(P)) / sqrt(2), as llama.cpp's project_per_layer_inputs."""
+        cfg, ws, T, r = self.cfg, self.ws, self.T, self.runner
+        P, f32 = cfg.n_embd_per_layer, np.float32
+        proj, ple = ws.ple_proj[:T], ws.ple[:T]
+        r.ple_rows.gather(self.batch.tokens, ws.ple_rows)
+        # the scales as llama.cpp's float arithmetic forms them: sqrtf(P), 1.0f / sqrtf(n_embd), 1.0f / sqrtf(2)
+        embed(static_type(r.ple_embd.type_id), ws.ple_rows, ws.rows[:T], np.sqrt(f32(P)), ple)
+        for w, col in r.ple_model_proj:
+            qmatmul(w, x, proj, ws.mm, col)
+        proj *= f32(1.0) / np.sqrt(f32(cfg.n_embd))
+        normed = proj.reshape(T * cfg.n_layer, P)
+        rmsnorm(normed, r.ple_proj_norm, self.eps, normed)
+        ple += proj
+        ple *= f32(1.0) / np.sqrt(f32(2.0))
+        if self.trace is not None:
+            self._seen("inp_per_layer", -1, ple)
+
+    def per_layer_gate(self, x: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        """GELU(inp_gate · x) times the layer's per-layer input (T, P)."""
+        cfg, ws, T = self.cfg, self.ws, self.T
+        g = ws.ple_g[:T]
+        for w, col in ly.ple_gate:
+            qmatmul(w, x, g, ws.mm, col)
+        P = cfg.n_embd_per_layer
+        gelu_mul(g, ws.ple[:T, il * P:(il + 1) * P])
+        return g
+
+    def add_scale_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, s: np.ndarray, w: np.ndarray, il: int,
+                       next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
+        if not s.shape[0]:
+            return self.add_norm(x, o, post, w, il, "l_out", next_name, next_il)
+        residual_norm(x, o, post, self.eps, self.residual_scale, s[:0], self.xn)
+        x *= s[0]  # float32 times float32, as ggml_mul by the (1,) tensor
+        if self.trace is not None:
+            self._seen("l_out", il, x)
+        return x, self.norm(x, w, next_name, next_il)
+
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
-        act = self.ws.act[:self.T]
-        (glu_rows if self.T > 1 else glu)(gu, self.cfg.n_ff, self.act, act)
+        F = self.cfg.layer_n_ff(il)
+        act = self.ws.act.reshape(-1)[:self.T * F].reshape(self.T, F)
+        (glu_rows if self.T > 1 else glu)(gu, F, self.act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act

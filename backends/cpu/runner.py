@@ -22,7 +22,7 @@ from infer.backends.batch import Batch
 from infer.quant.tensor import QTensor, StackedRows
 
 from .hugepages import HugeArena, huge_empty
-from .kv_pool import KVPool, SequenceKV, check_head_size, rotation
+from .kv_pool import KVPool, SequenceKV, check_head_size, kind_layers, rotation
 from .matmul import MatmulWorkspace
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
@@ -123,7 +123,7 @@ class _Layer:
     """One layer's weights as the forward pass uses them, prepared once."""
 
     # products: (weight, first output column) pairs side by side (_products)
-    qkv: list  # into Workspace.qkv
+    qkv: list  # into its kind's Workspace.kinds[...]["qkv"]
     wo: list
     gate_up: list  # into Workspace.gu
     down: list
@@ -136,6 +136,12 @@ class _Layer:
     bv: np.ndarray
     q_norm: np.ndarray
     k_norm: np.ndarray
+    v_norm: np.ndarray  # (hdv,) ones where V is RMS-normed per head (Gemma 4), else (0,)
+    out_scale: np.ndarray  # (1,): the layer's output times it (Gemma 4's layer_output_scale), else (0,)
+    # Gemma 4's per-layer embedding: inp_gate's and proj's products ([] when absent), post_norm (D,)
+    ple_gate: list
+    ple_proj: list
+    ple_norm: np.ndarray
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
@@ -187,7 +193,10 @@ class _Layer:
         mla = lw.kv_a is not None
         return cls(
             # a gated attention's gate after V (qkv_post reads Q|K|V off the front)
-            qkv=_products((lw.wq, lw.wk, lw.wv) + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
+            # a layer that reads an earlier layer's K/V has Q alone (Gemma 4's shared-KV layers); MLA's
+            # layers have their own products (q_a, q, kv_a)
+            qkv=_products(tuple(w for w in (lw.wq, lw.wk, lw.wv) if w is not None)
+                          + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
             if lw.wq is not None and not mla else [],
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
@@ -200,6 +209,10 @@ class _Layer:
             attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
             post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
             bq=_vec(lw.bq), bk=_vec(lw.bk), bv=_vec(lw.bv), q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
+            v_norm=_vec(lw.v_norm), out_scale=_vec(lw.out_scale),
+            ple_gate=[(_pack(lw.ple_gate, mmap), 0)] if lw.ple_gate is not None else [],
+            ple_proj=[(_pack(lw.ple_proj, mmap), 0)] if lw.ple_proj is not None else [],
+            ple_norm=_vec(lw.ple_norm),
             bo=_vec(lw.bo), sinks=_vec(lw.sinks), router_bias=_vec(lw.router_bias), exp_probs_b=_vec(lw.exp_probs_b),
             gu_bias=np.ascontiguousarray(np.concatenate(lw.expert_biases[:2], axis=1)) if lw.expert_biases else _NONE2,
             down_bias=np.ascontiguousarray(lw.expert_biases[2]) if lw.expert_biases else _NONE2,
@@ -223,7 +236,7 @@ class _Layer:
 def _layer_products(ly: "_Layer") -> list:
     """Every (weight, column) product of a layer."""
     out = ly.qkv + ly.wo + ly.gate_up + ly.down + ly.router + ly.shortconv_in + ly.shortconv_out + ly.ssm_in + ly.ssm_out
-    out += ly.shexp + ly.shexp_down + ly.shexp_gate + ly.q_a + ly.q + ly.kv_a
+    out += ly.shexp + ly.shexp_down + ly.shexp_gate + ly.q_a + ly.q + ly.kv_a + ly.ple_gate + ly.ple_proj
     out += [(w, 0) for w in ly.k_b + ly.v_b]
     for gate_up, down in ly.experts:
         out += gate_up + down
@@ -231,7 +244,7 @@ def _layer_products(ly: "_Layer") -> list:
 
 
 class Workspace:
-    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int, embd_row_bytes: int):
+    def __init__(self, cfg, max_tokens: int, n_ctx: int, n_threads: int, embd_row_bytes: int, ple_row_bytes: int = 0):
         T, D, F = max_tokens, cfg.n_embd, cfg.n_ff
         f32 = np.float32
         self.max_tokens, self.n_ctx = T, n_ctx
@@ -239,19 +252,22 @@ class Workspace:
         self.rows = np.arange(T, dtype=np.int32)  # 0, 1, ...: embd's row of each token
         self.x = np.zeros((T, D), f32)
         self.xn = np.zeros((T, D), f32)
-        nq, nk, nv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-        gate = nq if cfg.architecture.attn_output_gate else 0  # the gate's columns after V
+        # the attention's shapes: the global layers', then the sliding-window layers' where they differ
+        # (Gemma 4: other head sizes and KV heads; ModelConfig.attn_shape)
+        shapes = [cfg.attn_shape(il) for il in kind_layers(cfg)]
+        gate = cfg.architecture.attn_output_gate  # the gate's n_head * head_dim columns after V
         # A layer's mixer (attention, or a recurrent layer's) and its FFN never hold scratch at once:
-        # the mixer ends in its output product (o) before the FFN begins. So the three sets of
+        # the mixer ends in its output product (o) before the FFN begins. So the sets of
         # scratch below are views of one arena as large as the largest (a hybrid's 512-token batch:
-        # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another.
-        attention = {"qkv": (T, nq + nk + nv + gate), "q": (T, cfg.n_head, cfg.head_dim),
-                     "attn": (T, cfg.n_head * cfg.head_dim_v)}
+        # Qwen3.5-4B's 64 MiB where they took 154), each set's buffers one after another; each kind
+        # of attention layer has a set of its own (one of them runs at a time).
+        attention = [{"qkv": (T, cfg.n_head * dk * (1 + gate) + hkv * (dk + dv)),
+                      "q": (T, cfg.n_head, dk), "attn": (T, cfg.n_head * dv)} for hkv, dk, dv, _ in shapes]
         if cfg.kv_v_in_k:  # MLA (mla.py): the Q, compressed Q and latent products, the heads' outputs
             R, H = cfg.n_lora_kv, cfg.n_head
-            attention = {"qkv": (T, 0), "mla_qa": (T, cfg.n_lora_q), "mla_q": (T, H * cfg.head_dim_k_mla),
-                         "mla_kv": (T, R + cfg.n_rot), "q": (T, H, cfg.head_dim), "attn": (T, H * R),
-                         "mla_out": (T, H * cfg.head_dim_v_mla)}
+            attention = [{"qkv": (T, 0), "mla_qa": (T, cfg.n_lora_q), "mla_q": (T, H * cfg.head_dim_k_mla),
+                          "mla_kv": (T, R + cfg.n_rot), "q": (T, H, cfg.head_dim), "attn": (T, H * R),
+                          "mla_out": (T, H * cfg.head_dim_v_mla)}]
         ffn = {"gu": (T, 2 * F), "act": (T, F)}
         recurrent: dict[str, tuple[int, ...]] = {}
         if cfg.recurrent_layers and cfg.ssm_state_size:  # Mamba-2 mixers (mamba.py: z|xBC|dt) or gated
@@ -261,31 +277,39 @@ class Workspace:
             recurrent = {"ssm_in": (T, width), "ssm_xc": (T, C), "ssm_e": (T, C), "ssm_y": (T, inner)}
         elif cfg.recurrent_layers:  # short convolutions (shortconv.py): B | C | x, B * x, their output
             recurrent = {"bcx": (T, 3 * D), "bx": (T, D), "conv_y": (T, D)}
-        sets = (attention, ffn, recurrent)
+        sets = (*attention, ffn, recurrent)
         arena = np.zeros(max(sum(math.prod(shape) for shape in views.values()) for views in sets), f32)
-        for views in sets:
+        self.kinds: list[dict[str, np.ndarray]] = [{} for _ in attention]
+        for i, views in enumerate(sets):
             at = 0
             for name, shape in views.items():
                 n = math.prod(shape)
-                setattr(self, name, arena[at:at + n].reshape(shape))
+                if i < len(attention):
+                    self.kinds[i][name] = arena[at:at + n].reshape(shape)
+                else:
+                    setattr(self, name, arena[at:at + n].reshape(shape))
                 at += n
-        self.qd = np.zeros((T, nq // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
-        self.kf = np.zeros((cfg.n_head_kv, cfg.head_dim), f32)
-        self.vf = np.zeros((cfg.n_head_kv, cfg.head_dim_v), f32)
-        self.dxb = np.zeros(max(nq, nk, nv) // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
+        for kind, (hkv, dk, dv, _) in zip(self.kinds, shapes):
+            kind["qd"] = np.zeros((T, cfg.n_head * dk // 16), f32)  # Q's q8_0 scales (a q8_0 K cache)
+            kind["kf"] = np.zeros((hkv, dk), f32)
+            kind["vf"] = np.zeros((hkv, dv), f32)
+        # RoPE's cos and sin: [0] of the global layers, [1] of the sliding-window layers (their own
+        # rotated dims: Gemma 4)
+        halves = [cfg.n_rot // 2, cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2 if any(cfg.layer_swa) else 1]
+        self.cos = [np.zeros((T, h), f32) for h in halves]
+        self.sin = [np.zeros((T, h), f32) for h in halves]
+        widest = max(max(cfg.n_head, hkv) * max(dk, dv) for hkv, dk, dv, _ in shapes)
+        self.dxb = np.zeros(widest // 16 + 1, f32)  # quantizer scratch (q8_0 cache types)
         self.bsum = np.zeros_like(self.dxb)
         self.o = np.zeros((T, D), f32)
         self.positions = np.zeros(T, np.int32)
-        half = cfg.n_rot // 2
-        self.cos = np.zeros((2, T, half), f32)  # [0]: global layers, [1]: sliding-window layers
-        self.sin = np.zeros((2, T, half), f32)
         n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
         # attention's scratch: a row per chunk, room in each for the scores of all the query heads
         # that share a KV head (attention.py serves them together)
-        self.group = cfg.n_head // cfg.n_head_kv
+        self.group = max(cfg.n_head // hkv for hkv, _, _, _ in shapes)
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
-        self.mm = MatmulWorkspace(T, max(D, F, cfg.n_head * cfg.head_dim_v, cfg.ssm_inner_size, cfg.n_ff_exp,
-                                         cfg.n_ff_shexp), n_chunks)
+        self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size,
+                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer), n_chunks)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)
@@ -306,6 +330,13 @@ class Workspace:
             if cfg.architecture.moe_weight_before:  # llama4: every (token, expert) input, weighted
                 self.weighed = np.zeros((T * k, D), f32)
                 self.ones = np.ones((T, k), f32)  # the weights the outputs are then added with
+        if cfg.n_embd_per_layer:  # Gemma 4's per-layer embeddings: every layer's input (its own token
+            # embedding's rows as stored, the projection of the embedding, their mix) and one layer's gate
+            n = cfg.n_layer * cfg.n_embd_per_layer
+            self.ple_rows = np.zeros((T, ple_row_bytes), np.uint8)
+            self.ple_proj = np.zeros((T, n), f32)
+            self.ple = np.zeros((T, n), f32)
+            self.ple_g = np.zeros((T, cfg.n_embd_per_layer), f32)
         if cfg.n_ff_shexp:  # the shared expert: gate|up, its activation, its output, its gate's logit
             Fs = cfg.n_ff_shexp
             self.sgu = np.zeros((T, 2 * Fs), f32)
@@ -322,19 +353,23 @@ class CpuRunner:
 
     def __init__(self, config, weights, n_threads: int | None = None, max_tokens: int = DEFAULT_CHUNK,
                  mmap: bool = True, mlock: bool = False, cache_type_k: str = "f16", cache_type_v: str = "f16"):
-        check_head_size(cache_type_k, "--cache-type-k", config.head_dim)
+        shapes = [config.attn_shape(il) for il in kind_layers(config)]
+        self.cache_types = (cache_type_k, cache_type_v)
         if config.kv_v_in_k:
             # MLA: V is K's (its rows' latent), so of K's type, as llama.cpp requires it to be said;
             # its attention over such a cache (build_attn of a K-only input) rotates neither
             if cache_type_k != cache_type_v:
                 raise BackendError(f"{config.arch} keeps V inside its K cache (multi-head latent attention): "
                                    f"--cache-type-k {cache_type_k} and --cache-type-v {cache_type_v} must be the same")
-            self.rot_k = self.rot_v = 0
+            check_head_size(cache_type_k, "--cache-type-k", config.head_dim)
+            self.rot_k = self.rot_v = [0]
         else:
-            check_head_size(cache_type_v, "--cache-type-v", config.head_dim_v)
-            self.rot_k = rotation(cache_type_k, config.head_dim, widest=True)
-            self.rot_v = rotation(cache_type_v, config.head_dim_v, widest=False)
-        self.cache_types = (cache_type_k, cache_type_v)
+            for _, dk, dv, _ in shapes:
+                check_head_size(cache_type_k, "--cache-type-k", dk)
+                check_head_size(cache_type_v, "--cache-type-v", dv)
+            # per kind of attention layer (layer_kind): the rotations of K and V in a quantized cache
+            self.rot_k = [rotation(cache_type_k, dk, widest=True) for _, dk, _, _ in shapes]
+            self.rot_v = [rotation(cache_type_v, dv, widest=False) for _, _, dv, _ in shapes]
         self.cfg = config
         self.w = weights
         self.n_threads = n_threads or numba.config.NUMBA_NUM_THREADS
@@ -365,6 +400,11 @@ class CpuRunner:
             except OSError as e:
                 warnings.warn(str(e.strerror or e), RuntimeWarning, stacklevel=2)
         self.output_norm = _vec(weights.output_norm)
+        # Gemma 4's per-layer embeddings (read by rows, as token_embd), their projection, its norm
+        self.ple_embd = None if weights.ple_embd is None else weights.ple_embd if mmap else _in_memory(weights.ple_embd)
+        self.ple_rows = RowReader(self.ple_embd) if self.ple_embd is not None else None
+        self.ple_model_proj = [(_pack(weights.ple_model_proj, mmap), 0)] if weights.ple_model_proj is not None else []
+        self.ple_proj_norm = _vec(weights.ple_proj_norm)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor
@@ -405,7 +445,7 @@ class CpuRunner:
     def _workspace(self, n_ctx: int) -> Workspace:
         if self._ws is None:
             self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads,
-                                 self.embd_rows.row_bytes)
+                                 self.embd_rows.row_bytes, self.ple_rows.row_bytes if self.ple_rows else 0)
         elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
             ws = self._ws
             ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)

@@ -19,14 +19,16 @@ class MlxKVPool(BlockKVPool):
     def __init__(self, cfg, n_blocks: list[int] | tuple[int, ...], block_size: int):
         super().__init__(cfg, n_blocks, block_size)
         groups = cfg.kv_groups
-        # k[g][j]: (n_blocks * block_size, n_head_kv, head_dim) of the j-th layer of group g
-        self.k = [[mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim), KV_DTYPE) for _ in g.layers]
-                  for g, n in zip(groups, self.n_blocks)]
-        # v likewise; MLA (cfg.kv_v_in_k) keeps no V: its V is the leading head_dim_v of each K row
-        # (llama.cpp's K-only cache for it), so v is k itself
-        self.v = self.k if cfg.kv_v_in_k else [
-            [mx.zeros((n * block_size, cfg.n_head_kv, cfg.head_dim_v), KV_DTYPE) for _ in g.layers]
-            for g, n in zip(groups, self.n_blocks)]
+        # each group's own rows (ModelConfig.kv_group_shape)
+        shapes = [cfg.kv_group_shape(gi) for gi in range(len(groups))]
+        # k[g][j]: (n_blocks * block_size, KV heads, K row) of the j-th layer of group g
+        self.k = [[mx.zeros((n * block_size, hkv, dk), KV_DTYPE) for _ in g.layers]
+                  for g, n, (hkv, dk, _) in zip(groups, self.n_blocks, shapes)]
+        # v likewise; a V row size of 0 (MLA, ModelConfig.kv_v_in_k) keeps no V: its V is the
+        # leading head_dim_v of each K row (llama.cpp's K-only cache for it), so v is k itself
+        self.v = self.k if all(dv == 0 for _, _, dv in shapes) else [
+            [mx.zeros((n * block_size, hkv, dv), KV_DTYPE) for _ in g.layers]
+            for g, n, (hkv, _, dv) in zip(groups, self.n_blocks, shapes)]
         mx.eval(self.k, self.v)
 
     def _sides(self) -> tuple[list[list[mx.array]], ...]:

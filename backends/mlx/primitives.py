@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -172,6 +173,20 @@ class MlxPrimitives:
         if self.cfg.residual_scale != 1.0:
             o = o * self.cfg.residual_scale
         x = x + o
+        return x, self._norm(x, w)
+
+    def per_layer_inputs(self, x: mx.array) -> None:
+        raise BackendError("the mlx backend does not run per-layer embeddings (Gemma 4 E2B/E4B); use --backend cpu")
+
+    def per_layer_gate(self, x: mx.array, ly: Any, il: int) -> mx.array:
+        raise BackendError("the mlx backend does not run per-layer embeddings (Gemma 4 E2B/E4B); use --backend cpu")
+
+    def add_scale_norm(self, x: mx.array, o: mx.array, post: mx.array | None, s: mx.array | None,
+                       w: mx.array | None, il: int, next_name: str, next_il: int) -> tuple[mx.array, mx.array]:
+        x, h = self.add_norm(x, o, post, None if s is not None else w, il, "l_out", next_name, next_il)
+        if s is None:
+            return x, h
+        x = x * s
         return x, self._norm(x, w)
 
     def glu(self, gu: mx.array, il: int) -> mx.array:

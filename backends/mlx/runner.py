@@ -117,6 +117,9 @@ class MlxRunner:
         if missing:
             raise BackendError(f"the mlx backend does not keep {config.arch}'s recurrent state ({', '.join(sorted(missing))}) "
                                "yet (issue 34's follow-up); use --backend cpu")
+        if config.architecture.layer_shapes is not None:  # Gemma 4's per-kind heads, V norm, shared K/V
+            raise BackendError(f"the mlx backend does not run {config.arch} yet (attention shapes that differ by "
+                               "layer); use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu

@@ -69,6 +69,7 @@ from . import (
     deepseek2,
     gemma2,
     gemma3,
+    gemma4,
     glm4moe,
     gpt_oss,
     granite,
@@ -93,7 +94,7 @@ from .spec import Architecture
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4)
+            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

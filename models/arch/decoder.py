@@ -49,6 +49,18 @@ class Primitives(Protocol[A]):
         """(x, h): x += residual_scale * RMSNorm(o) * post (o alone where post is absent), then
         h = norm(x, w) under next_name."""
 
+    def per_layer_inputs(self, x: A) -> None:
+        """Gemma 4 E2B/E4B: every layer's per-layer input from the scaled token embeddings x, kept
+        for per_layer_gate ("inp_per_layer")."""
+
+    def per_layer_gate(self, x: A, ly: Any, il: int) -> A:
+        """GELU(inp_gate · x) times layer il's per-layer input, (T, P)."""
+
+    def add_scale_norm(self, x: A, o: A, post: Any, s: Any, w: Any, il: int, next_name: str,
+                       next_il: int) -> tuple[A, A]:
+        """add_norm's (x, h) ending a layer ("l_out"), x times s (the layer's output scale, (1,):
+        Gemma 4's layer_output_scale) before the norm that follows where the layer has one."""
+
     def glu(self, gu: A, il: int) -> A:
         """act(gate) * up of the two halves of gu ("ffn_act")."""
 

@@ -83,6 +83,13 @@ class Architecture:
     # Qwen3.5: attn_q gives each head's Q and an output gate interleaved (2 head_dim per head); the
     # attention's output is multiplied by sigmoid(gate) before attn_output
     attn_output_gate: bool = False
+    # Gemma 4: V RMS-normed per head (no weight) before the cache; a layer without attn_v takes K's
+    # product as V; the global layers alone take rope_freqs (proportional RoPE), the sliding-window
+    # ones none; each layer's output times its layer_output_scale where the file has one
+    v_norm: bool = False
+    v_from_k: bool = False
+    rope_freqs_global_only: bool = False
+    out_scale: bool = False
     # biases this architecture has beyond Q/K/V's, by tensor name suffix (any other bias is refused)
     extra_biases: tuple[str, ...] = ()
     optional_biases: tuple[str, ...] = ()  # those of extra_biases a file may lack (deepseek2's exp_probs_b)
@@ -106,6 +113,10 @@ class Architecture:
     # the attention temperature (ModelConfig.attn_temp_scale) on the layers without RoPE alone
     # (llama4.cpp); else on every layer (mistral3.cpp)
     attn_temp_nope_only: bool = False
+    # (raw get, n_layer) -> ModelConfig fields of attention shapes that differ by layer (Gemma 4:
+    # n_head_kv and n_head_kv_swa from a per-layer head_count_kv, head_dim_swa, n_rot_swa,
+    # n_layer_kv); None: one shape for every layer
+    layer_shapes: Callable[..., dict[str, Any]] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

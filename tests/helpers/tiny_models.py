@@ -166,7 +166,8 @@ TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olm
               "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "llama-moe": 12, "lfm2moe": 12,
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
               "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
-              "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22}
+              "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22,
+              "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15}
 
 
 def tiny_seed(arch: str) -> int:
@@ -249,6 +250,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     if arch in ("deepseek2", "deepseek2-lite"):  # MLA: its own writer
         from .tiny_deepseek2 import write_tiny_deepseek2
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
+    if arch in ("gemma4", "gemma4-shared", "gemma4-ple"):
+        return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared",
+                                 per_layer=GEMMA4_PER_LAYER if arch == "gemma4-ple" else 0)
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe",
                    "glm4moe", "glm4moe-air", "llama4")
@@ -484,4 +488,109 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     w.close()
     if split_max_tensors:
         return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
+    return path
+
+
+# gemma4: sliding-window layers (True) of head size 64 with 2 KV heads, global ones of head size 128
+# with 1 KV head, no attn_v (K's product is V) and RoPE over a quarter of each head (rope_freqs)
+GEMMA4_SWA = (True, True, False, True, True, False)
+# gemma4-shared (E2B's attention): the last 2 layers keep no K/V; each reads the last earlier layer
+# of its kind's (layer 4 layer 2's, layer 5 layer 3's); their FFNs twice as wide (use_double_wide_mlp)
+GEMMA4_SHARED_SWA, GEMMA4_SHARED = (True, False, True, False, True, False), 2
+# gemma4-ple (E2B's per-layer embeddings): each layer's own token embedding this wide
+GEMMA4_PER_LAYER = 64
+GEMMA4_TYPES = {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_K, "attn_output": GT.Q6_K,
+                "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q8_0, "token_embd": GT.Q8_0}
+
+
+def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: str | None = None,
+                      n_ctx: int = 256, shared: bool = False, per_layer: int = 0,
+                      float_type: GT | None = None) -> Path:
+    """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers;
+    per_layer: with E2B's per-layer embeddings that wide) as llama.cpp's converter writes one;
+    float_type: every matrix in that float type with a few outliers (llama-quantize's input)."""
+    rng = np.random.default_rng(seed)
+    D, H, F, t = 256, 4, 512, GEMMA4_TYPES
+    shape = {True: (2, 64), False: (1, 128)}  # (KV heads, head size) by kind: sliding-window or not
+    pattern, n_shared = (GEMMA4_SHARED_SWA, GEMMA4_SHARED) if shared else (GEMMA4_SWA, 0)
+    n_layer = len(pattern)
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    n_ff = [2 * F if i >= n_layer - n_shared else F for i in range(n_layer)]
+    add_common_kvs(w, "gemma4", D, 0 if n_shared else F, n_layer, H, [shape[s][0] for s in pattern],
+                   shape[False][1], n_ctx)
+    if n_shared:  # a width per layer, as llama.cpp's converter writes use_double_wide_mlp
+        w.add_feed_forward_length(n_ff)
+    w.add_key_length_swa(shape[True][1])
+    w.add_value_length_swa(shape[True][1])
+    w.add_sliding_window_pattern(list(pattern))
+    w.add_sliding_window(6)  # smaller than the test prompt, so the window is exercised
+    w.add_rope_dimension_count(shape[False][1])
+    w.add_rope_dimension_count_swa(shape[True][1])
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_final_logit_softcapping(2.0)  # small enough to bend these tiny logits
+    w.add_shared_kv_layers(n_shared)
+    w.add_embedding_length_per_layer_input(per_layer)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    add_spm_vocab(w, n_vocab)
+    w.add_unk_token_id(0)
+
+    def add(name: str, shp: tuple[int, ...], qtype: GT | None = None) -> None:
+        if len(shp) == 1:  # norms stay F32
+            w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shp)).astype(np.float32))
+            return
+        if float_type is not None:
+            x = rng.normal(0, WEIGHT_STD, size=shp).astype(np.float32)
+            x[0, :8] *= 40  # a few outliers, so scale searches have something to do
+            qtype = float_type
+            if float_type == GT.BF16:  # truncated: fine for a test input
+                w.add_tensor(name, (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(shp[0], -1),
+                             raw_dtype=GT.BF16)
+                return
+            data, qt = (x, GT.F32) if float_type == GT.F32 else (x.astype(np.float16), GT.F16)
+        else:
+            data, qt = random_tensor(rng, shp, qtype)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
+
+    add("token_embd.weight", (n_vocab, D), t["token_embd"])
+    add("output_norm.weight", (D,))
+    # proportional RoPE: a quarter of the global head's pairs rotate, the others stand still (1e30)
+    half = shape[False][1] // 2
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * (half // 4) + [1e30] * (half - half // 4), np.float32))
+    if per_layer:
+        add("per_layer_token_embd.weight", (n_vocab, n_layer * per_layer), GT.Q8_0)
+        add("per_layer_model_proj.weight", (n_layer * per_layer, D), GT.Q8_0)
+        add("per_layer_proj_norm.weight", (per_layer,))
+    for i, swa in enumerate(pattern):
+        p, (hkv, hd) = f"blk.{i}.", shape[swa]
+        own_kv = i < n_layer - n_shared  # a shared-KV layer has Q alone
+        add(p + "attn_norm.weight", (D,))
+        add(p + "attn_q.weight", (H * hd, D), t["attn_q"])
+        if own_kv:
+            add(p + "attn_k.weight", (hkv * hd, D), t["attn_k"])
+        if swa and own_kv:  # the global layers have none: their V is K's product
+            add(p + "attn_v.weight", (hkv * hd, D), t["attn_v"])
+        add(p + "attn_output.weight", (D, H * hd), t["attn_output"])
+        # Q·K is not scaled (Q and K are normed instead): norm weights of 1/4 keep these random
+        # scores soft, else f16 roundings of Q flip which key dominates (llama.cpp's flash attention
+        # then disagrees with its other path by half the logits)
+        for name in ("attn_q_norm", "attn_k_norm") if own_kv else ("attn_q_norm",):
+            w.add_tensor(p + name + ".weight", (0.25 * (1.0 + rng.normal(0, 0.1, size=hd))).astype(np.float32))
+        add(p + "post_attention_norm.weight", (D,))
+        add(p + "ffn_norm.weight", (D,))
+        add(p + "ffn_gate.weight", (n_ff[i], D), t["ffn_gate"])
+        add(p + "ffn_up.weight", (n_ff[i], D), t["ffn_up"])
+        add(p + "ffn_down.weight", (D, n_ff[i]), t["ffn_down"])
+        add(p + "post_ffw_norm.weight", (D,))
+        w.add_tensor(p + "layer_output_scale.weight", rng.uniform(0.5, 1.5, size=1).astype(np.float32))
+        if per_layer:
+            add(p + "inp_gate.weight", (per_layer, D), GT.Q8_0)
+            add(p + "proj.weight", (D, per_layer), GT.Q8_0)
+            add(p + "post_norm.weight", (D,))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path

@@ -34,14 +34,14 @@ def mla_post(q, kv, kv_norm, eps, cos_t, sin_t, q3, kn, kp, qp, qr, k_pool, slot
     none = kv_norm[:0]
     krow = np.empty(Dk, np.float32)
     for t in range(T):
-        heads_post(kv[t, :R], none, kv_norm, eps, cos_t[t], sin_t[t], False, False, np.float32(1.0), kn)
-        heads_post(kv[t, R:], none, none, eps, cos_t[t], sin_t[t], True, False, np.float32(1.0), kp)
+        heads_post(kv[t, :R], none, kv_norm, eps, cos_t[t], sin_t[t], False, False, False, np.float32(1.0), kn)
+        heads_post(kv[t, R:], none, none, eps, cos_t[t], sin_t[t], True, False, False, np.float32(1.0), kp)
         krow[:R] = kn[0]
         krow[R:] = kp[0]
         kv_store(krow, dxb, bsum, k_pool[slots[t]].reshape(-1))
         for h in range(H):
             qp[h * n_rot:(h + 1) * n_rot] = q[t, h * Dq + nope:(h + 1) * Dq]
-        heads_post(qp, none, none, eps, cos_t[t], sin_t[t], True, False, np.float32(1.0), qr)
+        heads_post(qp, none, none, eps, cos_t[t], sin_t[t], True, False, False, np.float32(1.0), qr)
         for h in range(H):
             q3[t, h, R:] = qr[h]
 

@@ -17,12 +17,12 @@ from .kv_write import kv_store, prepare_q
 
 
 @njit(cache=True)
-def mla_post(q, kv, kv_norm, eps, cos_t, sin_t, q3, kn, kp, qp, qr, k_pool, slots, dxb, bsum):
+def mla_post(q, kv, kv_norm, eps, cos_t, sin_t, q3, kn, kp, qp, qr, krow, k_pool, slots, dxb, bsum):
     # q: (T, H * Dq) f32 the Q product, per head its nope part then its RoPE part (n_rot)
     # kv: (T, R + n_rot) f32 attn_kv_a_mqa's product: the latent (R), then the key's RoPE part
     # kv_norm: (R,) f32 attn_kv_a_norm; cos_t, sin_t: (T, n_rot/2) f32 (rope_angles; adjacent pairs)
     # q3: (T, H, R + n_rot) f32 out: [t, h, R:] head h's RoPE'd part ([t, h, :R] is left to attn_k_b's products)
-    # kn: (1, R), kp: (1, n_rot), qp: (H * n_rot,), qr: (H, n_rot) f32 scratch
+    # kn: (1, R), kp: (1, n_rot), qp: (H * n_rot,), qr: (H, n_rot), krow: (R + n_rot,) f32 scratch
     # k_pool: (n_slots, 1, K row) this layer's cache (kv_pool.py), token t written to row slots[t]
     # dxb, bsum: (>= (R + n_rot) // 16,) f32 scratch
     T = q.shape[0]
@@ -32,7 +32,6 @@ def mla_post(q, kv, kv_norm, eps, cos_t, sin_t, q3, kn, kp, qp, qr, k_pool, slot
     Dq = q.shape[1] // H
     nope = Dq - n_rot
     none = kv_norm[:0]
-    krow = np.empty(Dk, np.float32)
     for t in range(T):
         heads_post(kv[t, :R], none, kv_norm, eps, cos_t[t], sin_t[t], False, False, False, np.float32(1.0), kn)
         heads_post(kv[t, R:], none, none, eps, cos_t[t], sin_t[t], True, False, False, np.float32(1.0), kp)

@@ -192,10 +192,9 @@ class CpuPrimitives:
         g, kc, _ = pool.layer(il)
         scratch = self.kinds[0]  # MLA's layers are all of one kind
         q3, qd = scratch["q"], scratch["qd"]
-        f32 = np.float32
-        mla_post(q, kv, ly.kv_a_norm, self.eps, self.cos[0], self.sin[0], q3, np.empty((1, R), f32),
-                 np.empty((1, n_rot), f32), np.empty(H * n_rot, f32), np.empty((H, n_rot), f32), kc,
-                 batch.slots[g], ws.dxb, ws.bsum)
+        rows = ws.kinds[0]  # mla_post's per-token scratch, whole (self.kinds' views are cut to T rows)
+        mla_post(q, kv, ly.kv_a_norm, self.eps, self.cos[0], self.sin[0], q3, rows["mla_kn"], rows["mla_kp"],
+                 rows["mla_qp"], rows["mla_qr"], rows["mla_krow"], kc, batch.slots[g], ws.dxb, ws.bsum)
         q2 = q3.reshape(T, H * cfg.head_dim)
         for h, w in enumerate(ly.k_b):  # q_nope_absorbed, into head h's first R columns
             qmatmul(w, q[:, h * dq:h * dq + nope], q2, mm, h * cfg.head_dim)

@@ -267,7 +267,11 @@ class Workspace:
             R, H = cfg.n_lora_kv, cfg.n_head
             attention = [{"qkv": (T, 0), "mla_qa": (T, cfg.n_lora_q), "mla_q": (T, H * cfg.head_dim_k_mla),
                           "mla_kv": (T, R + cfg.n_rot), "q": (T, H, cfg.head_dim), "attn": (T, H * R),
-                          "mla_out": (T, H * cfg.head_dim_v_mla)}]
+                          "mla_out": (T, H * cfg.head_dim_v_mla),
+                          # mla_post's per-token scratch: the latent, the key's RoPE part, Q's RoPE
+                          # parts (flat, then by head), the cache row
+                          "mla_kn": (1, R), "mla_kp": (1, cfg.n_rot), "mla_qp": (H * cfg.n_rot,),
+                          "mla_qr": (H, cfg.n_rot), "mla_krow": (R + cfg.n_rot,)}]
         ffn = {"gu": (T, 2 * F), "act": (T, F)}
         recurrent: dict[str, tuple[int, ...]] = {}
         if cfg.recurrent_layers and cfg.ssm_state_size:  # Mamba-2 mixers (mamba.py: z|xBC|dt) or gated

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from infer.cli.server.ollama_api import chat_message
 from infer.cli.server.openai_chat import plan
-from infer.cli.server.openai_request import APIError, parse_job, stop_strings
+from infer.cli.server.openai_request import APIError, chat_messages, parse_job, stop_strings
+from infer.engine.chat_template import ChatTemplate
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -57,3 +59,24 @@ def test_chat_template_kwargs_reach_the_template():
                       ({"add_generation_prompt": False}, "invalid_value")):
         err = refused(plan, {"chat_template_kwargs": bad}, MSGS, "", "deepseek", job, lambda text: None)
         assert (err.status, err.param, err.code) == (400, "chat_template_kwargs", code)
+
+
+# a thinking model's template in the style of Qwen3's: an earlier turn's reasoning_content shown
+# after the last user turn only
+THINKS = ("{%- for m in messages %}{%- if m.role == 'assistant' and m.reasoning_content and loop.index0 > 0 %}"
+          "<think>{{ m.reasoning_content }}</think>{% endif %}[{{ m.role }}]{{ m.content }}{% endfor %}")
+
+
+def test_earlier_reasoning_reaches_the_template():
+    """An assistant turn's thinking sent back (OpenAI/llama-server: reasoning_content; ollama:
+    thinking) reaches the template, as llama-server passes it; another type is a 400 naming it."""
+    turns = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "add"}]
+    text = ChatTemplate(THINKS).render(chat_messages({"messages": turns}))
+    assert text == "[user]2+2?<think>add</think>[assistant]4"
+    ollama_turns = [turns[0], {"role": "assistant", "content": "4", "thinking": "add"}]
+    msgs = chat_messages({"messages": [chat_message(m) for m in ollama_turns]})
+    assert msgs[1] == {"role": "assistant", "content": "4", "reasoning_content": "add"}
+    err = refused(chat_messages, {"messages": [turns[0], {**turns[1], "reasoning_content": 5}]})
+    assert (err.status, err.param, err.code) == (400, "messages[1].reasoning_content", "invalid_type")
+    # on other roles it means nothing to a template and is not passed on
+    assert "reasoning_content" not in chat_messages({"messages": [{**turns[0], "reasoning_content": "x"}]})[0]

@@ -57,6 +57,17 @@ def _error(e: APIError) -> JSONResponse:
     return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
 
+def chat_message(m: Any) -> Any:
+    """An /api/chat message as the OpenAI side reads it (chat_messages checks the rest): ollama's
+    `thinking` on an earlier assistant turn is llama-server's `reasoning_content`, the name the
+    thinking models' templates read."""
+    if isinstance(m, dict) and m.get("images"):
+        raise APIError(400, "images are not supported: this server reads text only")
+    if isinstance(m, dict) and m.get("role") == "assistant" and "thinking" in m:
+        m = {**{k: v for k, v in m.items() if k != "thinking"}, "reasoning_content": m["thinking"]}
+    return m
+
+
 class OllamaAPI:
     """The ollama routes over the service: their fields to a Generation, its Stream to their shapes."""
 
@@ -149,7 +160,7 @@ class OllamaAPI:
             raw_msgs = body.get("messages")
             if raw_msgs is not None and not isinstance(raw_msgs, list):
                 raise APIError(400, f"'messages' must be an array, got {kind(raw_msgs)}")
-            msgs = chat_messages({"messages": [self._message(m) for m in raw_msgs]}) if raw_msgs else []
+            msgs = chat_messages({"messages": [chat_message(m) for m in raw_msgs]}) if raw_msgs else []
             job, stream = self._params(body)
             if not msgs:  # ollama: an empty chat loads the model
                 return JSONResponse({"model": model, "created_at": _now(), "message": {"role": "assistant",
@@ -194,11 +205,6 @@ class OllamaAPI:
             return _error(e)
         return await self._run(request, model, Generation(prompt, job, clip=True), stream)
 
-    @staticmethod
-    def _message(m: Any) -> dict:
-        if isinstance(m, dict) and m.get("images"):
-            raise APIError(400, "images are not supported: this server reads text only")
-        return m
 
     async def _run(self, request: Request, model: str, gen: Generation, stream: bool) -> Response:
         """Generate and answer in ollama's shapes: NDJSON pieces then a done line with the timings,

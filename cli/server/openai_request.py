@@ -274,6 +274,13 @@ def chat_messages(body: dict) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": text_field(content, f"{p}.content")}
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        if role == "assistant" and m.get("reasoning_content") is not None:
+            # an earlier turn's thinking, as llama-server takes it back: the thinking models'
+            # templates (Qwen3, GLM-4.5, DeepSeek V3.1, ...) decide whether to show it again
+            if not isinstance(m["reasoning_content"], str):
+                raise APIError(400, f"'{p}.reasoning_content' must be a string, got {kind(m['reasoning_content'])}",
+                               f"{p}.reasoning_content", "invalid_type")
+            msg["reasoning_content"] = text_field(m["reasoning_content"], f"{p}.reasoning_content")
         if role == "tool" and m.get("tool_call_id") is not None:
             if not isinstance(m["tool_call_id"], str):
                 raise APIError(400, f"'{p}.tool_call_id' must be a string", f"{p}.tool_call_id", "invalid_type")

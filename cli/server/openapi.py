@@ -105,7 +105,9 @@ def _shared() -> dict:
             obj({"role": {"enum": ["system", "developer", "user"]}, "content": ref("MessageContent")},
                 ("role", "content"), "developer is read as system."),
             obj({"role": {"const": "assistant"}, "content": nullable(ref("MessageContent")),
-                 "tool_calls": nullable({"type": "array", "items": ref("ToolCall")})}, ("role",)),
+                 "reasoning_content": nullable(STRING),
+                 "tool_calls": nullable({"type": "array", "items": ref("ToolCall")})}, ("role",),
+                "reasoning_content: the turn's thinking, for templates that show it again."),
             obj({"role": {"const": "tool"}, "content": ref("MessageContent"),
                  "tool_call_id": nullable(STRING)}, ("role", "content"))]},
         "Tool": obj({"type": {"const": "function"}, "function": obj({

@@ -168,6 +168,36 @@ def test_pre_tokenizer_fallback_is_reported(tmp_path):
     assert detect_pre_tokenizer(tj) is None
 
 
+# the Split regex of Llama 4's and GPT-4o's tokenizer.json (o200k), as llama-vocab.cpp quotes it
+O200K = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+         r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_o200k_pre_tokenizer_is_gpt4o():
+    """Llama 4's (and GPT-4o's) regex is recognised as llama.cpp's "gpt-4o" (which reads "llama4"
+    alike), and that pre-tokenizer splits text as the original regex does, but for combining marks:
+    llama.cpp's rewrite of the regex leaves out \\p{M} (a letter + U+0301 + letter splits after the
+    letter there, not in the original), and infer follows llama.cpp."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from infer.engine.pretokenizers import PRE_TOKENIZERS, onig_regex
+
+    tj = json.loads(train_bpe("qwen").to_str())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = O200K
+    assert detect_pre_tokenizer(tj) == "gpt-4o"
+
+    def pieces(regexes, text):
+        steps = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes])
+        return [p for p, _ in steps.pre_tokenize_str(text)]
+
+    ours = [onig_regex(r) for r in PRE_TOKENIZERS["gpt-4o"].regexes]
+    for text in ["Hello WORLD's HTTPServer they'LL 12345 don't\r\n\n  x/y//\n", "ÀÉÎ élan Ǆungla",
+                 "  \tmixedCase camelCaseWord ALLCAPS'S 3.14159 ！？", "한국어 日本語テキスト ｶﾀｶﾅ"]:
+        assert pieces(ours, text) == pieces([O200K], text), text
+    assert pieces(ours, " a\u0301b") == [" a", "\u0301b"] and pieces([O200K], " a\u0301b") == [" a\u0301b"]
+
+
 # ----------------------------------------------------------------------------- bad input
 
 @pytest.fixture()

@@ -100,7 +100,9 @@ class CpuPrimitives:
                             self.sin[1])
         self.prompt_end = batch.prompt_ends()
         # the attention temperature per token, for the layers that take it (cfg.layer_attn_temp)
-        self.q_temp = cfg.attn_temperature(batch.positions) if cfg.attn_temp_scale else np.zeros(0, np.float32)
+        self.q_temp = ws.q_temp[:T] if cfg.attn_temp_scale else ws.q_temp
+        if cfg.attn_temp_scale:  # positions are below n_ctx (the pool's): clip only spares take a buffer
+            np.take(ws.temp_table, batch.positions, out=self.q_temp, mode="clip")
         self.trace = self.runner.trace
 
     def _seen(self, name: str, il: int, a: np.ndarray) -> None:

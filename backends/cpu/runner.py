@@ -307,6 +307,10 @@ class Workspace:
         self.bsum = np.zeros_like(self.dxb)
         self.o = np.zeros((T, D), f32)
         self.positions = np.zeros(T, np.int32)
+        # the attention temperature of every position (llama4, mistral3: ModelConfig.attn_temperature)
+        # and the batch's, looked up without allocating per step
+        self.temp_table = cfg.attn_temperature(np.arange(n_ctx)) if cfg.attn_temp_scale else np.zeros(0, f32)
+        self.q_temp = np.zeros(T if cfg.attn_temp_scale else 0, f32)
         n_chunks = max(1, CHUNKS_PER_THREAD * n_threads)
         # attention's scratch: a row per chunk, room in each for the scores of all the query heads
         # that share a KV head (attention.py serves them together)
@@ -348,6 +352,13 @@ class Workspace:
             self.sy = np.zeros((T, D), f32)
             self.sg = np.zeros((T, 1), f32)
 
+    def grow(self, cfg, n_ctx: int) -> None:
+        """Room for n_ctx positions: only the attention scores and the temperature table depend on
+        the context."""
+        self.n_ctx = n_ctx
+        self.scores = np.zeros((self.scores.shape[0], self.group * n_ctx), np.float32)
+        if self.temp_table.size:
+            self.temp_table = cfg.attn_temperature(np.arange(n_ctx))
 
 class CpuRunner:
     """Runs a model's weights; `forward` appends tokens to a KV cache and returns logits."""
@@ -450,10 +461,8 @@ class CpuRunner:
         if self._ws is None:
             self._ws = Workspace(self.cfg, self.max_tokens, max(n_ctx, 256), self.n_threads,
                                  self.embd_rows.row_bytes, self.ple_rows.row_bytes if self.ple_rows else 0)
-        elif self._ws.n_ctx < n_ctx:  # only the attention scores depend on the context: grow them, doubling
-            ws = self._ws
-            ws.n_ctx = max(n_ctx, 2 * ws.n_ctx)
-            ws.scores = np.zeros((ws.scores.shape[0], ws.group * ws.n_ctx), np.float32)
+        elif self._ws.n_ctx < n_ctx:
+            self._ws.grow(self.cfg, max(n_ctx, 2 * self._ws.n_ctx))
         return self._ws
 
     def forward(self, tokens: np.ndarray, pos0: int, cache: SequenceKV, all_logits: bool = False) -> np.ndarray:

@@ -13,11 +13,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
 from infer.backends.cpu.moe import GATING, route
+from infer.quant.dequant import dequantize
 
 from .attention import AttentionPlan, as_dtype
 from .delta_net import DeltaPlan, delta_net
@@ -86,11 +86,14 @@ class MlxPrimitives:
         self.kq_scale = 1.0 if arch.prescale_q else cfg.attn_scale
 
     def _rope(self, swa: bool) -> tuple[mx.array, mx.array]:
-        # the cpu backend's angles (ggml's arithmetic), so both rotate by the same cos and sin
-        cfg = self.cfg
-        c = np.empty((self.T, cfg.n_rot // 2), np.float32)
+        # the cpu backend's angles (ggml's arithmetic), so both rotate by the same cos and sin; the
+        # sliding-window layers' rotated dims and factors may be their own (Gemma 4)
+        cfg, r = self.cfg, self.runner
+        ff = r.freq_factors_swa if swa else r.freq_factors
+        n_rot = cfg.attn_shape(cfg.layer_swa.index(True))[3] if swa else cfg.n_rot
+        c = np.empty((self.T, n_rot // 2), np.float32)
         s = np.empty_like(c)
-        rope_angles(cfg, self.batch.positions, swa, self.runner.freq_factors, c, s)
+        rope_angles(cfg, self.batch.positions, swa, ff, c, s)
         return mx.array(c)[:, None, :], mx.array(s)[:, None, :]
 
     def _norm(self, x: mx.array, w: mx.array | None) -> mx.array:
@@ -111,22 +114,32 @@ class MlxPrimitives:
 
     def attention(self, qkv: mx.array, ly: Any, il: int) -> mx.array:
         cfg, T = self.cfg, self.T
-        H, Hkv, D, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        H = cfg.n_head
+        Hkv, D, Dv, _ = cfg.attn_shape(il)  # this layer's own (Gemma 4's differ by kind)
         nq, nk = H * D, Hkv * D
+        own_kv = cfg.kv_source(il) == il  # else Q alone: the layer reads an earlier layer's K/V (Gemma 4)
         if ly.bqkv is not None:
             qkv = qkv + ly.bqkv
-        # a gated attention's gate follows V (attn_gate)
-        q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:nq + nk + Hkv * Dv]
+        # a gated attention's gate follows V (attn_gate); Gemma 4's V may be K's product as it is
+        q, k = qkv[:, :nq], qkv[:, nq:nq + nk]
+        v = k if ly.v_from_k else qkv[:, nq + nk:nq + nk + Hkv * Dv]
         whole = ly.q_norm is not None and ly.q_norm.shape[0] == nq and H > 1
         if whole:  # over the whole projection (olmo2)
             q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
-        q, k, v = q.reshape(T, H, D), k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
+        q = q.reshape(T, H, D)
+        if own_kv:
+            k, v = k.reshape(T, Hkv, D), v.reshape(T, Hkv, Dv)
         if ly.q_norm is not None and not whole:  # over each head
-            q, k = self._norm(q, ly.q_norm), self._norm(k, ly.k_norm)
+            q = self._norm(q, ly.q_norm)
+            if own_kv:
+                k = self._norm(k, ly.k_norm)
+        if own_kv and ly.v_norm:  # Gemma 4: each V head RMS-normed, no weight
+            v = mx.fast.rms_norm(v, None, cfg.norm_eps)
         if self.ropes and cfg.layer_rope(il):  # else NoPE: Q and K as they are
             cos, sin = self.ropes[1 if cfg.layer_swa[il] else 0]
             neox = cfg.architecture.rope_neox
-            q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+            q = apply_rope(q, cos, sin, neox)
+            k = apply_rope(k, cos, sin, neox) if own_kv else k
             if cfg.kq_l2_norm:  # llama4: each head RMS-normalized after RoPE, no weight
                 q, k = mx.fast.rms_norm(q, None, cfg.norm_eps), mx.fast.rms_norm(k, None, cfg.norm_eps)
         if self.q_temp is not None and cfg.layer_attn_temp(il):
@@ -134,10 +147,11 @@ class MlxPrimitives:
         elif self.q_scale != 1.0:
             q = q * self.q_scale
         q = _f16_round(q)  # as the cpu backend (and llama.cpp) before Q·K
-        g, j = self.pool.layer_at[il]
+        g, j = self.pool.layer_at[il]  # a shared-KV layer's: its source layer's arrays themselves
         kc, vc = self.pool.k[g][j], self.pool.v[g][j]
-        kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
-        vc[self.slots[g]] = v.astype(KV_DTYPE)
+        if own_kv:
+            kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
+            vc[self.slots[g]] = v.astype(KV_DTYPE)
         return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
 
     def rms_norm(self, y: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
@@ -176,10 +190,23 @@ class MlxPrimitives:
         return x, self._norm(x, w)
 
     def per_layer_inputs(self, x: mx.array) -> None:
-        raise BackendError("the mlx backend does not run per-layer embeddings (Gemma 4 E2B/E4B); use --backend cpu")
+        """Gemma 4's per-layer inputs of the batch (T, n_layer * P), kept for per_layer_gate, from x
+        the scaled token embeddings: (RMSNorm(per_layer_model_proj · x / sqrt(D)) per layer + the
+        token's own per_layer_token_embd rows * sqrt(P)) / sqrt(2), as llama.cpp's
+        project_per_layer_inputs (and the cpu backend, in the same float32 steps)."""
+        cfg, r, T, f32 = self.cfg, self.runner, self.T, np.float32
+        P, n = cfg.n_embd_per_layer, cfg.n_layer * cfg.n_embd_per_layer
+        t = r.ple_embd  # on the host: only the batch's rows dequantized (runner)
+        rows = dequantize(np.ascontiguousarray(t.raw[self.batch.tokens]), t.type_id, (T, n)) * np.sqrt(f32(P))
+        proj = self.linear(r.ple_model_proj, x, "per_layer_proj", -1) * (f32(1.0) / np.sqrt(f32(cfg.n_embd)))
+        proj = mx.fast.rms_norm(proj.reshape(T, cfg.n_layer, P), r.ple_proj_norm, cfg.norm_eps).reshape(T, n)
+        self.ple = (proj + mx.array(rows)) * (f32(1.0) / np.sqrt(f32(2.0)))
 
     def per_layer_gate(self, x: mx.array, ly: Any, il: int) -> mx.array:
-        raise BackendError("the mlx backend does not run per-layer embeddings (Gemma 4 E2B/E4B); use --backend cpu")
+        """GELU(inp_gate · x) times layer il's per-layer input (T, P)."""
+        P = self.cfg.n_embd_per_layer
+        g = self.linear(ly.ple_gate, x, "per_layer_inp_gate", il)
+        return gelu_ggml(g) * self.ple[:, il * P:(il + 1) * P]
 
     def add_scale_norm(self, x: mx.array, o: mx.array, post: mx.array | None, s: mx.array | None,
                        w: mx.array | None, il: int, next_name: str, next_il: int) -> tuple[mx.array, mx.array]:

@@ -87,13 +87,22 @@ class _Layer:
     v_b: list[Matrix] = field(default_factory=list)
     q_a_norm: mx.array | None = None
     kv_a_norm: mx.array | None = None
+    # Gemma 4 (models/arch/gemma4.py): V is K's product (no attn_v: qkv holds Q and K alone), V
+    # RMS-normed per head without a weight; the layer's output scale (1,); the per-layer
+    # embedding's inp_gate, proj and post_norm ([] / None where none)
+    v_from_k: bool = False
+    v_norm: bool = False
+    out_scale: mx.array | None = None
+    ple_gate: list[Matrix] = field(default_factory=list)
+    ple_proj: list[Matrix] = field(default_factory=list)
+    ple_norm: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
         mats = [a for m in (*self.qkv, *self.wo, *self.gate_up, *self.down, *self.router, *experts,
                             *self.shortconv_in, *self.shortconv_out, *self.ssm_in, *self.ssm_out,
                             *self.shexp, *self.shexp_down, *self.shexp_gate, *self.q_a, *self.q, *self.kv_a,
-                            *self.k_b, *self.v_b)
+                            *self.k_b, *self.v_b, *self.ple_gate, *self.ple_proj)
                 for a in m.arrays()]
         return mats + [a for a in vars(self).values() if isinstance(a, mx.array)] + list(self.expert_biases or ())
 
@@ -117,9 +126,8 @@ class MlxRunner:
         if missing:
             raise BackendError(f"the mlx backend does not keep {config.arch}'s recurrent state ({', '.join(sorted(missing))}) "
                                "yet (issue 34's follow-up); use --backend cpu")
-        if config.architecture.layer_shapes is not None:  # Gemma 4's per-kind heads, V norm, shared K/V
-            raise BackendError(f"the mlx backend does not run {config.arch} yet (attention shapes that differ by "
-                               "layer); use --backend cpu")
+        if config.arch == "gemma4" and config.n_expert:  # its recipe's MoE block (26B-A4B) is not here
+            raise BackendError("the mlx backend does not run Gemma 4's mixture of experts yet; use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
@@ -129,6 +137,11 @@ class MlxRunner:
         half = config.n_rot // 2
         ff = weights.rope_freqs
         self.freq_factors = np.ones(half, np.float32) if ff is None else np.ascontiguousarray(ff, np.float32)
+        # the sliding-window layers' factors: the same, or none where only the global layers take the
+        # file's (Gemma 4's proportional RoPE; their rotated dims may differ too: ModelConfig.attn_shape)
+        swa = config.layer_swa.index(True) if any(config.layer_swa) else None
+        self.freq_factors_swa = (np.ones(config.attn_shape(swa)[3] // 2, np.float32)
+                                 if swa is not None and config.architecture.rope_freqs_global_only else self.freq_factors)
 
         def up(t) -> Matrix:
             try:
@@ -152,7 +165,11 @@ class MlxRunner:
             recurrent = conv or delta or mamba  # a recurrent layer: no attention matrices
             mla = lw.kv_a is not None  # multi-head latent attention: its own matrices
             # a gated attention's gate rows after V (primitives.attn_gate reads them off the end)
-            attn = [lw.wq, lw.wk, lw.wv] + ([lw.attn_gate] if lw.attn_gate is not None else [])
+            # a layer that reads an earlier layer's K/V (Gemma 4's shared-KV layers) has Q alone; one
+            # whose V is K's product (Gemma 4 without attn_v: models/weights.py hands K's matrix as V)
+            # has that product once
+            v_from_k = lw.wv is not None and lw.wv is lw.wk
+            attn = [m for m in (lw.wq, lw.wk, None if v_from_k else lw.wv, lw.attn_gate) if m is not None]
             self.layers.append(_Layer(
                 qkv=[] if recurrent or mla else _products([up(t) for t in attn]),
                 wo=[] if recurrent else [up(lw.wo)],
@@ -183,6 +200,9 @@ class MlxRunner:
                 q_a=[up(lw.q_a)] if lw.q_a is not None else [], q=[up(lw.wq)] if mla else [],
                 kv_a=[up(lw.kv_a)] if mla else [], k_b=[up(w) for w in lw.k_b], v_b=[up(w) for w in lw.v_b],
                 q_a_norm=_vec(lw.q_a_norm), kv_a_norm=_vec(lw.kv_a_norm),
+                v_from_k=v_from_k, v_norm=lw.v_norm is not None, out_scale=_vec(lw.out_scale),
+                ple_gate=[up(lw.ple_gate)] if lw.ple_gate is not None else [],
+                ple_proj=[up(lw.ple_proj)] if lw.ple_proj is not None else [], ple_norm=_vec(lw.ple_norm),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to
@@ -192,6 +212,15 @@ class MlxRunner:
         self.output = self.embed if weights.output is weights.token_embd else up(weights.output)  # tied: once
         self.output_norm = _vec(weights.output_norm)
         mx.eval(self.embed.arrays(), self.output.arrays(), self.output_norm)
+        # Gemma 4 E2B/E4B's per-layer token embeddings stay in the file (E2B's: 262144 tokens x 35
+        # layers x 256, 2.3 billion weights, of which a batch reads a few rows): the batch's rows are
+        # dequantized on the host (primitives.per_layer_inputs); their projection from the embedding
+        # and its norm are on the device
+        self.ple_embd = weights.ple_embd
+        self.ple_model_proj = [up(weights.ple_model_proj)] if weights.ple_embd is not None else []
+        self.ple_proj_norm = _vec(weights.ple_proj_norm)
+        mx.eval([a for m in self.ple_model_proj for a in m.arrays()],
+                [] if self.ple_proj_norm is None else self.ple_proj_norm)
 
     # -- the Runner protocol ------------------------------------------------------------------------
 

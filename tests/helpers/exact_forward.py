@@ -41,10 +41,13 @@ def _dense(t: QTensor, rows=None) -> np.ndarray:
 def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
     """float64 forward passes of whole sequences on the dequantized weights, no rounding anywhere:
     each (T, D), after the output norm.  The sequences' rows go through each product together."""
-    H, Hkv, hd, eps = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.norm_eps
-    ff = np.ones(cfg.n_rot // 2) if w.rope_freqs is None else w.rope_freqs.astype(np.float64)
+    H, eps = cfg.n_head, cfg.norm_eps
+    ff_global = np.ones(cfg.n_rot // 2) if w.rope_freqs is None else w.rope_freqs.astype(np.float64)
     ends = np.cumsum([len(s) for s in seqs])[:-1]
-    x = _dense(w.token_embd, np.concatenate(seqs)) * cfg.embed_scale
+    tokens = np.concatenate(seqs)
+    x = _dense(w.token_embd, tokens) * cfg.embed_scale
+    ple = _exact_per_layer_inputs(cfg, w, tokens, x) if w.ple_embd is not None else None
+    kv_of: dict[int, list] = {}  # layer -> its K and V per sequence, after norms and RoPE (Gemma 4's shared-KV layers read them)
     for il, lw in enumerate(w.layers):
         if lw.shortconv_in is not None or lw.ssm_qkv is not None or lw.ssm_in is not None:
             # a recurrent layer in place of the attention (granite's residual_scale on both blocks'
@@ -65,16 +68,22 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
             continue
         swa = cfg.layer_swa[il]
         base, scale = (cfg.rope_base_swa, cfg.rope_scale_swa) if swa else (cfg.rope_base, cfg.rope_scale)
+        Hkv, hd, _, n_rot = cfg.attn_shape(il)  # the layer's own (Gemma 4's differ by kind)
+        # Gemma 4's sliding-window layers rotate without the file's factors (proportional RoPE is global)
+        ff = np.ones(n_rot // 2) if swa and cfg.architecture.rope_freqs_global_only else ff_global
+        own_kv = cfg.kv_source(il) == il
         h = _rms(x, lw.attn_norm, eps)
         if lw.kv_a is not None:  # deepseek2's multi-head latent attention, decompressed (_exact_mla)
-            x = x + _exact_mla(cfg, h, lw, ends, ff) @ _dense(lw.wo).T
+            x = x + _exact_mla(cfg, h, lw, ends, ff_global) @ _dense(lw.wo).T
             h = _rms(x, lw.ffn_norm, eps)
             o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
             if lw.shexp is not None:
                 o = o + _exact_shared_expert(cfg, lw, h)
             x = x + o
             continue
-        q, k, v = h @ _dense(lw.wq).T, h @ _dense(lw.wk).T, h @ _dense(lw.wv).T
+        q = h @ _dense(lw.wq).T
+        # Gemma 4's shared-KV layers have Q alone (their K/V: an earlier layer's, kv_of); none here
+        k, v = (h @ _dense(lw.wk).T, h @ _dense(lw.wv).T) if own_kv else (np.zeros((len(x), 0)),) * 2
         # Qwen3.5's gated attention: the gate's rows of attn_q (models/weights.py split them out)
         gate = None if lw.attn_gate is None else h @ _dense(lw.attn_gate).T
         if lw.bq is not None:
@@ -82,18 +91,26 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         whole = lw.q_norm is not None and len(lw.q_norm) == H * hd  # olmo2: over the whole projection
         if whole:
             q, k = _rms(q, lw.q_norm, eps), _rms(k, lw.k_norm, eps)
-        q, k, v = q.reshape(len(x), H, hd), k.reshape(len(x), Hkv, hd), v.reshape(len(x), Hkv, -1)
+        n_kv = Hkv if own_kv else 0
+        q, k = q.reshape(len(x), H, hd), k.reshape(len(x), n_kv, hd)
+        v = v.reshape(len(x), n_kv, -1) if own_kv else k
         if lw.q_norm is not None and not whole:
             q, k = _rms(q, lw.q_norm, eps), _rms(k, lw.k_norm, eps)
+        if lw.v_norm is not None and own_kv:  # Gemma 4: each V head RMS-normed, no weight
+            v = _rms(v, 1.0, eps)
         outs = []
-        for qs, ks, vs in zip(np.split(q, ends), np.split(k, ends), np.split(v, ends)):
+        for si, (qs, ks, vs) in enumerate(zip(np.split(q, ends), np.split(k, ends), np.split(v, ends))):
             T = len(qs)
             yarn = (cfg.n_ctx_orig, cfg.yarn_beta_fast, cfg.yarn_beta_slow) if cfg.rope_ext_factor else None
             if cfg.layer_rope(il):  # else no positions (granitehybrid's NoPE, smollm3's and llama4's every 4th layer)
-                qs = _rope(qs, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
-                ks = _rope(ks, cfg.n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+                qs = _rope(qs, n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
+                ks = _rope(ks, n_rot, base, scale, ff, cfg.architecture.rope_neox, cfg.rope_attn_factor, yarn)
                 if cfg.kq_l2_norm:  # llama4: each head RMS-normalized after RoPE
                     qs, ks = _rms(qs, 1.0, eps), _rms(ks, 1.0, eps)
+            if own_kv:
+                kv_of.setdefault(il, []).append((ks, vs))
+            else:
+                ks, vs = kv_of[cfg.kv_source(il)][si]
             if cfg.layer_attn_temp(il):  # Llama 4's attention temperature (each sequence from position 0)
                 qs = qs * cfg.attn_temperature(np.arange(T)).astype(np.float64)[:, None, None]
             ks, vs = np.repeat(ks, H // Hkv, axis=1), np.repeat(vs, H // Hkv, axis=1)
@@ -123,7 +140,27 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         if lw.shexp is not None:
             o = o + _exact_shared_expert(cfg, lw, h)
         x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
+        if ple is not None:  # Gemma 4's per-layer embedding: proj(GELU(inp_gate x) * the layer's input), normed
+            P = cfg.n_embd_per_layer
+            g = _gelu(x @ _dense(lw.ple_gate).T) * ple[:, il * P:(il + 1) * P]
+            x = x + _rms(g @ _dense(lw.ple_proj).T, lw.ple_norm, eps)
+        if lw.out_scale is not None:  # Gemma 4's layer_output_scale
+            x = x * float(lw.out_scale[0])
     return np.split(_rms(x, w.output_norm, eps), ends)
+
+
+def _exact_per_layer_inputs(cfg, w, tokens, x):
+    """gemma4.cpp's project_per_layer_inputs (with build_inp_per_layer): from x the scaled token
+    embeddings, (RMSNorm of each layer's P columns of per_layer_model_proj x / sqrt(n_embd), times
+    per_layer_proj_norm, + the token's per_layer_token_embd row * sqrt(P)) / sqrt(2), (T, n_layer * P)."""
+    P, L = cfg.n_embd_per_layer, cfg.n_layer
+    proj = (x @ _dense(w.ple_model_proj).T / np.sqrt(cfg.n_embd)).reshape(len(x), L, P)
+    proj = _rms(proj, w.ple_proj_norm, cfg.norm_eps).reshape(len(x), L * P)
+    return (proj + _dense(w.ple_embd, tokens) * np.sqrt(P)) / np.sqrt(2)
+
+
+def _gelu(g):
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
 
 
 def _exact_mla(cfg, h, lw, ends, ff):
@@ -274,7 +311,7 @@ def _exact_mamba2(cfg, h, lw, ends):
 def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
     g, u = h @ _dense(w_gate).T + biases[0], h @ _dense(w_up).T + biases[1]
     if cfg.architecture.activation == "gelu":
-        act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+        act = _gelu(g)
     elif cfg.architecture.activation == "swiglu_oai":  # gpt-oss
         x = np.minimum(g, 7.0)
         act, u = x / (1 + np.exp(-1.702 * x)), np.clip(u, -7.0, 7.0) + 1

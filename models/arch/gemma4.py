@@ -115,4 +115,5 @@ ARCHITECTURE = Architecture(
     scalars=scalars,
     layer_shapes=layer_shapes,
     layer=layer,
+    chat_template="gemma4",
 )

@@ -171,3 +171,25 @@ def test_grammar_with_gemma4s_own_tokens():
             taken += 1
         assert taken == (len(ids) if parallel else first)  # one call alone: refused at the second
     assert parse_reply("gemma4", text, tools)[1][0].arguments == '{"city": "Paris <3"}'
+
+
+@pytest.mark.parametrize("size", [1, 4, 1000])
+def test_server_reply_split_thought_content_and_calls(size):
+    """The chat endpoint's path (cli/server/openai_chat.py): a Gemma 4 template plans the gemma4
+    call family and reasoning style with its markers spelled out; a streamed reply comes apart
+    into reasoning_content, content and tool_calls, in pieces of any size."""
+    from infer.cli.server import openai_chat
+    from infer.cli.server.openai_request import parse_job
+
+    msgs = [{"role": "user", "content": "Weather?"}]
+    body = {"messages": msgs, "tools": [t.as_openai() for t in TOOLS]}
+    plan, g = openai_chat.plan(body, msgs, gemma4_format.TEMPLATE, "deepseek", parse_job(body, None), lambda t: None)
+    assert plan.family == "gemma4" and plan.reasoning == "gemma4" and plan.markers and g is not None
+    reply = (f"<|channel>thought\nCheck the weather.<channel|>On it.<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}"
+             "<tool_call|>")
+    r = openai_chat.ChatReply(plan, False)
+    parts = [r.feed(reply[i:i + size]) for i in range(0, len(reply), size)]
+    reasoning, content, calls = r.finish()
+    assert "".join(p[0] for p in parts) + reasoning == "Check the weather."
+    assert "".join(p[1] for p in parts) + content == "On it."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]

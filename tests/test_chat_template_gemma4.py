@@ -134,6 +134,12 @@ def test_real_template_renders_as_ours():
             for prompt in (True, False):
                 assert real.render(convo[:end], add_generation_prompt=prompt, **kw) == \
                     ours.render(convo[:end], add_generation_prompt=prompt, **kw), (end, prompt, kw)
+    # llama-cpp-python's own renderer of a GGUF's template (its Jinja2ChatFormatter) agrees too
+    formatter = pytest.importorskip("llama_cpp.llama_chat_format").Jinja2ChatFormatter
+    for convo, kw in ((CONVO, {}), (CONVO, {"enable_thinking": True}), (msgs, variables)):
+        for prompt in (True, False):
+            theirs = formatter(text, EOS, BOS, add_generation_prompt=prompt)(messages=convo, **kw).prompt
+            assert theirs == ours.render(convo, add_generation_prompt=prompt, **kw), (prompt, kw)
 
 
 @pytest.mark.reference

@@ -12,8 +12,9 @@ Modules, by what they are for:
   stream), `grammar.py` (structured output through llguidance), `speculative.py` (prompt-lookup
   drafts), `draft.py` (a draft model's drafts), `pooling.py` (embeddings).
 - Chat: `chat_template.py` (Jinja templates, sandboxed), `conversation.py` (messages fitted to the
-  context), `tool_calls.py` (tools through the template, replies parsed back; `xml_tool_calls.py` its XML family), `reasoning.py`
-  (thinking kept apart from the answer).
+  context), `tool_calls.py` (tools through the template, replies parsed back; `xml_tool_calls.py` its
+  XML family, `gemma4_format.py` Gemma 4's format and built-in template), `reasoning.py` (thinking
+  kept apart from the answer).
 - Tokenizing, the same ids and text as llama.cpp for every vocabulary type it reads:
   `tokenizer.py` (the GGUF tokenizer and VOCAB_TYPES), `spm.py`, `bpe.py`, `wpm.py`, `ugm.py`,
   `rwkv.py`, `plamo2.py` (one per vocabulary type), `pretokenizers.py` (every pre-tokenizer name

@@ -15,6 +15,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from infer.models.arch import UnknownArchitecture, architecture
 from infer.quant.errors import InferError
 
+from . import gemma4_format
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -132,6 +134,8 @@ def builtin_template(arch: str, tokenizer_model: str, pre: str | None) -> str:
         family = _OTHER_FAMILIES.get(arch, "")
     if family == "gemma":
         return GEMMA_TEMPLATE
+    if family == "gemma4":
+        return gemma4_format.TEMPLATE
     if family == "chatml":
         return CHATML_TEMPLATE
     if family == "phi3":

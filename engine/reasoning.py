@@ -3,7 +3,9 @@
 DeepSeek-R1 distills, Qwen3, QwQ and SmolLM3 write their reasoning between <think> and </think>
 before the answer; some templates open the <think> in the prompt already, so the reply starts
 inside it. Mistral's reasoning models (Magistral, Ministral 3) write it between [THINK] and
-[/THINK], control tokens of their vocabulary.
+[/THINK], control tokens of their vocabulary. Gemma 4 thinks in a channel, "<|channel>thought\n...
+<channel|>" (control tokens too; the whitespace after "thought" is not part of the thought, as
+llama.cpp's parser skips it).
 llama.cpp returns the thinking as `reasoning_content` (its --reasoning-format deepseek, the
 default) and ollama as `thinking`; "none" leaves it in the text.
 """
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
 MISTRAL_OPEN, MISTRAL_CLOSE = "[THINK]", "[/THINK]"
+GEMMA4_OPEN, GEMMA4_CLOSE = "<|channel>thought", "<channel|>"
 FORMATS = ("none", "deepseek")
 # each tagged style's (open, close) tags
-TAGS = {"think": (OPEN, CLOSE), "mistral": (MISTRAL_OPEN, MISTRAL_CLOSE)}
+TAGS = {"think": (OPEN, CLOSE), "mistral": (MISTRAL_OPEN, MISTRAL_CLOSE), "gemma4": (GEMMA4_OPEN, GEMMA4_CLOSE)}
+# styles whose thought starts after whitespace that is not part of it
+TRIMMED = ("gemma4",)
 
 
 def thinks(template_source: str) -> bool:
@@ -31,8 +36,10 @@ class ThinkStream:
     """Splits a streamed reply into (reasoning, content) pieces; a tag cut between two pieces is
     held back until it is whole."""
 
-    def __init__(self, inside: bool = False, tags: tuple[str, str] = (OPEN, CLOSE)):
+    def __init__(self, inside: bool = False, tags: tuple[str, str] = (OPEN, CLOSE), trim: bool = False):
         self.open, self.close = tags
+        self.trim = trim  # whitespace right after the open tag is dropped, however it arrives
+        self.started = False  # some of the thought's text has been seen
         self.inside = inside  # in the thinking now
         self.seen_open = inside
         self.done = False  # the thinking has ended: everything else is content
@@ -64,6 +71,11 @@ class ThinkStream:
                     break
                 self.done = True  # no thinking: the whole reply is the answer
                 continue
+            if self.trim and not self.started:
+                text = text.lstrip()
+                self.started = bool(text)
+                if not text:
+                    break
             i = text.find(self.close)
             if i >= 0:
                 reasoning.append(text[:i])
@@ -96,9 +108,11 @@ _STOPS = (END, START, "<|return|>", "<|call|>")
 
 def style(template_source: str) -> str:
     """How a model's template says it reasons: "harmony" (gpt-oss's channels), "mistral" ([THINK]
-    tags), "think" (<think> tags), or "" (it does not)."""
+    tags), "gemma4" (its thought channel), "think" (<think> tags), or "" (it does not)."""
     if CHANNEL in template_source and MESSAGE in template_source:
         return "harmony"
+    if GEMMA4_OPEN in template_source and GEMMA4_CLOSE in template_source:
+        return "gemma4"
     if MISTRAL_OPEN in template_source and MISTRAL_CLOSE in template_source:
         return "mistral"
     return "think" if thinks(template_source) else ""
@@ -106,8 +120,9 @@ def style(template_source: str) -> str:
 
 def spelled_out(kind: str) -> bool:
     """Whether a style's markers are control tokens, so the reply must be detokenized with special
-    tokens spelled out for its splitter to see them (gpt-oss's channels, Mistral's [THINK])."""
-    return kind in ("harmony", "mistral")
+    tokens spelled out for its splitter to see them (gpt-oss's channels, Mistral's [THINK], Gemma 4's
+    channel)."""
+    return kind in ("harmony", "mistral", "gemma4")
 
 
 class HarmonyStream:
@@ -160,7 +175,7 @@ class HarmonyStream:
 
 def reply_stream(kind: str, opened: bool = False) -> "ThinkStream | HarmonyStream":
     """The splitter of a reply in a model's reasoning style (style()); opened: a <think> the prompt opened."""
-    return HarmonyStream() if kind == "harmony" else ThinkStream(opened, TAGS[kind])
+    return HarmonyStream() if kind == "harmony" else ThinkStream(opened, TAGS[kind], kind in TRIMMED)
 
 
 def split_reply(kind: str, text: str) -> tuple[str, str]:

@@ -15,6 +15,8 @@ Models write tool calls in their family's syntax, which their chat template also
   VALUE\n</parameter>\n</function>\n</tool_call>, values as text (xml_tool_calls.py)
 - glm45 (GLM-4.5, 4.6, 4.7): <tool_call>NAME\n<arg_key>P</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>
   (GLM-4.7: no newlines), values as text as qwen3coder's (xml_tool_calls.py)
+- gemma4 (Gemma 4): <|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>, Gemma's own value
+  syntax (gemma4_format.py)
 - generic, for templates that know no tools (llama.cpp's generic format): the tools are described
   in the system prompt and the whole reply is JSON, {"tool_calls": [{"name", "arguments"}]} or
   {"response": "..."}, held to that schema by a grammar, so it always parses.
@@ -35,11 +37,11 @@ from typing import Any
 
 from infer.quant.errors import InferError
 
-from . import xml_tool_calls
+from . import gemma4_format, xml_tool_calls
 from .grammar import JSON_OPTIONS, MAX_DEPTH, Grammar, as_llama_cpp, too_deep
 
 FAMILIES = ("hermes", "llama3", "mistral", "mistral_args", "deepseek", "qwen3coder", "glm45", "generic",
-            "deepseek_v31")
+            "deepseek_v31", "gemma4")
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 # where a call starts in each family's reply ("^text": only as the answer's first text, after
@@ -47,7 +49,7 @@ DS_CALL_END, DS_END = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 CALL_STARTS = MappingProxyType({
     "hermes": ("<tool_call>",), "qwen3coder": (xml_tool_calls.OPEN,), "glm45": (xml_tool_calls.OPEN,),
     "mistral": ("[TOOL_CALLS]",), "mistral_args": ("[TOOL_CALLS]",), "deepseek": (DS_BEGIN, DS_CALL),
-    "deepseek_v31": (DS_BEGIN, DS_CALL),
+    "deepseek_v31": (DS_BEGIN, DS_CALL), "gemma4": (gemma4_format.OPEN,),
     "llama3": ("<|python_tag|>", '^{"name"', '^{ "name"'), "generic": ("^{",)})
 
 
@@ -124,6 +126,8 @@ def parse_tool_choice(choice: Any, tools: list[Tool]) -> tuple[str, str | None]:
 
 def family(template_source: str) -> str:
     """The tool-call syntax a chat template writes (generic: none, or one not read here)."""
+    if gemma4_format.CALL_PREFIX in template_source:  # llama.cpp's test: '<|tool_call>call:'
+        return "gemma4"
     if "<tool_call>" in template_source and "<arg_key>" in template_source:  # GLM's keys and values
         return "glm45"
     if ("<tool_call>" in template_source and "<function=" in template_source and "<parameter=" in template_source
@@ -285,6 +289,8 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
     if fam in ("qwen3coder", "glm45"):
         body = xml_tool_calls.grammar_body if fam == "qwen3coder" else xml_tool_calls.glm_grammar_body
         return Grammar("lark", body(chosen, parallel, lit, lambda s, d: _lark_json(_with_defs(s, d)), _own_defs)), triggers
+    if fam == "gemma4":
+        return Grammar("lark", gemma4_format.grammar_body(chosen, parallel, lit)), triggers
     call, defs = _call_schema(chosen, fam)
     if fam == "generic":
         calls = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1,
@@ -386,6 +392,9 @@ def parse_reply(fam: str, text: str, tools: list[Tool] | tuple = ()) -> tuple[st
             return text, []
         return text[:text.index(xml_tool_calls.OPEN)].strip(), [
             ToolCall(n, json.dumps(a, ensure_ascii=False), new_id()) for n, a in found]
+    if fam == "gemma4":
+        got = gemma4_format.parse(text)
+        return (got[0], [ToolCall(n, json.dumps(a, ensure_ascii=False), new_id()) for n, a in got[1]]) if got else (text, [])
     if fam == "mistral":
         i = text.find("[TOOL_CALLS]")
         j = i + len("[TOOL_CALLS]")

@@ -350,6 +350,9 @@ def source_from_hf(folder: str | Path) -> SourceModel:
         tok_kv.add("tokenizer.ggml.token_type", VT.ARRAY, np.asarray(types, dtype=np.int32))
         # Gemma's SentencePiece model has add_dummy_prefix off; llama.cpp also forces it off for gemma.
         tok_kv.add("tokenizer.ggml.add_space_prefix", VT.BOOL, add_prefix and spec.hf_space_prefix)
+    elif spec.hf_vocab is not None:  # the architecture's own reading of tokenizer.json (gemma4)
+        n_tokens = spec.hf_vocab(folder, tok_kv)
+        tensors, n_rows = _collect_tensors(folder, arch, hp, n_tokens, extra)
     else:
         tensors, n_rows = _collect_tensors(folder, arch, hp, 1 << 62, extra)
         n_tokens = bpe_vocab(folder, tok_kv, n_rows)
@@ -372,7 +375,7 @@ def write_gguf_unquantized(folder: str | Path, out_path: str | Path) -> Path:
         sub = None
         if vtype == VT.ARRAY:
             if isinstance(value, np.ndarray):
-                sub = {np.dtype(np.float32): VT.FLOAT32, np.dtype(np.int32): VT.INT32}[value.dtype]
+                sub = {np.dtype(np.float32): VT.FLOAT32, np.dtype(np.int32): VT.INT32, np.dtype(np.bool_): VT.BOOL}[value.dtype]
                 value = value.tolist()
             else:
                 sub = VT.STRING

@@ -3,6 +3,7 @@ or byte-level BPE (tokenizer.json), special tokens and the chat template."""
 from __future__ import annotations
 
 import logging
+import re
 import struct
 import warnings
 from pathlib import Path
@@ -279,3 +280,48 @@ def special_kvs(folder: Path, kv: Kvs, n_vocab: int, by_text: tuple[tuple[str, s
         if names:
             kv.add("tokenizer.chat_templates", VT.ARRAY, names)
 
+
+
+# Gemma 4's markers its chat parser must read: llama.cpp's converter makes them USER_DEFINED, so
+# they are rendered in the text, whatever the tokenizer calls them.
+GEMMA4_VISIBLE = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+                  '<|"|>')
+
+
+def gemma4_vocab(folder: Path, kv: Kvs) -> int:
+    """Gemma 4's tokenizer.json (a SentencePiece-style BPE with byte fallback) as llama.cpp's Gemma4
+    converter writes it, through gguf's LlamaHfVocab: the model's vocabulary in id order, then the
+    added tokens past it; byte tokens BYTE, special ones CONTROL, other added ones USER_DEFINED,
+    GEMMA4_VISIBLE USER_DEFINED; every score -1000; tokenizer model "gemma4" with the merges.
+    (LlamaHfVocab asks transformers which ids are special; here: the added tokens marked special.)"""
+    path = folder / "tokenizer.json"
+    tj = read_json(path, "tokenizer")
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict) or not model.get("byte_fallback"):
+        raise ConvertError(f"{path}: Gemma 4 needs a BPE tokenizer with byte fallback, got {model.get('type')!r}")
+    by_id: dict[int, str] = {_token_id(i, t, path): t for t, i in model["vocab"].items()}
+    n_base = len(by_id)
+    if sorted(by_id) != list(range(n_base)):
+        raise ConvertError(f"{path}: the vocabulary's ids are not 0..{n_base - 1}")
+    added = _added_tokens(folder)
+    special = {i for i, (_, s) in added.items() if s}
+    tokens, types = [], []
+    for i in range(n_base):
+        text = by_id[i]
+        tokens.append(text)
+        types.append(BYTE if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text) else CONTROL if i in special else NORMAL)
+    for i in sorted(t for t in added if t >= n_base):
+        if i != len(tokens):
+            raise ConvertError(f"{path}: added token ids past the vocabulary are not consecutive (at {i})")
+        tokens.append(added[i][0])
+        types.append(CONTROL if added[i][1] else USER_DEFINED)
+    types = [USER_DEFINED if t in GEMMA4_VISIBLE else ty for t, ty in zip(tokens, types)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    kv.add("tokenizer.ggml.model", VT.STRING, "gemma4")
+    kv.add("tokenizer.ggml.tokens", VT.ARRAY, tokens)
+    kv.add("tokenizer.ggml.scores", VT.ARRAY, np.full(len(tokens), -1000.0, dtype=np.float32))
+    kv.add("tokenizer.ggml.token_type", VT.ARRAY, np.asarray(types, dtype=np.int32))
+    if merges:
+        kv.add("tokenizer.ggml.merges", VT.ARRAY, merges)
+    kv.add("tokenizer.ggml.add_space_prefix", VT.BOOL, False)
+    return len(tokens)

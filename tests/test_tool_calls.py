@@ -55,6 +55,8 @@ REPLIES = {
     "glm45": ('Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n'
               '</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n<arg_key>b</arg_key>\n'
               '<arg_value>2</arg_value>\n</tool_call>', "Let me check."),
+    "gemma4": ('Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+               '<|tool_call>call:add{a:1,b:2}<tool_call|>', "Let me check."),
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "add", "arguments": {"a": 1, "b": 2}}]}', ""),
 }
@@ -160,7 +162,7 @@ def test_parallel_grammars_take_several_calls(llm, fam):
     tools = parse_tools([WEATHER, ADD])
     text = REPLIES[fam][0]
     marker = {"hermes": "<tool_call>", "qwen3coder": "<tool_call>", "glm45": "<tool_call>",
-              "mistral_args": "[TOOL_CALLS]"}.get(fam)
+              "mistral_args": "[TOOL_CALLS]", "gemma4": "<|tool_call>"}.get(fam)
     text = text[text.index(marker):] if marker else text  # no content first
     for parallel in (True, False):
         g, _ = grammar(tools, fam, "required", None, parallel, llm.tokenizer.token_id)
@@ -343,6 +345,7 @@ def test_mistral_space_before_the_array():
     ("llama3", "  ", '{"name": "add", "parameters": {"a": 1'),
     ("qwen3coder", "Sure. ", '<tool_call>\n<function=add>\n<parameter=a>\n1'),
     ("glm45", "Sure. ", '<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1'),
+    ("gemma4", "Sure. ", '<|tool_call>call:add{a:1'),
 ])
 def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     """tool_choice "auto": no grammar until the reply shows the family's call marker; from there the
@@ -361,7 +364,7 @@ def test_auto_is_free_until_a_call_starts(llm, fam, before, call):
     assert allowed and all(p.strip(b" \t\n")[:1] in follow for p in allowed), allowed
     near_miss = LazyGrammar(llm.engine.grammars.compile(g).matcher(), triggers)
     miss = ((before + call).replace('"name"', '"nom"').replace("<function=", "<funktion=")
-            .replace("add[", "sub[").replace(">add", ">sub"))
+            .replace("add[", "sub[").replace(">add", ">sub").replace("call:add", "call:sub"))
     assert not near_miss.seen(miss)  # a marker, then no call: free
     assert not near_miss.seen('{"name": "add"}') and near_miss.started is None
 

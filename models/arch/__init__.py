@@ -125,6 +125,6 @@ def for_hf_model_type(model_type: object, where: object) -> Architecture:
     for a in _BY_NAME.values():
         if model_type in a.hf_model_types:
             return a
-    classes = ", ".join(a.hf_class for a in _BY_NAME.values() if a.hf_model_types)
+    classes = ", ".join(a.hf_class for a in _BY_NAME.values() if a.hf_model_types and a.hf_class)
     raise ConvertError(f"{where}: unsupported model_type {model_type!r} "
                        f"(supported: {', '.join(hf_model_types())}; architectures {classes})")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..hf_vocab import gemma4_vocab
+from . import gemma4_hf
 from .spec import Architecture
 
 
@@ -115,4 +117,14 @@ ARCHITECTURE = Architecture(
     scalars=scalars,
     layer_shapes=layer_shapes,
     layer=layer,
+    chat_template="gemma4",
+    hf_model_types=("gemma4", "gemma4_text"),
+    # no hf_class: an MLX (Hugging Face) export of gemma4 is refused until its config keys are written back
+    hf_tied_default=True,
+    hf_text_hparams=gemma4_hf.hf_text_hparams,
+    hf_text_name=gemma4_hf.hf_text_name,
+    hf_trim_embeddings=True,
+    hf_kvs=gemma4_hf.hf_kvs,
+    hf_vocab=gemma4_vocab,
+    hf_bfloat16=True,
 )

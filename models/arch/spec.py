@@ -141,6 +141,8 @@ class Architecture:
     # the tokenizer's settings give none (glm4moe: bos [gMASK], eot <|user|>, ...)
     hf_special_tokens: tuple[tuple[str, str], ...] = ()
     hf_spm: bool = False  # llama.cpp's converter prefers tokenizer.model (SentencePiece) when present
+    # tokenizer.json -> the GGUF's tokenizer keys (folder, Kvs) -> token count; None: spm_vocab / bpe_vocab
+    hf_vocab: Callable[[Any, Any], int] | None = None
     hf_space_prefix: bool = True  # a SentencePiece vocabulary's add_space_prefix as its model says (gemma: off)
     # HF names (suffixes) of depthwise convolution kernels stored (n_embd, 1, L): llama.cpp's converter
     # squeezes them to (n_embd, L) and writes them float32 (its ggml_ssm_conv takes F32) (lfm2)

@@ -109,6 +109,16 @@ class LayerWeights:
     ple_gate: Matrix | None = None
     ple_proj: Matrix | None = None
     ple_norm: np.ndarray | None = None
+    # Gemma 4's layers of experts (Architecture.shared_expert "dense": w_gate, w_up, w_down above are
+    # the dense FFN beside the experts): the router input's scale ffn_gate_inp.scale (n_embd,), each
+    # expert's output scale ffn_down_exps.scale (n_expert,) (None where absent), the experts' input
+    # norm pre_ffw_norm_2 and the norms after the dense FFN (post_ffw_norm_1) and the experts
+    # (post_ffw_norm_2), each (n_embd,)
+    router_scale: np.ndarray | None = None
+    expert_scale: np.ndarray | None = None
+    pre_ffn_norm_2: np.ndarray | None = None
+    post_ffn_norm_1: np.ndarray | None = None
+    post_ffn_norm_2: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +232,12 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             own["v_norm"] = np.ones(head_dim_v, np.float32)
         if arch.out_scale:
             own["out_scale"] = vec(p + "layer_output_scale.weight", 1, required=False)
+        if moe and arch.shared_expert == "dense":  # Gemma 4: the router's and experts' scales, the branches' norms
+            own.update(router_scale=vec(p + "ffn_gate_inp.scale", D),
+                       expert_scale=vec(p + "ffn_down_exps.scale", cfg.n_expert, required=False),
+                       pre_ffn_norm_2=vec(p + "pre_ffw_norm_2.weight", D),
+                       post_ffn_norm_1=vec(p + "post_ffw_norm_1.weight", D),
+                       post_ffn_norm_2=vec(p + "post_ffw_norm_2.weight", D))
         if cfg.n_embd_per_layer:
             P = cfg.n_embd_per_layer
             own.update(ple_gate=get(p + "inp_gate.weight", (P, D)), ple_proj=get(p + "proj.weight", (D, P)),
@@ -235,8 +251,9 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             if qk_norm[1] and not recurrent and own_kv else None,
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
-            **(_experts(get, p, cfg) if moe else {**_gate_up(tensors, get, p, D, F),
-                                                 "w_down": get(p + "ffn_down.weight", (D, F))}),
+            **(_experts(tensors, get, p, cfg) if moe else {}),
+            **({**_gate_up(tensors, get, p, D, F), "w_down": get(p + "ffn_down.weight", (D, F))}
+               if not moe or arch.shared_expert == "dense" else {"w_gate": None, "w_up": None, "w_down": None}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
             **_extras(vec, p, cfg, moe), **own,
         ))
@@ -316,19 +333,26 @@ def _rope_freqs(tensors, vec, n: int) -> np.ndarray | None:
     return vec("rope_factors_short.weight", n, required=False)
 
 
-def _experts(get, p: str, cfg: ModelConfig) -> dict[str, Any]:
+def _experts(tensors, get, p: str, cfg: ModelConfig) -> dict[str, Any]:
     """A mixture of experts' router and experts: each expert's matrices are row ranges of the 3-D
-    ffn_{gate,up,down}_exps tensors (views of the file; llama.cpp's layout)."""
+    ffn_{gate,up,down}_exps tensors, or of one ffn_gate_up_exps whose expert rows are its gate's,
+    then its up's (Gemma 4's converter writes it; llama.cpp's views of its product) (views of the
+    file; llama.cpp's layout)."""
     D, E, F = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
-    gate, up = get(p + "ffn_gate_exps.weight", (E, F, D)), get(p + "ffn_up_exps.weight", (E, F, D))
+    if p + "ffn_gate_up_exps.weight" in tensors:
+        gate = up = get(p + "ffn_gate_up_exps.weight", (E, 2 * F, D))
+        gate_at, up_at, step = 0, F, 2 * F
+    else:
+        gate, up = get(p + "ffn_gate_exps.weight", (E, F, D)), get(p + "ffn_up_exps.weight", (E, F, D))
+        gate_at, up_at, step = 0, 0, F
     down = get(p + "ffn_down_exps.weight", (E, D, F))
     for t in (gate, up, down):
         if not isinstance(t, QTensor):
             raise ModelLoadError(f"expert tensors in {type(t).__name__} form are not supported")
-    experts = tuple((rows(gate, e * F, (e + 1) * F), rows(up, e * F, (e + 1) * F), rows(down, e * D, (e + 1) * D))
+    experts = tuple((rows(gate, e * step + gate_at, e * step + gate_at + F),
+                     rows(up, e * step + up_at, e * step + up_at + F), rows(down, e * D, (e + 1) * D))
                     for e in range(E))
-    out = {"w_gate": None, "w_up": None, "w_down": None, "router": get(p + "ffn_gate_inp.weight", (E, D)),
-           "experts": experts}
+    out = {"router": get(p + "ffn_gate_inp.weight", (E, D)), "experts": experts}
     if cfg.n_ff_shexp:  # a shared expert (Architecture.shared_expert), with its gate's row where sigmoid-gated
         Fs = cfg.n_ff_shexp
         out["shexp"] = (get(p + "ffn_gate_shexp.weight", (Fs, D)), get(p + "ffn_up_shexp.weight", (Fs, D)),

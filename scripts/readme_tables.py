@@ -50,6 +50,8 @@ def _layer(a) -> str:
         parts.append("mixture of experts" + gating.get(a.moe_gating, ""))
         if shared:
             parts.append(shared)
+    elif a.experts == "optional" and a.shared_expert == "dense":  # Gemma 4: the dense FFN stays beside them
+        parts.append("dense, or experts beside the dense FFN where the file has them")
     elif a.experts == "optional":
         parts.append("dense, or experts" + (f" with an {shared}" if shared else "") + " where the file has them")
     if a.qk_norm:

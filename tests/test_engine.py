@@ -65,11 +65,11 @@ def test_batched_equals_alone_per_position(tmp_path, arch):
 
 
 @pytest.mark.slow  # threaded steps, as the tests above
-@pytest.mark.parametrize("arch", ["gemma4-shared", "gemma4-ple"])
+@pytest.mark.parametrize("arch", ["gemma4-shared", "gemma4-ple", "gemma4-moe"])
 def test_batched_equals_alone_gemma4(tmp_path, arch):
     # Gemma 4: two KV groups of different head sizes, layers that read an earlier layer's K/V blocks
-    # (gemma4-shared) or take per-layer embeddings of each token (gemma4-ple), prompts chunked
-    # differently together than alone
+    # (gemma4-shared), take per-layer embeddings of each token (gemma4-ple) or route each token to
+    # its experts beside the dense FFN (gemma4-moe), prompts chunked differently together than alone
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=15)
     config = EngineConfig(n_ctx=256, n_threads=2, max_seqs=8, max_batch_tokens=40)
     prompts = tiny_prompts()

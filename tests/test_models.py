@@ -14,8 +14,10 @@ from infer.models.loader import load_model
 
 # every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
 # glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air), deepseek2 as DeepSeek-V2-Lite (no Q
-# compression, softmax gating), gemma4 with shared-KV layers and with per-layer embeddings (E2B's)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple"]
+# compression, softmax gating), gemma4 with shared-KV layers and with per-layer embeddings (E2B's),
+# and with experts beside its dense FFN (26B-A4B's)
+ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple",
+         "gemma4-moe"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -180,6 +182,39 @@ def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
         off = np.abs(run(c, weights) - ref).max()
         print(f"{name}: {off:.3g} from llama.cpp (infer: {diff:.3g})")
         assert off > 4 * diff, name
+
+
+@pytest.mark.reference
+def test_gemma4_moe_quirks_each_move_towards_llama_cpp(tmp_path):
+    """Gemma 4's router input scale, its experts' output scales, its renormalized weights and the
+    experts' own norms each change the logits by far more than infer's distance from llama.cpp, and
+    by more than the agreement bound (2% of max |logit|)."""
+    from dataclasses import replace
+
+    path = write_tiny_model(tmp_path / "tiny-gemma4-moe.gguf", "gemma4-moe", seed=tiny_seed("gemma4-moe"))
+    model = load_model(path).for_context(N_CTX)
+    cfg, w = model.config, model.weights
+
+    def run(c, weights):
+        runner = CpuRunner(c, weights, n_threads=2)
+        return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+
+    def layers(**change):
+        return replace(w, layers=tuple(replace(ly, **{k: f(ly) for k, f in change.items()}) for ly in w.layers))
+
+    ref = llama_cpp_logits(path, PROMPT)
+    diff = np.abs(run(cfg, w) - ref).max()
+    ablations = {
+        "no router input scale": (cfg, layers(router_scale=lambda ly: np.ones_like(ly.router_scale))),
+        "no expert output scales": (cfg, layers(expert_scale=lambda ly: None)),
+        "weights not renormalized": (replace(cfg, moe_norm_weights=False), w),
+        "experts on the dense FFN's input": (cfg, layers(pre_ffn_norm_2=lambda ly: ly.ffn_norm)),
+        "no post norm of the experts": (cfg, layers(post_ffn_norm_2=lambda ly: np.ones_like(ly.post_ffn_norm_2))),
+    }
+    for name, (c, weights) in ablations.items():
+        off = np.abs(run(c, weights) - ref).max()
+        print(f"{name}: {off:.3g} from llama.cpp (infer: {diff:.3g})")
+        assert off > max(4 * diff, 0.02 * np.abs(ref).max()), name
 
 
 def test_tensors_infer_would_ignore_are_refused(tmp_path):

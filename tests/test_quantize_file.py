@@ -24,7 +24,8 @@ ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF
               "qwen3moe": GT.F16, "lfm2": GT.BF16, "qwen35": GT.F16, "lfm2moe": GT.F32, "granitehybrid": GT.BF16,
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
               "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16,
-              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16, "gemma4": GT.BF16}
+              "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16, "gemma4": GT.BF16,
+              "gemma4-moe": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -37,6 +38,8 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
         return write_tiny_deepseek2(path, arch, seed, 320, 256, None, dtype)
     if arch == "gemma4":  # E2B's layout: shared-KV layers, per-layer embeddings, global layers without attn_v
         return write_tiny_gemma4(path, seed, shared=True, per_layer=GEMMA4_PER_LAYER, float_type=dtype)
+    if arch == "gemma4-moe":  # 26B-A4B's layout: experts (ffn_gate_up_exps) beside the dense FFN in every layer
+        return write_tiny_gemma4(path, seed, float_type=dtype, moe=True)
     rng = np.random.default_rng(seed)
     granite_moe = arch == "granitehybrid-moe"
     arch = "granitehybrid" if granite_moe else arch
@@ -246,7 +249,8 @@ def test_other_file_types_match(models, tmp_path: Path, ftype: str):
     assert_same_file(ours, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe", "glm4moe", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama", "lfm2moe", "granitehybrid-moe", "glm4moe", "deepseek2",
+                                  "gemma4-moe"])
 def test_mxfp4_moe_matches_llama_cpp(models, tmp_path: Path, arch: str):
     """MXFP4_MOE: the experts (3-D tensors) in MXFP4, every other tensor in Q8_0, the output or
     tied embeddings too (lfm2moe's convolution kernels and granitehybrid's Mamba-2 kernels, A, D and

@@ -70,6 +70,8 @@ class CpuPrimitives:
         # file's (Gemma 4's proportional RoPE): none
         self.swa_ff = (np.ones(cfg.attn_shape(cfg.layer_swa.index(True))[3] // 2, np.float32)
                        if arch.rope_freqs_global_only and self.any_swa else None)
+        # Gemma 4's router input: RMSNorm without a weight (a weight of ones), then its own scales
+        self.ones = np.ones(cfg.n_embd if arch.shared_expert == "dense" else 0, np.float32)
         self.trace: Callable[[str, np.ndarray], None] | None = None
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
@@ -82,6 +84,8 @@ class CpuPrimitives:
         # each kind of attention layer's scratch (Q|K|V products, Q, its q8_0 scales, the output)
         self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
         self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        if cfg.n_expert and cfg.architecture.shared_expert == "dense":  # Gemma 4's dense FFN beside the experts
+            self.out["ffn_mlp_down"] = ws.mlp[:T]
         if cfg.recurrent_layers and cfg.mamba2:
             self.out.update(ssm_in=ws.ssm_in[:T], mamba_out=ws.o[:T])
         elif cfg.recurrent_layers and cfg.ssm_state_size:
@@ -314,13 +318,21 @@ class CpuPrimitives:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act
 
-    def moe(self, h: np.ndarray, ly: Any, il: int) -> np.ndarray:
+    def moe(self, h: np.ndarray, ly: Any, il: int, r: np.ndarray | None = None) -> np.ndarray:
         """The mixture of experts (moe.py): each expert the batch uses runs once, on its tokens."""
         cfg, ws, T, mm = self.cfg, self.ws, self.T, self.ws.mm
         k = cfg.n_expert_used
         logits, sel, wts = ws.router[:T], ws.sel[:T], ws.wts[:T]
+        if r is not None:  # Gemma 4: RMSNorm(r) times 1 / sqrt(n_embd), times ffn_gate_inp.scale, as gemma4.cpp
+            rin = ws.rin[:T]
+            rmsnorm(r, self.ones, self.eps, rin)
+            rin *= np.float32(1.0) / np.sqrt(np.float32(cfg.n_embd))
+            rin *= ly.router_scale
+            h_router = rin
+        else:
+            h_router = h
         for w, col in ly.router:
-            qmatmul(w, h, logits, mm, col)
+            qmatmul(w, h_router, logits, mm, col)
         add_row(logits, ly.router_bias)
         route(logits, k, cfg.moe_norm_weights, cfg.moe_weights_scale, self.gating, ly.exp_probs_b, sel, wts, ws.probs)
         group(sel, ws.starts, ws.order[:T * k], ws.fill)
@@ -336,6 +348,8 @@ class CpuPrimitives:
                         ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
             self._each_expert(x, per, ly)
+        if ly.expert_scale.shape[0]:  # each expert's output times its scale (Gemma 4's ffn_down_exps.scale)
+            ws.slots[:T * k] *= ly.expert_scale[sel.reshape(-1)][:, None]
         out = ws.o[:T]
         combine(ws.slots[:T * k], wts, out)
         if self.trace is not None:

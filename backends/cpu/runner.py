@@ -143,6 +143,13 @@ class _Layer:
     ple_proj: list
     ple_norm: np.ndarray
     router: list  # a mixture of experts: the router's product, and per expert (gate_up, down)
+    # Gemma 4's layers of experts (models/weights.py; (0,) when absent): the router input's scale
+    # (D,), each expert's output scale (E,), the experts' input norm and the two branches' post norms (D,)
+    router_scale: np.ndarray
+    expert_scale: np.ndarray
+    pre_ffn_norm_2: np.ndarray
+    post_ffn_norm_1: np.ndarray
+    post_ffn_norm_2: np.ndarray
     experts: list
     grouped: tuple | None  # (gate_up, down) PackedExperts when every expert packs alike, else None
     # the shared expert (models/weights.py; [] when absent): its gate|up products, its down
@@ -201,7 +208,10 @@ class _Layer:
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
             gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
-            router=[] if dense else [(_pack(lw.router, mmap), 0)],
+            router=[(_pack(lw.router, mmap), 0)] if lw.router is not None else [],
+            router_scale=_vec(lw.router_scale), expert_scale=_vec(lw.expert_scale),
+            pre_ffn_norm_2=_vec(lw.pre_ffn_norm_2), post_ffn_norm_1=_vec(lw.post_ffn_norm_1),
+            post_ffn_norm_2=_vec(lw.post_ffn_norm_2),
             experts=experts, grouped=grouped,
             shexp=_products(lw.shexp[:2], mmap) if lw.shexp else [],
             shexp_down=[(_pack(lw.shexp[2], mmap), 0)] if lw.shexp else [],
@@ -335,6 +345,9 @@ class Workspace:
             self.eact = np.zeros((T, Fe), f32)
             self.ey = np.zeros((T, D), f32)
             self.slots = np.zeros((T * k, D), f32)  # every (token, expert) output
+            if cfg.architecture.shared_expert == "dense":  # Gemma 4: the dense FFN's output, the router's input
+                self.mlp = np.zeros((T, D), f32)
+                self.rin = np.zeros((T, D), f32)
             if cfg.architecture.moe_weight_before:  # llama4: every (token, expert) input, weighted
                 self.weighed = np.zeros((T * k, D), f32)
                 self.ones = np.ones((T, k), f32)  # the weights the outputs are then added with

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -227,9 +228,11 @@ class MlxPrimitives:
         act = gelu_ggml(gate) if kind == "gelu" else gate / (1.0 + mx.exp(-gate))
         return act * up
 
-    def moe(self, h: mx.array, ly: Any, il: int) -> mx.array:
+    def moe(self, h: mx.array, ly: Any, il: int, r: mx.array | None = None) -> mx.array:
         """The mixture of experts: the router evaluated, the choice made as the cpu backend makes it
         (backends/cpu/moe.py's route), then each expert the batch uses once, on its tokens."""
+        if r is not None:
+            raise BackendError("the mlx backend does not run Gemma 4's mixture of experts; use --backend cpu")
         cfg, T = self.cfg, self.T
         k = cfg.n_expert_used
         logits = self.linear(ly.router, h, "ffn_moe_logits", il)

@@ -64,10 +64,12 @@ class Primitives(Protocol[A]):
     def glu(self, gu: A, il: int) -> A:
         """act(gate) * up of the two halves of gu ("ffn_act")."""
 
-    def moe(self, h: A, ly: Any, il: int) -> A:
+    def moe(self, h: A, ly: Any, il: int, r: A | None = None) -> A:
         """The mixture of experts (router, the chosen experts' gated FFNs, their weighted sum, with
         the layer's router and expert biases where it has them: llama.cpp's build_moe_ffn)
-        ("ffn_moe_out")."""
+        ("ffn_moe_out"). r: the router's input where it is not h (Gemma 4: RMSNorm(r) without a
+        weight, times 1 / sqrt(n_embd), times the layer's router_scale); each expert's output times
+        the layer's expert_scale where it has one (Gemma 4's ffn_down_exps.scale)."""
 
     def shared_expert(self, h: A, o: A, ly: Any, il: int) -> A:
         """The experts' output o plus the layer's shared expert: the gated FFN of h

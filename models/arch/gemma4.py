@@ -13,7 +13,13 @@ with its own quirks:
   input of the token's own per_layer_token_embd row mixed with a projection of its embedding, which
   gates a small FFN-like block (inp_gate, proj, post_norm) after the FFN;
 - the last attention.shared_kv_layers layers keep no K/V: each attends over the last earlier
-  layer of its kind's (llama.cpp's layer_reuse_cb).
+  layer of its kind's (llama.cpp's layer_reuse_cb);
+- 26B-A4B: experts (expert_count) in every layer beside its dense FFN, each branch on its own
+  norms: the dense FFN of ffn_norm(x), normed by post_ffw_norm_1; the experts of
+  pre_ffw_norm_2(x), chosen by a router whose input is RMSNorm(x) without a weight, times
+  1 / sqrt(n_embd), times ffn_gate_inp.scale (softmax over all experts, the top
+  expert_used_count renormalized), each expert's output times its ffn_down_exps.scale, their sum
+  normed by post_ffw_norm_2; the two added, then post_ffw_norm as in a dense layer.
 The final logits are soft-capped where final_logit_softcapping is set."""
 from __future__ import annotations
 
@@ -91,9 +97,15 @@ def layer(ops: Any, ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int])
     a = ops.attention(qkv, ly, il)
     o = ops.linear(ly.wo, a, "attn_wo", il)
     # llama.cpp names the residual after attention "attn_out" here (gemma4.cpp)
-    x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "attn_out", "ffn_norm", il)
+    moe = bool(ly.experts)
+    x, h = ops.add_norm(x, o, ly.post_attn_norm, ly.ffn_norm, il, "attn_out", "ffn_norm_1" if moe else "ffn_norm", il)
     gu = ops.linear(ly.gate_up, h, "ffn_gate_up", il)
-    o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
+    if moe:  # x: attn_out, the input of both branches and of the router
+        o = ops.rms_norm(ops.linear(ly.down, ops.glu(gu, il), "ffn_mlp_down", il), ly.post_ffn_norm_1, "ffn_mlp", il)
+        e = ops.moe(ops.norm(x, ly.pre_ffn_norm_2, "ffn_norm_2", il), ly, il, x)
+        o, _ = ops.add_norm(o, e, ly.post_ffn_norm_2, None, il, "ffn_moe_combined", "ffn_moe_combined", il)
+    else:
+        o = ops.linear(ly.down, ops.glu(gu, il), "ffn_out", il)
     if not ly.ple_gate:
         return ops.add_scale_norm(x, o, ly.post_ffn_norm, ly.out_scale, nxt[0], il, nxt[1], nxt[2])
     # the per-layer embedding (E2B, E4B): proj(GELU(inp_gate · x) * the layer's input), normed, added
@@ -114,6 +126,8 @@ ARCHITECTURE = Architecture(
     v_from_k=True,
     rope_freqs_global_only=True,
     out_scale=True,
+    experts="optional",
+    shared_expert="dense",
     scalars=scalars,
     layer_shapes=layer_shapes,
     layer=layer,

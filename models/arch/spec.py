@@ -73,7 +73,9 @@ class Architecture:
     # sigmoid(ffn_gate_inp_shexp · h); "plain" (granitehybrid): added as it is, in the layers of
     # experts of a file whose expert_shared_feed_forward_length is > 0; "counted" (glm4moe, deepseek2): added as
     # it is, in every layer of experts, expert_shared_count experts of expert_feed_forward_length
-    # as one FFN of their summed width (llama.cpp's n_ff_exp * n_expert_shared)
+    # as one FFN of their summed width (llama.cpp's n_ff_exp * n_expert_shared); "dense" (gemma4): the
+    # layer's own dense FFN (ffn_gate, ffn_up, ffn_down of feed_forward_length) beside the experts in
+    # every layer of experts, each on its own norms (the architecture's layer recipe adds them)
     shared_expert: str = ""
     # a gated delta net's value heads grouped by key head (value head h reads key head h // (Hv / Hk):
     # qwen3next) rather than tiled (h % Hk: qwen35, whose converter reorders the V heads for it)

@@ -167,7 +167,7 @@ TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olm
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
               "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
               "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22,
-              "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15}
+              "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15, "gemma4-moe": 25}
 
 
 def tiny_seed(arch: str) -> int:
@@ -250,9 +250,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     if arch in ("deepseek2", "deepseek2-lite"):  # MLA: its own writer
         from .tiny_deepseek2 import write_tiny_deepseek2
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
-    if arch in ("gemma4", "gemma4-shared", "gemma4-ple"):
+    if arch in ("gemma4", "gemma4-shared", "gemma4-ple", "gemma4-moe"):
         return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared",
-                                 per_layer=GEMMA4_PER_LAYER if arch == "gemma4-ple" else 0)
+                                 per_layer=GEMMA4_PER_LAYER if arch == "gemma4-ple" else 0, moe=arch == "gemma4-moe")
     rng = np.random.default_rng(seed)
     moe = arch in ("qwen3moe", "llama-moe", "gpt-oss", "lfm2moe", "qwen35moe", "qwen3next", "granitehybrid-moe",
                    "glm4moe", "glm4moe-air", "llama4")
@@ -500,15 +500,21 @@ GEMMA4_SHARED_SWA, GEMMA4_SHARED = (True, False, True, False, True, False), 2
 # gemma4-ple (E2B's per-layer embeddings): each layer's own token embedding this wide
 GEMMA4_PER_LAYER = 64
 GEMMA4_TYPES = {"attn_q": GT.Q8_0, "attn_k": GT.Q5_K, "attn_v": GT.Q4_K, "attn_output": GT.Q6_K,
-                "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q8_0, "token_embd": GT.Q8_0}
+                "ffn_gate": GT.Q4_K, "ffn_up": GT.Q5_0, "ffn_down": GT.Q8_0, "token_embd": GT.Q8_0,
+                "ffn_gate_inp": GT.F32, "ffn_gate_up_exps": GT.Q5_K, "ffn_down_exps": GT.Q8_0}
+# gemma4-moe (26B-A4B's layers): experts in every layer beside the dense FFN, gate and up in one
+# ffn_gate_up_exps as llama.cpp's converter writes them; the router input's scale this large, so
+# that its input (RMSNorm(x) / sqrt(n_embd)) gives decisive softmaxes
+GEMMA4_ROUTER_SCALE = (5.0, 15.0)
 
 
 def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: str | None = None,
                       n_ctx: int = 256, shared: bool = False, per_layer: int = 0,
-                      float_type: GT | None = None) -> Path:
+                      float_type: GT | None = None, moe: bool = False) -> Path:
     """A tiny random Gemma 4 (dense, as the 31B's layout; shared: with E2B's shared-KV layers;
-    per_layer: with E2B's per-layer embeddings that wide) as llama.cpp's converter writes one;
-    float_type: every matrix in that float type with a few outliers (llama-quantize's input)."""
+    per_layer: with E2B's per-layer embeddings that wide; moe: with 26B-A4B's experts) as
+    llama.cpp's converter writes one; float_type: every matrix in that float type with a few
+    outliers (llama-quantize's input)."""
     rng = np.random.default_rng(seed)
     D, H, F, t = 256, 4, 512, GEMMA4_TYPES
     shape = {True: (2, 64), False: (1, 128)}  # (KV heads, head size) by kind: sliding-window or not
@@ -532,6 +538,10 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
     w.add_final_logit_softcapping(2.0)  # small enough to bend these tiny logits
     w.add_shared_kv_layers(n_shared)
     w.add_embedding_length_per_layer_input(per_layer)
+    if moe:
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_EXPERT_USED)
+        w.add_expert_feed_forward_length(N_FF_EXP)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     add_spm_vocab(w, n_vocab)
@@ -543,15 +553,18 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
             return
         if float_type is not None:
             x = rng.normal(0, WEIGHT_STD, size=shp).astype(np.float32)
-            x[0, :8] *= 40  # a few outliers, so scale searches have something to do
+            x.reshape(-1, shp[-1])[0, :8] *= 40  # a few outliers, so scale searches have something to do
             qtype = float_type
             if float_type == GT.BF16:  # truncated: fine for a test input
-                w.add_tensor(name, (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(shp[0], -1),
+                w.add_tensor(name, (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(*shp[:-1], -1),
                              raw_dtype=GT.BF16)
                 return
             data, qt = (x, GT.F32) if float_type == GT.F32 else (x.astype(np.float16), GT.F16)
-        else:
-            data, qt = random_tensor(rng, shp, qtype)
+        else:  # 3-D: the experts' rows
+            data, qt = random_tensor(rng, (int(np.prod(shp[:-1])), shp[-1]), qtype)
+            data = data.reshape(*shp[:-1], -1)
+            if name.endswith("ffn_gate_inp.weight"):  # decisive, as write_tiny_model's routers (F32: exact)
+                data = data * np.float32(ROUTER_SCALE.get("gemma4-moe", 20))
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
 
     add("token_embd.weight", (n_vocab, D), t["token_embd"])
@@ -584,6 +597,14 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
         add(p + "ffn_up.weight", (n_ff[i], D), t["ffn_up"])
         add(p + "ffn_down.weight", (D, n_ff[i]), t["ffn_down"])
         add(p + "post_ffw_norm.weight", (D,))
+        if moe:  # the router, its input's scale, the experts (each with its output's scale), the branches' norms
+            add(p + "ffn_gate_inp.weight", (N_EXPERT, D), t["ffn_gate_inp"])
+            w.add_tensor(p + "ffn_gate_inp.scale", rng.uniform(*GEMMA4_ROUTER_SCALE, size=D).astype(np.float32))
+            add(p + "ffn_gate_up_exps.weight", (N_EXPERT, 2 * N_FF_EXP, D), t["ffn_gate_up_exps"])
+            add(p + "ffn_down_exps.weight", (N_EXPERT, D, N_FF_EXP), t["ffn_down_exps"])
+            w.add_tensor(p + "ffn_down_exps.scale", rng.uniform(0.5, 1.5, size=N_EXPERT).astype(np.float32))
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                add(p + name + ".weight", (D,))
         w.add_tensor(p + "layer_output_scale.weight", rng.uniform(0.5, 1.5, size=1).astype(np.float32))
         if per_layer:
             add(p + "inp_gate.weight", (per_layer, D), GT.Q8_0)

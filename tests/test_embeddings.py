@@ -95,8 +95,9 @@ def test_tiny_models_match_llama_cpp(arch, tmp_path):
 def test_batched_with_generation_and_chunked_changes_nothing(gemma_path):
     """An embedding computed alone in one pass, in 16-token chunks, and beside decoding streams is
     the same vector to the bit (the cpu backend's rows do not depend on the batch)."""
-    prompt = LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2)).encode_raw(TEXTS[2])
-    alone = embed(LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2)), [prompt])[0]
+    solo = LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2))
+    prompt = solo.encode_raw(TEXTS[2])
+    alone = embed(solo, [prompt])[0]
     llm = LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2, max_batch_tokens=16))
     eng = llm.engine
     gens = [eng.add_request(llm.encode_raw(f"Count to {i}:"), SamplingParams(max_tokens=30, temperature=0))

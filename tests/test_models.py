@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.logits import N_CTX, PROMPT, assert_matches_llama_cpp, llama_cpp_logits
+from helpers.logits import N_CTX, PROMPT, LlamaCppRuns, assert_matches_llama_cpp, llama_cpp_logits
 from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.base import BackendError
 from infer.backends.cpu.runner import CpuRunner
@@ -27,19 +27,25 @@ def tiny(request, tmp_path_factory):
     return arch, path
 
 
+@pytest.fixture(scope="module")
+def llama_cpp_runs(tiny):
+    """The tiny model's llama.cpp logits, each configuration run once for all the tests below."""
+    return LlamaCppRuns(tiny[1])
+
+
 @pytest.mark.reference
-def test_logits_match_llama_cpp(tiny):
+def test_logits_match_llama_cpp(tiny, llama_cpp_runs):
     arch, path = tiny
     model = load_model(path).for_context(N_CTX)
     runner = CpuRunner(model.config, model.weights, n_threads=2)
     ours = runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
-    agree = assert_matches_llama_cpp(ours, path, arch)
+    agree = assert_matches_llama_cpp(ours, path, arch, runs=llama_cpp_runs)
     assert agree.sum() >= len(PROMPT) - 2, f"{arch}: llama.cpp disagrees with itself too often to be a reference"
 
 
 @pytest.mark.reference
 @pytest.mark.parametrize("types", [("q8_0", "f16"), ("q8_0", "q8_0"), ("f16", "q8_0")], ids="-".join)
-def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
+def test_quantized_kv_cache_matches_llama_cpp(tiny, types, llama_cpp_runs):
     # --cache-type-k/-v q8_0 against llama.cpp with the same cache types, on the path llama.cpp runs
     # them (a quantized V only with flash attention): as close as the f16 cache is to llama.cpp's
     # (test_logits_match_llama_cpp's bound), and the cache type does change our logits (it took effect).
@@ -59,7 +65,7 @@ def test_quantized_kv_cache_matches_llama_cpp(tiny, types):
 
     fa = types[1] != "f16"
     ref = llama_cpp_logits(path, PROMPT, flash_attn=fa, cache_types=types)
-    f16_ref, f16_other = (llama_cpp_logits(path, PROMPT, flash_attn=a) for a in (fa, not fa))
+    f16_ref, f16_other = (llama_cpp_runs.logits(flash_attn=a) for a in (fa, not fa))
     mine, mine_f16 = ours(types), ours(("f16", "f16"))
     tol = max(0.02 * np.abs(ref).max(), np.abs(f16_ref - f16_other).max())
     diff = np.abs(mine - ref).max()

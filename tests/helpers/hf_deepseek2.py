@@ -4,12 +4,11 @@ shared expert; q_lora_rank set (V2) or not (V2-Lite)) and a numpy forward pass o
 math, the reference for converted logits."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .hf_models import CHAT_TEMPLATE, SPECIALS, D, F, H, bf16, from_bf16, train_bpe, write_safetensors
+from .hf_models import SPECIALS, D, F, H, HfCheckpoint, chatml_tokenizer_config, train_bpe
 
 # the latent (kv_lora_rank), each head's nope and RoPE parts and V, Q's compression (V2)
 DS_SIZES = {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}
@@ -26,10 +25,8 @@ DS_LAYERS = {False: 27, True: 2}
 def make_deepseek2(folder: Path, seed: int, q_lora: bool) -> dict[str, np.ndarray]:
     """The checkpoint (matrices BF16, norms F32, an untied lm_head); returns the float32 weights the
     HF model computes with."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
     tok = train_bpe("qwen")
-    tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
     cfg = {"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": D,
@@ -37,23 +34,9 @@ def make_deepseek2(folder: Path, seed: int, q_lora: bool) -> dict[str, np.ndarra
            "num_key_value_heads": H, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
            "vocab_size": vocab, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
            "q_lora_rank": DS_Q_RANK if q_lora else None, "eos_token_id": ids["<|im_end|>"], **DS_SIZES, **DS_MOE}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
-
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
-    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    ck.write_config(cfg)
+    ck.write_tokenizer(tok, chatml_tokenizer_config(tok))
+    add, normal, norm = ck.add, ck.normal, ck.norm
     R, nope, rope, v = (DS_SIZES[k] for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     E, Fe = DS_MOE["n_routed_experts"], DS_MOE["moe_intermediate_size"]
     add("model.embed_tokens.weight", normal(vocab, D))
@@ -83,8 +66,7 @@ def make_deepseek2(folder: Path, seed: int, q_lora: bool) -> dict[str, np.ndarra
                 add(p + f"mlp.experts.{e}.{n}_proj.weight", normal(*shape))
         for n, shape in (("gate", (Fe, D)), ("up", (Fe, D)), ("down", (D, Fe))):
             add(p + f"mlp.shared_experts.{n}_proj.weight", normal(*shape))
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights
+    return ck.save()
 
 
 def _rms(x: np.ndarray, w: np.ndarray, eps: float = 1e-6) -> np.ndarray:

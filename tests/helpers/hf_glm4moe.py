@@ -4,12 +4,11 @@ norms in GLM-4.5's layout, none in -Air's; an MTP layer after the others) and a 
 of the HF model's math, the reference for converted logits."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .hf_models import HD, HKV, SPECIALS, D, F, H, bf16, from_bf16, train_bpe, write_safetensors
+from .hf_models import HD, HKV, SPECIALS, D, F, H, HfCheckpoint, train_bpe
 
 # GLM's chat markers, added tokens of its tokenizer (llama.cpp's converter names bos, eot, unk and eom by them)
 GLM_SPECIALS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
@@ -26,11 +25,10 @@ def make_glm4moe(folder: Path, seed: int, air: bool = False) -> tuple[dict[str, 
     """The checkpoint (matrices BF16, norms, biases and the selection bias F32); air: GLM-4.5-Air's
     layout (no Q/K norms, 2 shared experts, no MTP layer). Returns the float32 weights the HF model
     computes with, and its config."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
+    rng = ck.rng
     tok = train_bpe("qwen")
     tok.add_special_tokens(GLM_SPECIALS)
-    tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     n_shared, nextn = (2, 0) if air else (1, GLM4MOE["num_nextn_predict_layers"])
     cfg = {**GLM4MOE, "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"], "hidden_size": D,
@@ -38,24 +36,13 @@ def make_glm4moe(folder: Path, seed: int, air: bool = False) -> tuple[dict[str, 
            "n_shared_experts": n_shared, "num_nextn_predict_layers": nextn, "use_qk_norm": not air,
            "attention_bias": True, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
            "vocab_size": vocab, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-    (folder / "config.json").write_text(json.dumps(cfg))
+    ck.write_config(cfg)
     specials = SPECIALS["qwen"] + GLM_SPECIALS
     tcfg = {"chat_template": GLM_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
             "pad_token": "<|endoftext|>",
             "added_tokens_decoder": {str(tok.token_to_id(t)): {"content": t, "special": True} for t in specials}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
-
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
-    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    ck.write_tokenizer(tok, tcfg)
+    add, normal, norm = ck.add, ck.normal, ck.norm
     E, Fe = GLM4MOE["n_routed_experts"], GLM4MOE["moe_intermediate_size"]
     add("model.embed_tokens.weight", normal(vocab, D))
     add("model.norm.weight", norm(D), "F32")
@@ -89,8 +76,7 @@ def make_glm4moe(folder: Path, seed: int, air: bool = False) -> tuple[dict[str, 
             add(p + "eh_proj.weight", normal(D, 2 * D))
             for n in ("enorm", "hnorm", "shared_head.norm"):
                 add(p + f"{n}.weight", norm(D), "F32")
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights, cfg
+    return ck.save(), cfg
 
 
 def _mlp(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:

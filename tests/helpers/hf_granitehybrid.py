@@ -4,25 +4,11 @@ experts, Granite 4.0 H Tiny's layout: a router and experts beside the shared MLP
 forward pass of transformers' GraniteMoeHybrid math in float64, the reference for converted logits."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .hf_models import (
-    CHAT_TEMPLATE,
-    GRANITE_MULTIPLIERS,
-    HD,
-    HKV,
-    SPECIALS,
-    D,
-    F,
-    H,
-    bf16,
-    from_bf16,
-    train_bpe,
-    write_safetensors,
-)
+from .hf_models import GRANITE_MULTIPLIERS, HD, HKV, SPECIALS, D, F, H, HfCheckpoint, chatml_tokenizer_config, train_bpe
 
 GH_TYPES = ["mamba", "attention", "mamba"]
 MAMBA = {"mamba_n_heads": 8, "mamba_d_head": 64, "mamba_n_groups": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
@@ -37,10 +23,9 @@ def make_granitehybrid(folder: Path, seed: int, experts: bool = False) -> dict[s
     """The checkpoint (matrices and the conv kernel BF16; norms, biases, A_log, D, dt_bias F32;
     tied embeddings); experts: GH_EXPERTS of them (block_sparse_moe) beside the shared MLP. Returns
     the float32 weights the HF model computes with."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
+    rng = ck.rng
     tok = train_bpe("qwen")
-    tok.save(str(folder / "tokenizer.json"))
     vocab = -(-tok.get_vocab_size() // 8) * 8  # the converter pads to a multiple of 8: none needed
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
     cfg = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": D,
@@ -54,23 +39,9 @@ def make_granitehybrid(folder: Path, seed: int, experts: bool = False) -> dict[s
         cfg.update(num_local_experts=GH_EXPERTS, num_experts_per_tok=GH_USED, intermediate_size=GH_FF_EXP,
                    shared_intermediate_size=GH_FF_SHARED)
     Fs = cfg["shared_intermediate_size"]
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
-
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
-    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    ck.write_config(cfg)
+    ck.write_tokenizer(tok, chatml_tokenizer_config(tok))
+    add, normal, norm = ck.add, ck.normal, ck.norm
     nh, G, N, L = MAMBA["mamba_n_heads"], MAMBA["mamba_n_groups"], MAMBA["mamba_d_state"], MAMBA["mamba_d_conv"]
     inner = MAMBA["mamba_expand"] * D
     C = inner + 2 * G * N
@@ -102,8 +73,7 @@ def make_granitehybrid(folder: Path, seed: int, experts: bool = False) -> dict[s
             add(moe + "output_linear.weight", normal(GH_EXPERTS, D, GH_FF_EXP))
         add(p + "shared_mlp.input_linear.weight", normal(2 * Fs, D))  # gate, then up
         add(p + "shared_mlp.output_linear.weight", normal(D, Fs))
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights
+    return ck.save()
 
 
 def granitehybrid_forward(w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:

@@ -3,12 +3,11 @@ layers; or Lfm2MoeForCausalLM: the same with experts after the first layer) and 
 pass of the HF model's math, the reference for converted logits."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .hf_models import CHAT_TEMPLATE, HD, HKV, SPECIALS, D, F, H, bf16, from_bf16, train_bpe, write_safetensors
+from .hf_models import HD, HKV, SPECIALS, D, F, H, HfCheckpoint, chatml_tokenizer_config, train_bpe
 
 LFM2_TYPES = ["conv", "full_attention", "conv"]  # layer_types
 LFM2_L = 3  # conv_L_cache
@@ -25,10 +24,9 @@ def make_lfm2(folder: Path, seed: int, moe: bool = False) -> dict[str, np.ndarra
     """The checkpoint (matrices BF16, norms, the conv kernels and the experts' bias F32, tied
     embeddings as LFM2's; moe: Lfm2MoeForCausalLM's); returns the float32 weights the HF model
     computes with."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
+    rng = ck.rng
     tok = train_bpe("qwen")
-    tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
     own = {"model_type": "lfm2_moe", "architectures": ["Lfm2MoeForCausalLM"], "intermediate_size": F, **LFM2MOE} if moe \
@@ -37,23 +35,9 @@ def make_lfm2(folder: Path, seed: int, moe: bool = False) -> dict[str, np.ndarra
            "num_key_value_heads": HKV, "layer_types": LFM2_TYPES, "conv_L_cache": LFM2_L, "conv_bias": False,
            "max_position_embeddings": 256, "norm_eps": 1e-5, "rope_theta": 1000000.0, "vocab_size": vocab,
            "tie_word_embeddings": True, "torch_dtype": "bfloat16", "eos_token_id": ids["<|im_end|>"]}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
-
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
-    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    ck.write_config(cfg)
+    ck.write_tokenizer(tok, chatml_tokenizer_config(tok))
+    add, normal, norm = ck.add, ck.normal, ck.norm
     add("model.embed_tokens.weight", normal(vocab, D))
     add("model.embedding_norm.weight", norm(D), "F32")
     for i, kind in enumerate(LFM2_TYPES):
@@ -85,8 +69,7 @@ def make_lfm2(folder: Path, seed: int, moe: bool = False) -> dict[str, np.ndarra
         add(p + "feed_forward.w1.weight", normal(F, D))
         add(p + "feed_forward.w3.weight", normal(F, D))
         add(p + "feed_forward.w2.weight", normal(D, F))
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights
+    return ck.save()
 
 
 def _swiglu(w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:

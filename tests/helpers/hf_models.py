@@ -81,14 +81,65 @@ def from_bf16(u: np.ndarray) -> np.ndarray:
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 
+class HfCheckpoint:
+    """A tiny HF model folder being written: config.json, the tokenizer's files and model.safetensors,
+    each tensor kept as stored (BF16, F16 or F32) and as the float32 the HF model computes with;
+    normal and norm draw from the seed's generator in the order the caller asks."""
+
+    def __init__(self, folder: Path, seed: int):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.rng = np.random.default_rng(seed)
+        self.weights: dict[str, np.ndarray] = {}
+        self.stored: dict[str, tuple[np.ndarray, str]] = {}
+
+    def normal(self, *shape: int) -> np.ndarray:
+        """A matrix's random weights."""
+        return self.rng.normal(0, 0.02, size=shape)
+
+    def norm(self, n: int) -> np.ndarray:
+        """An RMSNorm's weights, near 1."""
+        return 1.0 + self.rng.normal(0, 0.1, size=n)
+
+    def add(self, name: str, x: np.ndarray, dtype: str = "BF16") -> None:
+        if dtype == "BF16":
+            u = bf16(x)
+            self.stored[name], self.weights[name] = (u, "BF16"), from_bf16(u)
+        elif dtype == "F16":
+            h = x.astype(np.float16)
+            self.stored[name], self.weights[name] = (h, "F16"), h.astype(np.float32)
+        else:
+            self.stored[name], self.weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
+
+    def write_config(self, cfg: dict) -> None:
+        (self.folder / "config.json").write_text(json.dumps(cfg))
+
+    def write_tokenizer(self, tok: Tokenizer, tcfg: dict) -> None:
+        """tokenizer.json and tokenizer_config.json."""
+        tok.save(str(self.folder / "tokenizer.json"))
+        (self.folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
+
+    def save(self) -> dict[str, np.ndarray]:
+        """Writes model.safetensors; returns the float32 weights by their checkpoint names."""
+        write_safetensors(self.folder / "model.safetensors", self.stored)
+        return self.weights
+
+
+def chatml_tokenizer_config(tok: Tokenizer, chat_template: str = CHAT_TEMPLATE) -> dict:
+    """tokenizer_config.json of a Qwen-style (train_bpe("qwen")) tokenizer with a ChatML template."""
+    ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
+    return {"add_bos_token": False, "add_eos_token": False, "chat_template": chat_template,
+            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
+
+
 def make_hf_model(folder: Path, arch: str, seed: int, n_layer: int = 2) -> dict[str, np.ndarray]:
     """A tiny random checkpoint of n_layer layers; returns the float32 weights as the HF model
     computes with them."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
+    rng = ck.rng
     style = "llama" if arch in ("llama", "mixtral") else "qwen"
     tok = train_bpe(style)
-    tok.save(str(folder / "tokenizer.json"))
     n_tok = tok.get_vocab_size()
     vocab = n_tok + (6 if arch == "qwen2" else 0)  # qwen pads its embedding past the tokenizer
     tied = arch in ("qwen2", "qwen3", "granite", "qwen3moe")
@@ -117,33 +168,21 @@ def make_hf_model(folder: Path, arch: str, seed: int, n_layer: int = 2) -> dict[
     bos = ids["<|begin_of_text|>"] if style == "llama" else None
     eos = ids["<|eot_id|>"] if style == "llama" else ids["<|im_end|>"]
     cfg.update(bos_token_id=bos, eos_token_id=eos)
-    (folder / "config.json").write_text(json.dumps(cfg))
+    ck.write_config(cfg)
     tcfg = {"add_bos_token": style == "llama", "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
             "tokenizer_class": "GPT2Tokenizer" if arch == "phi3" else "PreTrainedTokenizerFast",
             "bos_token": "<|begin_of_text|>" if style == "llama" else None,
             "eos_token": SPECIALS[style][2], "pad_token": SPECIALS[style][1 if style == "llama" else 0],
             "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS[style]}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str) -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        elif dtype == "F16":
-            h = x.astype(np.float16)
-            stored[name], weights[name] = (h, "F16"), h.astype(np.float32)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
+    ck.write_tokenizer(tok, tcfg)
+    add = ck.add
 
     # Matrix dtypes: llama F32 with BF16 attention, qwen2 F16, qwen3 BF16.
     mat = {"llama": "F32", "qwen2": "F16", "qwen3": "BF16", "granite": "BF16", "olmo2": "F32", "qwen3moe": "BF16",
            "mixtral": "F16", "phi3": "BF16"}[arch]
     attn = "BF16" if arch in ("llama", "olmo2") else mat
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
-    norm = lambda n: 1.0 + rng.normal(0, 0.1, size=n)
+    normal = ck.normal
+    norm = ck.norm
     add("model.embed_tokens.weight", normal(vocab, D), mat)
     add("model.norm.weight", norm(D), "F32")
     if not tied:
@@ -190,9 +229,8 @@ def make_hf_model(folder: Path, arch: str, seed: int, n_layer: int = 2) -> dict[
             add(p + "mlp.gate_proj.weight", normal(F, D), mat)
             add(p + "mlp.up_proj.weight", normal(F, D), mat)
         add(p + "mlp.down_proj.weight", normal(D, F), mat)
-    stored["model.layers.0.self_attn.rotary_emb.inv_freq"] = (np.zeros(HD // 2, np.float32), "F32")  # skipped
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights
+    ck.stored["model.layers.0.self_attn.rotary_emb.inv_freq"] = (np.zeros(HD // 2, np.float32), "F32")  # skipped
+    return ck.save()
 
 
 def _moe(w: dict[str, np.ndarray], p: str, h: np.ndarray, arch: str) -> np.ndarray:

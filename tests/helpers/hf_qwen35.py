@@ -6,12 +6,11 @@ Qwen3.5 math in float64, the reference for converted logits. Its variants: Qwen3
 same math."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .hf_models import CHAT_TEMPLATE, HD, HKV, SPECIALS, D, F, H, bf16, from_bf16, train_bpe, write_safetensors
+from .hf_models import HD, HKV, SPECIALS, D, F, H, HfCheckpoint, chatml_tokenizer_config, train_bpe
 
 QWEN35_TYPES = ["linear_attention", "full_attention", "linear_attention"]  # full_attention_interval 2
 LIN = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
@@ -28,10 +27,9 @@ def make_qwen35(folder: Path, seed: int, variant: str = "qwen35") -> dict[str, n
     """The checkpoint (matrices and the conv kernel BF16; norms, A_log, dt_bias F32; tied embeddings);
     returns the float32 weights the HF model computes with, by Qwen3.5's names (Qwen3-Next's fused
     matrices unfused; the experts one matrix each, under mlp.experts.E.*)."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
+    ck = HfCheckpoint(folder, seed)
+    rng = ck.rng
     tok = train_bpe("qwen")
-    tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size()
     ids = {t: tok.token_to_id(t) for t in SPECIALS["qwen"]}
     model_type, hf_class = VARIANTS[variant]
@@ -51,22 +49,9 @@ def make_qwen35(folder: Path, seed: int, variant: str = "qwen35") -> dict[str, n
             del cfg["intermediate_size"]  # Qwen3.5 MoE's config has no dense width
         else:  # Qwen3-Next: plain partial RoPE, no sections
             cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": PARTIAL}
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tcfg = {"add_bos_token": False, "add_eos_token": False, "chat_template": CHAT_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "added_tokens_decoder": {str(ids[t]): {"content": t, "special": True} for t in SPECIALS["qwen"]}}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tcfg))
-    weights: dict[str, np.ndarray] = {}
-    stored: dict[str, tuple[np.ndarray, str]] = {}
-
-    def add(name: str, x: np.ndarray, dtype: str = "BF16") -> None:
-        if dtype == "BF16":
-            u = bf16(x)
-            stored[name], weights[name] = (u, "BF16"), from_bf16(u)
-        else:
-            stored[name], weights[name] = (x.astype(np.float32), "F32"), x.astype(np.float32)
-
-    normal = lambda *s: rng.normal(0, 0.02, size=s)
+    ck.write_config(cfg)
+    ck.write_tokenizer(tok, chatml_tokenizer_config(tok))
+    add, normal = ck.add, ck.normal
     shifted = lambda n: rng.normal(0, 0.1, size=n)  # Qwen3.5's RMSNorms scale by 1 + w
     hk, hv, dk, dv, L = (LIN[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                           "linear_value_head_dim", "linear_conv_kernel_dim"))
@@ -84,7 +69,7 @@ def make_qwen35(folder: Path, seed: int, variant: str = "qwen35") -> dict[str, n
             add(a + "in_proj_b.weight", normal(hv, D))
             add(a + "in_proj_a.weight", normal(hv, D))
             if variant == "qwen3next":
-                _fuse_qwen3next(stored, weights, a)
+                _fuse_qwen3next(ck.stored, ck.weights, a)
             add(a + "conv1d.weight", rng.uniform(-L ** -0.5, L ** -0.5, size=(C, 1, L)))
             add(a + "dt_bias", rng.uniform(0.5, 1.5, size=hv), "F32")
             add(a + "A_log", np.log(rng.uniform(0.05, 1.0, size=hv)), "F32")
@@ -110,9 +95,8 @@ def make_qwen35(folder: Path, seed: int, variant: str = "qwen35") -> dict[str, n
             add(p + f"mlp.shared_expert.{w}.weight", normal(*shape))
         add(p + "mlp.shared_expert_gate.weight", normal(1, D) * 20)
         if variant == "qwen35moe" and i > 0:  # transformers 5's fused experts (the first layer's stay apart)
-            _fuse_experts(stored, p + "mlp.experts.")
-    write_safetensors(folder / "model.safetensors", stored)
-    return weights
+            _fuse_experts(ck.stored, p + "mlp.experts.")
+    return ck.save()
 
 
 def _fuse_qwen3next(stored: dict[str, tuple[np.ndarray, str]], weights: dict[str, np.ndarray], a: str) -> None:

@@ -25,12 +25,32 @@ def llama_cpp_logits(path, tokens, flash_attn: bool = False, cache_types=("f16",
     return logits
 
 
-def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0) -> np.ndarray:
+class LlamaCppRuns:
+    """llama.cpp's logits of one file on PROMPT, each (flash attention, cache types) run once and
+    shared (read-only) by the tests of that file: a module-scoped fixture holds it."""
+
+    def __init__(self, path):
+        self.path = path
+        self.runs: dict[tuple[bool, tuple[str, str]], np.ndarray] = {}
+
+    def logits(self, flash_attn: bool = False, cache_types=("f16", "f16")) -> np.ndarray:
+        key = (flash_attn, tuple(cache_types))
+        if key not in self.runs:
+            logits = llama_cpp_logits(self.path, PROMPT, flash_attn=flash_attn, cache_types=cache_types)
+            logits.flags.writeable = False
+            self.runs[key] = logits
+        return self.runs[key]
+
+
+def assert_matches_llama_cpp(ours: np.ndarray, path, what: str, slack: float = 0.0,
+                             runs: LlamaCppRuns | None = None) -> np.ndarray:
     """Our logits within max(2% of max |logit|, llama.cpp's own spread between its attention paths)
     (plus slack) of llama-cpp-python's default path, and the argmax llama.cpp's (either path's where
-    they disagree); whether llama.cpp's two paths agree on each position's argmax."""
-    ref = llama_cpp_logits(path, PROMPT)  # llama-cpp-python's default path (no flash attention)
-    ref_fa = llama_cpp_logits(path, PROMPT, flash_attn=True)
+    they disagree); whether llama.cpp's two paths agree on each position's argmax. runs: path's
+    llama.cpp logits where another test has them already."""
+    runs = runs or LlamaCppRuns(path)
+    ref = runs.logits()  # llama-cpp-python's default path (no flash attention)
+    ref_fa = runs.logits(flash_attn=True)
     assert ours.shape == ref.shape
     # llama.cpp's two attention paths round differently; on the tiny gemma3 they disagree by ~5% and
     # flip argmaxes. Where llama.cpp disagrees with itself, its own spread is the bound; elsewhere 2%.

@@ -1,11 +1,13 @@
 """Multi-head latent attention's steps around the attention kernel (deepseek2; the recipe is
-models/arch/deepseek2.py, the products with attn_k_b and attn_v_b are primitives.py's), with the
-arithmetic of llama.cpp's graph (src/models/deepseek2.cpp):
+models/arch/deepseek2.py), with the arithmetic of llama.cpp's graph (src/models/deepseek2.cpp):
 - mla_post: the latent's RMSNorm and the RoPE of the shared key part, written to the cache as one
   row latent | key part in the cache's type (kv_write.kv_store); each head's RoPE'd Q part placed
   after the room its absorbed part takes (ggml_concat(q_nope_absorbed, q_pe));
 - mla_prepare_q: the whole Q row (absorbed | RoPE'd) prepared for the products with the cache's K
-  (kv_write.prepare_q), once the absorbed parts are in.
+  (kv_write.prepare_q), once the absorbed parts are in;
+- heads_matmul: every head's product with its own matrix (attn_k_b's: Q's nope part into the
+  latent's room, q_nope_absorbed; attn_v_b's: the latent mix back to the value's width, kqv_mla) in
+  one compiled loop, each head as qmatmul would run it alone (the same bits).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from numba import njit
 
 from .elementwise import heads_post
 from .kv_write import kv_store, prepare_q
+from .qdot import matmul_packed
 
 
 @njit(cache=True)
@@ -51,3 +54,21 @@ def mla_prepare_q(q3, qd, bsum, k_pool):
     # products with the cache's K take it (prepare_q)
     for t in range(q3.shape[0]):
         prepare_q(q3[t].reshape(-1), qd[t], bsum, k_pool)
+
+
+@njit(cache=True)
+def heads_matmul(src, in_stride, K, lo, hi, s, m, sc, key, mode, N, lo_bits, hi_bits, group, xq, dxb, bsum, acc,
+                 expanded, x, out, out_stride):
+    # src: (T, >= H * in_stride) f32, head h's input its columns h * in_stride ... + K
+    # lo, hi, s, m, sc: the heads' (N, K) matrices as PackedExperts' planes, head axis first;
+    #   key, mode, N, lo_bits, hi_bits, group: their PackedExperts.info
+    # xq, dxb, bsum, acc, expanded: matmul_packed's scratch (MatmulWorkspace)
+    # x: (>= T * K,) f32 scratch, one head's input made contiguous
+    # out: (T, >= H * out_stride) f32, head h's product written to its columns h * out_stride ... + N
+    T = src.shape[0]
+    xs = x[:T * K].reshape(T, K)
+    for h in range(lo.shape[0]):
+        for t in range(T):
+            xs[t] = src[t, h * in_stride:h * in_stride + K]
+        matmul_packed(key, mode, xs, lo[h], hi[h], s[h], m[h], sc[h], N, xq, dxb, bsum, out, h * out_stride, acc,
+                      lo_bits, hi_bits, group, expanded)

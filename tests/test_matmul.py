@@ -300,9 +300,9 @@ def test_f16_round_is_the_nearest_half():
 @pytest.mark.parametrize("qtype", [GT.Q8_0, GT.Q5_0, GT.Q4_K, GT.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 5])
 def test_mla_heads_in_one_loop_are_qmatmul_head_by_head(qtype, T):
-    """MLA's per-head products (attn_k_b's, attn_v_b's) packed alike and run by one compiled loop
-    (mla.heads_matmul) are each head's qmatmul to the bit: the head's input columns out of a wider
-    row, its output at its own columns, the columns between them left alone."""
+    """MLA's per-head products (attn_k_b's, attn_v_b's) packed alike and run by one parallel loop
+    over every head's tiles (mla.heads_matmul) are each head's qmatmul to the bit: the head's input
+    columns out of a wider row, its output at its own columns, the columns between them left alone."""
     from infer.backends.cpu.mla import heads_matmul
     from infer.backends.cpu.repack import PackedExperts
 
@@ -311,7 +311,7 @@ def test_mla_heads_in_one_loop_are_qmatmul_head_by_head(qtype, T):
     packed = PackedExperts.pack([(w,) for w in heads])
     assert packed is not None
     src = np.random.default_rng(3).normal(0, 1, size=(T, H * in_stride)).astype(np.float32)
-    ws = MatmulWorkspace(8, 2 * K, 4)
+    ws = MatmulWorkspace(8, H * K, 4)  # room for every head's quantized input, as the runner sizes it
     want = np.full((T, H * out_stride), 7.0, np.float32)
     for h, w in enumerate(packed.weights):
         qmatmul(w, np.ascontiguousarray(src[:, h * in_stride:h * in_stride + K]), want, ws, h * out_stride)

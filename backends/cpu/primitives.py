@@ -215,7 +215,7 @@ class CpuPrimitives:
     def _heads(self, heads: list, packed: Any, src: np.ndarray, in_stride: int, K: int, x: np.ndarray,
                out: np.ndarray, out_stride: int) -> None:
         """out[:, h * out_stride:][:N] = src[:, h * in_stride:][:K] @ heads[h].T for every head: one
-        compiled loop where the heads are packed alike (mla.heads_matmul), else head by head."""
+        parallel loop where the heads are packed alike (mla.heads_matmul), else head by head."""
         T, mm = self.T, self.ws.mm
         if packed is not None:
             xq = mm.xi if packed.weights[0].int_kernel else mm.xq

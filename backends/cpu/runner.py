@@ -196,7 +196,7 @@ class _Layer:
     kv_a: list
     k_b: list
     v_b: list
-    # the same heads packed alike (PackedExperts: one compiled loop runs them all, mla.heads_matmul),
+    # the same heads packed alike (PackedExperts: one parallel loop runs them all, mla.heads_matmul),
     # or None where their type is kept as it is (then the heads are run one by one)
     k_b_heads: PackedExperts | None
     v_b_heads: PackedExperts | None
@@ -333,8 +333,10 @@ class Workspace:
         # that share a KV head (attention.py serves them together)
         self.group = max(cfg.n_head // hkv for hkv, _, _, _ in shapes)
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
+        # MLA's heads_matmul quantizes every head's input at once: n_head of the widest
+        mla_k = cfg.n_head * max(cfg.head_dim_k_mla - cfg.n_rot, cfg.n_lora_kv) if cfg.kv_v_in_k else 0
         self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size,
-                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer), n_chunks)
+                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer, mla_k), n_chunks)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)

@@ -21,6 +21,7 @@ Results are appended to a JSON-lines file as they come and printed as one table 
         [--cache-type q8_0] [--depth 16384]
 
 --depth N adds tg128 after N tokens of context (llama-bench -d, infer bench -d) for both programs.
+Each shape's KV cache bytes per token of context are printed for both (llama.cpp's from its log).
 --cache-type sets both programs' K and V cache types (-ctk/-ctv; llama.cpp picks flash attention
 itself, which a quantized V needs).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -38,8 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from bench_shapes_layers import Mla, add_vocab, mla_layer, qwen35_mixer
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH_CTX = 4096  # infer bench's context (-c), and llama.cpp's where its KV cache is sized
 CACHE = Path(os.environ.get("INFER_BENCH_CACHE", Path.home() / ".cache" / "infer-bench"))
 
 
@@ -68,6 +72,7 @@ class Shape:
     ssm_s: int = 128
     n_rot: int = 0
     n_ctx_train: int = 4096  # the file's context_length (the engine sizes no context past it; -d needs room)
+    mla: Mla | None = None  # deepseek2: multi-head latent attention, shared experts, dense first layers
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -89,6 +94,11 @@ SHAPES = {
     # Qwen3.5-35B-A3B's layers (256 experts of width 512, 8 per token, a shared expert of 512), 4 of its 40
     "qwen3.5-35b-a3b-4l": Shape("qwen35moe", 2048, 512, 4, 16, 2, 248320, False, 1e7, 256, 256, 8, 512,
                                 n_ff_shexp=512, attn_interval=4, n_rot=64, n_ctx_train=262144),
+    # DeepSeek-V2-Lite's layers, 4 of its 27: MLA over a 512-wide latent (16 heads, no Q compression;
+    # one KV head of latent | RoPE part, as llama.cpp's converter writes it), the first layer dense
+    # (10944), then 64 experts of 1408, 6 per token, with 2 shared; softmax gating, YaRN x40
+    "deepseek-v2-lite-4l": Shape("deepseek2", 2048, 10944, 4, 16, 1, 102400, False, 1e4, 0, 64, 6, 1408,
+                                 n_ctx_train=163840, mla=Mla(512, 128, 64, 128, 1, 2, 40.0, 4096, 0.707)),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
@@ -110,6 +120,9 @@ def write_f16(shape: Shape, path: Path) -> None:
     oss = shape.arch == "gpt-oss"
     for i in range(shape.n_layer):
         p = f"blk.{i}."
+        if shape.mla is not None:
+            tensors += mla_layer(shape, p, i)
+            continue
         if shape.attn_interval:
             tensors += qwen35_mixer(shape, p, (i + 1) % shape.attn_interval == 0)
         else:
@@ -166,6 +179,8 @@ def write_f16(shape: Shape, path: Path) -> None:
         w.add_rope_dimension_sections([11, 11, 10, 0])
     if shape.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(shape.n_ff_shexp)
+    if shape.mla is not None:
+        shape.mla.add_metadata(w)
     if oss:
         w.add_sliding_window(128)
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -195,47 +210,6 @@ def write_f16(shape: Shape, path: Path) -> None:
         w.write_tensor_data(a.reshape(shp))
     w.close()
     tmp.rename(path)
-
-
-def qwen35_mixer(shape: Shape, p: str, attention: bool) -> list[tuple[str, tuple[int, ...], bool]]:
-    """One qwen35 layer's tensors before its FFN: gated attention (Q with its output gate, Q/K
-    norms) or a gated delta net (QKV, gate, beta, alpha, the convolution, decays, norm, out)."""
-    D, H, Hkv, hd = shape.n_embd, shape.n_head, shape.n_head_kv, shape.head_dim
-    out = [(p + "attn_norm.weight", (D,), False), (p + "post_attention_norm.weight", (D,), False)]
-    if attention:
-        return out + [(p + "attn_q.weight", (2 * H * hd, D), True), (p + "attn_k.weight", (Hkv * hd, D), True),
-                      (p + "attn_v.weight", (Hkv * hd, D), True), (p + "attn_output.weight", (D, H * hd), True),
-                      (p + "attn_q_norm.weight", (hd,), False), (p + "attn_k_norm.weight", (hd,), False)]
-    S, Hk, Hv = shape.ssm_s, shape.ssm_hk, shape.ssm_hv
-    C = 2 * Hk * S + Hv * S
-    return out + [(p + "attn_qkv.weight", (C, D), True), (p + "attn_gate.weight", (Hv * S, D), True),
-                  (p + "ssm_beta.weight", (Hv, D), True), (p + "ssm_alpha.weight", (Hv, D), True),
-                  (p + "ssm_conv1d.weight", (C, 4), False), (p + "ssm_dt.bias", (Hv,), False),
-                  (p + "ssm_a", (Hv,), False), (p + "ssm_norm.weight", (S,), False),
-                  (p + "ssm_out.weight", (D, Hv * S), True)]
-
-
-def add_vocab(w, n_vocab: int) -> None:
-    """A SentencePiece-style vocabulary of n_vocab distinct pieces (byte fallback, BOS 1, EOS 2)."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-
-    def word(i: int) -> str:
-        s = ""
-        while True:
-            s += letters[i % 26]
-            i //= 26
-            if i == 0:
-                return s
-
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    n_special = len(tokens)
-    tokens += ["\u2581" + word(i) for i in range(n_vocab - n_special)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * n_special + [-float(j) for j in range(n_vocab - n_special)])
-    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - n_special))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
 
 
 def model_file(name: str, qtype: str, threads: int) -> Path:
@@ -310,11 +284,26 @@ def infer_bench_depth(model: Path, threads: int, reps: int, cache_type: str, dep
 
 def infer_bench(model: Path, threads: int, reps: int, cache_type: str) -> dict:
     out, rss = measured([sys.executable, "-m", "infer.cli", "bench", str(model), "-p", "512", "-n", "128",
-                         "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
+                         "-c", str(BENCH_CTX), "-t", str(threads), "-r", str(reps), "--backend", "cpu", "-ctk", cache_type,
                          "-ctv", cache_type, "--json"])
     row = json.loads(out.strip().splitlines()[-1])
     return {"pp512": row["prefill_tok_s"], "tg128": row["decode_tok_s"], "rss_mb": rss,
-            "kv_mb": (row["kv_pool_bytes"] + row.get("state_pool_bytes", 0)) / 2**20}
+            "kv_mb": (row["kv_pool_bytes"] + row.get("state_pool_bytes", 0)) / 2**20,
+            "kv_bytes_per_token": row["kv_pool_bytes"] / BENCH_CTX}
+
+
+def llama_kv_bytes_per_token(model: Path, cache_type: str) -> float:
+    """llama.cpp's K and V cache bytes per token of context: the size its log gives its KV cache
+    (MiB, two decimals) over its cells, in a context of BENCH_CTX (llama-cpp-python)."""
+    code = ("import sys, llama_cpp; from infer.backends.llamacpp.runner import GGML_TYPES as T; "
+            "t = T[sys.argv[2]]; llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[3]), type_k=t, type_v=t, "
+            "flash_attn=sys.argv[2] != 'f16', verbose=True)")
+    p = subprocess.run([sys.executable, "-c", code, str(model), cache_type, str(BENCH_CTX)], capture_output=True,
+                       text=True)
+    m = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", p.stderr)
+    if m is None:
+        raise RuntimeError(f"no KV cache size in llama.cpp's log:\n{p.stderr[-2000:]}")
+    return float(m.group(1)) * 2**20 / int(m.group(2))
 
 
 def _free_port() -> int:
@@ -450,6 +439,11 @@ def main(argv=None) -> None:
         for k, rs in rounds.items():
             row[k] = {**max(rs, key=lambda r: r["tg128"]), "pp512": max(r["pp512"] for r in rs),
                       "rss_mb": max(r["rss_mb"] for r in rs), "rounds": rs} if rs else None
+        if rounds["infer"]:  # the cache's size per token of context (MLA: the latent and the RoPE part)
+            row["llama_kv_bytes_per_token"] = llama_kv_bytes_per_token(path, a.cache_type)
+            print(f"{name} {qtype}: KV cache bytes per token, {a.cache_type}: llama.cpp "
+                  f"{row['llama_kv_bytes_per_token']:.0f}, infer {row['infer']['kv_bytes_per_token']:.0f}",
+                  file=sys.stderr, flush=True)
         if not a.no_load:
             print(f"{name} {qtype}: servers ...", file=sys.stderr, flush=True)
             row["llama_server"], row["infer_serve"] = load_times(bins / "llama-server", path, a.threads, a.cache_type)

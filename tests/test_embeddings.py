@@ -7,7 +7,7 @@ import base64
 import numpy as np
 import pytest
 
-from helpers.tiny_models import write_tiny_model
+from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.engine.engine import EngineConfig, EngineConfigError
 from infer.engine.llm import LLM
 from infer.engine.pooling import Pooler, choose_pooling, normalize
@@ -74,22 +74,78 @@ def test_embedded_model_matches_llama_cpp(gemma_path, pooling):
                             llama_cpp_embed(gemma_path, pooling, TEXTS, flash_attn=True), f"gemma {pooling}")
 
 
-# deepseek2's tiny model (sigmoid router with a selection bias) is checked as DeepSeek-V2-Lite's
-# layout instead: with it the last token's embedding is 1.98e-2 (cosine) from llama.cpp's, whose own
-# spread is 6e-5, while its mean pooling and every logit agree (an open question of issue 35)
-OPEN = {"deepseek2": "last-token embedding 1.98e-2 from llama.cpp's (issue 35: not yet explained)"}
+# Written with seed 0 but for deepseek2, written with its TINY_SEEDS seed as the logits tests write it:
+# seed 0's deepseek2 puts TINY_PROMPT's last token on a tie of its last layer's router (the test below)
+TIED_AT_SEED_0 = ("deepseek2",)
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.skip(reason=OPEN[a])) if a in OPEN else a
-                                  for a in (*names(), "llama-moe", "deepseek2-lite")])
+@pytest.mark.parametrize("arch", [*names(), "llama-moe", "deepseek2-lite"])
 def test_tiny_models_match_llama_cpp(arch, tmp_path):
-    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch)
+    seed = tiny_seed(arch) if arch in TIED_AT_SEED_0 else 0
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=seed)
     for pooling in ("mean", "last"):
         llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=2, pooling=pooling))
         ours = embed(llm, [TINY_PROMPT, TINY_PROMPT[:5]])
         refs = [llama_cpp_embed(path, pooling, [TINY_PROMPT, TINY_PROMPT[:5]], fa, n_ctx=64) for fa in (False, True)]
         check_against_llama_cpp(ours, *refs, f"{arch} {pooling}")
+
+
+@pytest.mark.reference
+def test_deepseek2_seed_0_last_token_sits_on_a_router_tie(tmp_path, compare_llamacpp):
+    """Why seed 0's deepseek2 is not the one checked above: its last-token embedding is 1.98e-2
+    (cosine) from llama.cpp's while every op agrees from llama.cpp's own inputs. A float32 last-bit
+    difference (4e-8) in ffn_act-0 moves one q8_0 quant of ffn_down's input (llama.cpp quantizes it
+    so, and so do we); the random weights grow that to 0.6% by the last layer's router input, where
+    token 15's third and fourth biased sigmoid scores are 0.27% apart: the two sides take another
+    third expert there and only there."""
+    from gguf import GGUFReader
+
+    from infer.backends.cpu.runner import CpuRunner
+
+    path = write_tiny_model(tmp_path / "tiny-deepseek2.gguf", "deepseek2", seed=0)
+    model = load_model(path).for_context(64)
+    runner = CpuRunner(model.config, model.weights, n_threads=2)
+    il, used = model.config.n_layer - 1, model.config.n_expert_used
+    ours: dict[str, np.ndarray] = {}
+    runner.trace = lambda name, a: ours.__setitem__(name, a.reshape(a.shape[0], -1).copy())
+    runner.forward(np.array(TINY_PROMPT, np.int32), 0, runner.new_kv_cache(64))
+    runner.trace = None
+    ref = compare_llamacpp.LlamaCppTracer(str(path), 64, 2, flash_attn=False)
+    ref.decode(TINY_PROMPT)
+    theirs = ref.intermediates()
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(path).tensors}
+    router, bias = tensors[f"blk.{il}.ffn_gate_inp.weight"], tensors[f"blk.{il}.exp_probs_b.bias"]
+
+    def chosen(x: np.ndarray) -> set[int]:
+        scores = 1 / (1 + np.exp(-(router.astype(np.float64) @ x))) + bias
+        return set(np.argsort(-scores)[:used].tolist())
+
+    biased = np.sort(theirs[f"ffn_moe_probs_biased-{il}"][-1])[::-1]
+    margin = (biased[used - 1] - biased[used]) / biased[used - 1]
+    x_ours, x_theirs = ours[f"ffn_norm-{il}"][-1], theirs[f"ffn_norm-{il}"][-1]
+    apart = float(np.abs(x_ours - x_theirs).max() / np.abs(x_theirs).max())
+    print(f"router margin {margin:.2e}, router inputs apart {apart:.2e}")
+    assert margin < 5e-3 and apart > margin / 2  # a tie, and a difference of its order
+    assert chosen(x_theirs) != chosen(x_ours)  # so another expert...
+    assert len(chosen(x_theirs) & chosen(x_ours)) == used - 1  # ...the third one only
+    # where the two sides part: ffn_act-0 agrees to float32's last bits, and its q8_0 quants (what
+    # ffn_down reads) differ in one token only
+    assert np.abs(ours["ffn_act-0"] - theirs["ffn_act-0"]).max() <= 1e-6 * np.abs(theirs["ffn_act-0"]).max()
+    flips = [row for row in range(len(TINY_PROMPT))
+             if (q8_0_quants(ours["ffn_act-0"][row]) != q8_0_quants(theirs["ffn_act-0"][row])).any()]
+    assert flips == [3]
+    # and from llama.cpp's own inputs, ffn_down and the experts agree to float32's last bits
+    stats = compare_llamacpp.forced_ops(runner, ref, TINY_PROMPT, 0, runner.new_kv_cache(64))
+    assert stats["ffn_out"][2] <= 1e-6 and stats["ffn_moe_out"][2] <= 1e-6, stats
+
+
+def q8_0_quants(x: np.ndarray) -> np.ndarray:
+    """x's q8_0 quants as ggml's x86 quantize_row_q8_0 makes them: 32-element blocks, each times
+    127 / its max |x|, rounded to the nearest (even)."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    return np.round(blocks * (np.float32(127) / np.where(amax == 0, 1, amax))).astype(np.int8)
 
 
 def test_batched_with_generation_and_chunked_changes_nothing(gemma_path):

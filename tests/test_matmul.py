@@ -295,3 +295,29 @@ def test_f16_round_is_the_nearest_half():
     for got in (out, in_place):
         assert np.array_equal(np.isnan(got), nan)
         assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [GT.Q8_0, GT.Q5_0, GT.Q4_K, GT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("T", [1, 5])
+def test_mla_heads_in_one_loop_are_qmatmul_head_by_head(qtype, T):
+    """MLA's per-head products (attn_k_b's, attn_v_b's) packed alike and run by one parallel loop
+    over every head's tiles (mla.heads_matmul) are each head's qmatmul to the bit: the head's input
+    columns out of a wider row, its output at its own columns, the columns between them left alone."""
+    from infer.backends.cpu.mla import heads_matmul
+    from infer.backends.cpu.repack import PackedExperts
+
+    H, N, K, in_stride, out_stride = 3, 64, 256, 256 + 32, 64 + 16
+    heads = [random_weight(qtype, N, K, seed=int(qtype) * 5 + h) for h in range(H)]
+    packed = PackedExperts.pack([(w,) for w in heads])
+    assert packed is not None
+    src = np.random.default_rng(3).normal(0, 1, size=(T, H * in_stride)).astype(np.float32)
+    ws = MatmulWorkspace(8, H * K, 4)  # room for every head's quantized input, as the runner sizes it
+    want = np.full((T, H * out_stride), 7.0, np.float32)
+    for h, w in enumerate(packed.weights):
+        qmatmul(w, np.ascontiguousarray(src[:, h * in_stride:h * in_stride + K]), want, ws, h * out_stride)
+    got = np.full_like(want, 7.0)
+    xq = ws.xi if packed.weights[0].int_kernel else ws.xq
+    heads_matmul(src, in_stride, K, *packed.planes, *packed.info, xq, ws.dxb, ws.bsum, ws.acc, ws.expanded,
+                 np.zeros(8 * K, np.float32), got, out_stride)
+    assert np.array_equal(got, want)
+    assert (got.reshape(T, H, out_stride)[:, :, N:] == 7.0).all()

@@ -24,7 +24,7 @@ from .kv_pool import KVPool, layer_kind
 from .kv_write import q_post, qkv_post
 from .mamba import mamba2
 from .matmul import qmatmul
-from .mla import mla_post, mla_prepare_q
+from .mla import heads_matmul, mla_post, mla_prepare_q
 from .moe import (
     GATING,
     add_gated,
@@ -192,7 +192,7 @@ class CpuPrimitives:
         """MLA (mla.py): the cache row and Q's RoPE'd parts, each head's nope Q through attn_k_b
         into Q's latent columns, attention over the latent cache (V: K's leading latent), each
         head's output through attn_v_b."""
-        cfg, ws, batch, pool, T, mm = self.cfg, self.ws, self.batch, self.pool, self.T, self.ws.mm
+        cfg, ws, batch, pool, T = self.cfg, self.ws, self.batch, self.pool, self.T
         H, R, n_rot, dq, dv = cfg.n_head, cfg.n_lora_kv, cfg.n_rot, cfg.head_dim_k_mla, cfg.head_dim_v_mla
         nope = dq - n_rot
         g, kc, _ = pool.layer(il)
@@ -202,8 +202,8 @@ class CpuPrimitives:
         mla_post(q, kv, ly.kv_a_norm, self.eps, self.cos[0], self.sin[0], q3, rows["mla_kn"], rows["mla_kp"],
                  rows["mla_qp"], rows["mla_qr"], rows["mla_krow"], kc, batch.slots[g], ws.dxb, ws.bsum)
         q2 = q3.reshape(T, H * cfg.head_dim)
-        for h, w in enumerate(ly.k_b):  # q_nope_absorbed, into head h's first R columns
-            qmatmul(w, q[:, h * dq:h * dq + nope], q2, mm, h * cfg.head_dim)
+        x = scratch["mla_x"].reshape(-1)  # flat: a head's (T, K) input is its first T * K
+        self._heads(ly.k_b, ly.k_b_heads, q, dq, nope, x, q2, cfg.head_dim)  # q_nope_absorbed: head h's first R columns
         if self.trace is not None:
             self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
         mla_prepare_q(q3, qd, ws.bsum, kc)
@@ -213,11 +213,25 @@ class CpuPrimitives:
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = scratch["mla_out"]
-        for h, w in enumerate(ly.v_b):  # kqv_mla: each head's latent mix back to value_length_mla
-            qmatmul(w, lat[:, h], out, mm, h * dv)
+        self._heads(ly.v_b, ly.v_b_heads, scratch["attn"], R, R, x, out, dv)  # kqv_mla: back to value_length_mla
         if self.trace is not None:
             self._seen("kqv_out", il, out)
         return out
+
+    def _heads(self, heads: list, packed: Any, src: np.ndarray, in_stride: int, K: int, x: np.ndarray,
+               out: np.ndarray, out_stride: int) -> None:
+        """out[:, h * out_stride:][:N] = src[:, h * in_stride:][:K] @ heads[h].T for every head: one
+        parallel loop where the heads are packed alike (mla.heads_matmul), else head by head."""
+        T, mm = self.T, self.ws.mm
+        if packed is not None:
+            xq = mm.xi if packed.weights[0].int_kernel else mm.xq
+            heads_matmul(src, in_stride, K, *packed.planes, *packed.info, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded,
+                         x, out, out_stride)
+            return
+        xs = x[:T * K].reshape(T, K)
+        for h, w in enumerate(heads):
+            np.copyto(xs, src[:, h * in_stride:h * in_stride + K])
+            qmatmul(w, xs, out, mm, h * out_stride)
 
     def shortconv(self, bcx: np.ndarray, ly: Any, il: int) -> np.ndarray:
         ws, T, batch = self.ws, self.T, self.batch

@@ -87,6 +87,19 @@ def _packed_span(ws) -> int:
     return sum(_packed_span((w,)) for w in ws if len(ws) > 1)
 
 
+def _heads(heads, mmap: bool) -> tuple[list, PackedExperts | None]:
+    """MLA's per-head matrices (attn_k_b's, attn_v_b's): packed alike into one arena where their
+    type repacks (each head's weight a view of it), else each kept as _pack keeps it."""
+    groups = [_parts(w) for w in heads]
+    shapes = PackedExperts.shapes(groups) if groups else None
+    if shapes is not None:
+        arena = HugeArena(sum(HugeArena.span(*sd) for sd in shapes))
+        packed = PackedExperts.pack(groups, arena.take, release=True)
+        if packed is not None:
+            return list(packed.weights), packed
+    return [_pack(w, mmap) for w in heads], None
+
+
 def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
     """Per expert (gate_up products, down products), and where every expert packs alike the two
     products as PackedExperts (run by one compiled loop, moe.experts_ffn), else None.  All of a
@@ -190,6 +203,10 @@ class _Layer:
     kv_a: list
     k_b: list
     v_b: list
+    # the same heads packed alike (PackedExperts: one parallel loop runs them all, mla.heads_matmul),
+    # or None where their type is kept as it is (then the heads are run one by one)
+    k_b_heads: PackedExperts | None
+    v_b_heads: PackedExperts | None
     q_a_norm: np.ndarray
     kv_a_norm: np.ndarray
 
@@ -198,6 +215,8 @@ class _Layer:
         dense = lw.w_gate is not None
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         mla = lw.kv_a is not None
+        k_b, k_b_heads = _heads(lw.k_b, mmap)
+        v_b, v_b_heads = _heads(lw.v_b, mmap)
         return cls(
             # a gated attention's gate after V (qkv_post reads Q|K|V off the front)
             # a layer that reads an earlier layer's K/V has Q alone (Gemma 4's shared-KV layers); MLA's
@@ -238,7 +257,7 @@ class _Layer:
             q_a=[(_pack(lw.q_a, mmap), 0)] if lw.q_a is not None else [],
             q=[(_pack(lw.wq, mmap), 0)] if mla else [],
             kv_a=[(_pack(lw.kv_a, mmap), 0)] if mla else [],
-            k_b=[_pack(w, mmap) for w in lw.k_b], v_b=[_pack(w, mmap) for w in lw.v_b],
+            k_b=k_b, v_b=v_b, k_b_heads=k_b_heads, v_b_heads=v_b_heads,
             q_a_norm=_vec(lw.q_a_norm), kv_a_norm=_vec(lw.kv_a_norm),
         )
 
@@ -278,6 +297,8 @@ class Workspace:
             attention = [{"qkv": (T, 0), "mla_qa": (T, cfg.n_lora_q), "mla_q": (T, H * cfg.head_dim_k_mla),
                           "mla_kv": (T, R + cfg.n_rot), "q": (T, H, cfg.head_dim), "attn": (T, H * R),
                           "mla_out": (T, H * cfg.head_dim_v_mla),
+                          # one head's input to attn_k_b's or attn_v_b's product, made contiguous
+                          "mla_x": (T, max(cfg.head_dim_k_mla - cfg.n_rot, R)),
                           # mla_post's per-token scratch: the latent, the key's RoPE part, Q's RoPE
                           # parts (flat, then by head), the cache row
                           "mla_kn": (1, R), "mla_kp": (1, cfg.n_rot), "mla_qp": (H * cfg.n_rot,),
@@ -326,8 +347,10 @@ class Workspace:
         # that share a KV head (attention.py serves them together)
         self.group = max(cfg.n_head // hkv for hkv, _, _, _ in shapes)
         self.scores = np.zeros((n_chunks, self.group * n_ctx), f32)
+        # MLA's heads_matmul quantizes every head's input at once: n_head of the widest
+        mla_k = cfg.n_head * max(cfg.head_dim_k_mla - cfg.n_rot, cfg.n_lora_kv) if cfg.kv_v_in_k else 0
         self.mm = MatmulWorkspace(T, max(D, F, max(cfg.n_head * dv for _, _, dv, _ in shapes), cfg.ssm_inner_size,
-                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer), n_chunks)
+                                         cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_embd_per_layer, mla_k), n_chunks)
         if cfg.recurrent_layers:
             self.seq_first = np.zeros(T, np.int32)  # per sequence of the batch (at most T of them)
             self.seq_count = np.zeros(T, np.int32)

@@ -68,6 +68,16 @@ class Shape:
     ssm_s: int = 128
     n_rot: int = 0
     n_ctx_train: int = 4096  # the file's context_length (the engine sizes no context past it; -d needs room)
+    # gemma4: every swa_period-th layer global (head size head_dim_global, RoPE over a quarter of it
+    # through rope_freqs), the others sliding-window (head_dim, sliding_window tokens); per-layer
+    # embeddings n_embd_per_layer wide; the last n_shared_kv layers keep no K/V and have FFNs twice
+    # n_ff wide; final logits soft-capped at logit_softcap
+    head_dim_global: int = 0
+    swa_period: int = 0
+    sliding_window: int = 0
+    n_embd_per_layer: int = 0
+    n_shared_kv: int = 0
+    logit_softcap: float = 0.0
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -89,6 +99,19 @@ SHAPES = {
     # Qwen3.5-35B-A3B's layers (256 experts of width 512, 8 per token, a shared expert of 512), 4 of its 40
     "qwen3.5-35b-a3b-4l": Shape("qwen35moe", 2048, 512, 4, 16, 2, 248320, False, 1e7, 256, 256, 8, 512,
                                 n_ff_shexp=512, attn_interval=4, n_rot=64, n_ctx_train=262144),
+    # Gemma 4 E2B's text model (google/gemma-4-E2B config.json text_config, as llama.cpp's
+    # convert_hf_to_gguf.py Gemma4Model writes it): hidden_size 1536, intermediate_size 6144,
+    # num_hidden_layers 35, num_attention_heads 8, num_key_value_heads 1 (num_global_key_value_heads
+    # null: one KV head on every layer), vocab_size 262144, tie_word_embeddings; head_dim 256 on the
+    # sliding layers, global_head_dim 512 on the full ones; layer_types 4 sliding + 1 full, repeated
+    # (full at 4, 9, ..., 34), sliding_window 512; rope_parameters: full_attention theta 1e6 with
+    # partial_rotary_factor 0.25 (rope_freqs), sliding_attention theta 1e4; hidden_size_per_layer_input
+    # 256; num_kv_shared_layers 20 with use_double_wide_mlp (layers 15-34 12288 wide);
+    # attention_k_eq_v false (every layer with K/V has its own attn_v); final_logit_softcapping 30;
+    # max_position_embeddings 131072 (llama.cpp's llama-model.cpp names a 35-layer gemma4 E2B)
+    "gemma4-e2b": Shape("gemma4", 1536, 6144, 35, 8, 1, 262144, True, 1e6, 256, head_dim_global=512,
+                        swa_period=5, sliding_window=512, n_embd_per_layer=256, n_shared_kv=20,
+                        logit_softcap=30.0, n_ctx_train=131072),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
@@ -108,7 +131,9 @@ def write_f16(shape: Shape, path: Path) -> None:
     if not shape.tied:
         tensors.append(("output.weight", (shape.n_vocab, D), True))
     oss = shape.arch == "gpt-oss"
-    for i in range(shape.n_layer):
+    if shape.arch == "gemma4":
+        tensors += gemma4_tensors(shape)
+    for i in range(shape.n_layer if shape.arch != "gemma4" else 0):
         p = f"blk.{i}."
         if shape.attn_interval:
             tensors += qwen35_mixer(shape, p, (i + 1) % shape.attn_interval == 0)
@@ -144,10 +169,13 @@ def write_f16(shape: Shape, path: Path) -> None:
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(D)
     w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(F)
     w.add_head_count(H)
     w.add_head_count_kv(Hkv)
-    if shape.head_dim:
+    if shape.arch == "gemma4":
+        gemma4_kvs(w, shape)
+    else:
+        w.add_feed_forward_length(F)
+    if shape.head_dim and shape.arch != "gemma4":
         w.add_key_length(hd)
         w.add_value_length(hd)
     if E:
@@ -184,8 +212,11 @@ def write_f16(shape: Shape, path: Path) -> None:
         n = int(np.prod(shp))
         if name.endswith((".ssm_a", "ssm_conv1d.weight")):  # decays -exp(A_log) < 0; a short random kernel
             a = (-rng.uniform(0.05, 1.0, n) if name.endswith(".ssm_a") else rng.uniform(-0.5, 0.5, n)).astype(np.float32)
+        elif name == "rope_freqs.weight":  # proportional RoPE: a quarter of the pairs rotate, 1e30 stands still
+            a = np.array([1.0] * (n // 4) + [1e30] * (n - n // 4), np.float32)
         elif not matrix:
-            a = np.ones(n, np.float32) if name.endswith("norm.weight") else np.zeros(n, np.float32)
+            ones = name.endswith(("norm.weight", "layer_output_scale.weight"))
+            a = np.ones(n, np.float32) if ones else np.zeros(n, np.float32)
         else:
             a = np.empty(n, np.float16)
             for s in range(0, n, 1 << 22):
@@ -213,6 +244,55 @@ def qwen35_mixer(shape: Shape, p: str, attention: bool) -> list[tuple[str, tuple
                   (p + "ssm_conv1d.weight", (C, 4), False), (p + "ssm_dt.bias", (Hv,), False),
                   (p + "ssm_a", (Hv,), False), (p + "ssm_norm.weight", (S,), False),
                   (p + "ssm_out.weight", (D, Hv * S), True)]
+
+
+def gemma4_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...], bool]]:
+    """A Gemma 4 text model's tensors after the token embedding and output norm, as llama.cpp's
+    converter names them (src/models/gemma4.cpp loads them): rope_freqs, the per-layer embedding
+    tables, and each layer's attention (K and V only on layers that keep K/V), FFN, output scale
+    and per-layer embedding block."""
+    D, F, H, Hkv, L, P = shape.n_embd, shape.n_ff, shape.n_head, shape.n_head_kv, shape.n_layer, shape.n_embd_per_layer
+    out: list[tuple[str, tuple[int, ...], bool]] = [("rope_freqs.weight", (shape.head_dim_global // 2,), False)]
+    if P:
+        out += [("per_layer_token_embd.weight", (shape.n_vocab, L * P), True),
+                ("per_layer_model_proj.weight", (L * P, D), True), ("per_layer_proj_norm.weight", (P,), False)]
+    for i in range(L):
+        p = f"blk.{i}."
+        hd = shape.head_dim_global if (i + 1) % shape.swa_period == 0 else shape.head_dim
+        own_kv = i < L - shape.n_shared_kv
+        Fl = F * (1 if own_kv else 2)
+        out += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
+                (p + "attn_q_norm.weight", (hd,), False)]
+        if own_kv:
+            out += [(p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
+                    (p + "attn_k_norm.weight", (hd,), False)]
+        out += [(p + "attn_output.weight", (D, H * hd), True), (p + "post_attention_norm.weight", (D,), False),
+                (p + "ffn_norm.weight", (D,), False), (p + "ffn_gate.weight", (Fl, D), True),
+                (p + "ffn_up.weight", (Fl, D), True), (p + "ffn_down.weight", (D, Fl), True),
+                (p + "post_ffw_norm.weight", (D,), False), (p + "layer_output_scale.weight", (1,), False)]
+        if P:
+            out += [(p + "inp_gate.weight", (P, D), True), (p + "proj.weight", (D, P), True),
+                    (p + "post_norm.weight", (D,), False)]
+    return out
+
+
+def gemma4_kvs(w, shape: Shape) -> None:
+    """Gemma 4's own keys, as llama.cpp's converter writes them (Gemma4Model.set_gguf_parameters)."""
+    L, first_shared = shape.n_layer, shape.n_layer - shape.n_shared_kv
+    swa = [(i + 1) % shape.swa_period != 0 for i in range(L)]
+    w.add_feed_forward_length([shape.n_ff if i < first_shared else 2 * shape.n_ff for i in range(L)])
+    w.add_key_length(shape.head_dim_global)
+    w.add_value_length(shape.head_dim_global)
+    w.add_key_length_swa(shape.head_dim)
+    w.add_value_length_swa(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim_global)  # rope_freqs decides which pairs turn
+    w.add_rope_dimension_count_swa(shape.head_dim)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_sliding_window(shape.sliding_window)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(shape.n_shared_kv)
+    w.add_embedding_length_per_layer_input(shape.n_embd_per_layer)
+    w.add_final_logit_softcapping(shape.logit_softcap)
 
 
 def add_vocab(w, n_vocab: int) -> None:

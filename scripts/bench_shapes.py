@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bench_shapes_layers import Mla, add_vocab, mla_layer, qwen35_mixer
+from bench_shapes_layers import Mla, add_vocab, gemma4_kvs, gemma4_tensors, mla_layer, qwen35_mixer
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_CTX = 4096  # infer bench's context (-c), and llama.cpp's where its KV cache is sized
@@ -73,6 +73,16 @@ class Shape:
     n_rot: int = 0
     n_ctx_train: int = 4096  # the file's context_length (the engine sizes no context past it; -d needs room)
     mla: Mla | None = None  # deepseek2: multi-head latent attention, shared experts, dense first layers
+    # gemma4: every swa_period-th layer global (head size head_dim_global, RoPE over a quarter of it
+    # through rope_freqs), the others sliding-window (head_dim, sliding_window tokens); per-layer
+    # embeddings n_embd_per_layer wide; the last n_shared_kv layers keep no K/V and have FFNs twice
+    # n_ff wide; final logits soft-capped at logit_softcap
+    head_dim_global: int = 0
+    swa_period: int = 0
+    sliding_window: int = 0
+    n_embd_per_layer: int = 0
+    n_shared_kv: int = 0
+    logit_softcap: float = 0.0
 
 
 # The real models' hyperparameters (their config.json), with random weights.
@@ -99,6 +109,19 @@ SHAPES = {
     # (10944), then 64 experts of 1408, 6 per token, with 2 shared; softmax gating, YaRN x40
     "deepseek-v2-lite-4l": Shape("deepseek2", 2048, 10944, 4, 16, 1, 102400, False, 1e4, 0, 64, 6, 1408,
                                  n_ctx_train=163840, mla=Mla(512, 128, 64, 128, 1, 2, 40.0, 4096, 0.707)),
+    # Gemma 4 E2B's text model (google/gemma-4-E2B config.json text_config, as llama.cpp's
+    # convert_hf_to_gguf.py Gemma4Model writes it): hidden_size 1536, intermediate_size 6144,
+    # num_hidden_layers 35, num_attention_heads 8, num_key_value_heads 1 (num_global_key_value_heads
+    # null: one KV head on every layer), vocab_size 262144, tie_word_embeddings; head_dim 256 on the
+    # sliding layers, global_head_dim 512 on the full ones; layer_types 4 sliding + 1 full, repeated
+    # (full at 4, 9, ..., 34), sliding_window 512; rope_parameters: full_attention theta 1e6 with
+    # partial_rotary_factor 0.25 (rope_freqs), sliding_attention theta 1e4; hidden_size_per_layer_input
+    # 256; num_kv_shared_layers 20 with use_double_wide_mlp (layers 15-34 12288 wide);
+    # attention_k_eq_v false (every layer with K/V has its own attn_v); final_logit_softcapping 30;
+    # max_position_embeddings 131072 (llama.cpp's llama-model.cpp names a 35-layer gemma4 E2B)
+    "gemma4-e2b": Shape("gemma4", 1536, 6144, 35, 8, 1, 262144, True, 1e6, 256, head_dim_global=512,
+                        swa_period=5, sliding_window=512, n_embd_per_layer=256, n_shared_kv=20,
+                        logit_softcap=30.0, n_ctx_train=131072),
 }
 # llama.cpp's llama_ftype of each target type
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "Q8_0": 7, "MXFP4_MOE": 38}
@@ -118,7 +141,9 @@ def write_f16(shape: Shape, path: Path) -> None:
     if not shape.tied:
         tensors.append(("output.weight", (shape.n_vocab, D), True))
     oss = shape.arch == "gpt-oss"
-    for i in range(shape.n_layer):
+    if shape.arch == "gemma4":
+        tensors += gemma4_tensors(shape)
+    for i in range(shape.n_layer if shape.arch != "gemma4" else 0):
         p = f"blk.{i}."
         if shape.mla is not None:
             tensors += mla_layer(shape, p, i)
@@ -157,10 +182,13 @@ def write_f16(shape: Shape, path: Path) -> None:
     w.add_context_length(shape.n_ctx_train)
     w.add_embedding_length(D)
     w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(F)
     w.add_head_count(H)
     w.add_head_count_kv(Hkv)
-    if shape.head_dim:
+    if shape.arch == "gemma4":
+        gemma4_kvs(w, shape)
+    else:
+        w.add_feed_forward_length(F)
+    if shape.head_dim and shape.arch != "gemma4":
         w.add_key_length(hd)
         w.add_value_length(hd)
     if E:
@@ -199,8 +227,11 @@ def write_f16(shape: Shape, path: Path) -> None:
         n = int(np.prod(shp))
         if name.endswith((".ssm_a", "ssm_conv1d.weight")):  # decays -exp(A_log) < 0; a short random kernel
             a = (-rng.uniform(0.05, 1.0, n) if name.endswith(".ssm_a") else rng.uniform(-0.5, 0.5, n)).astype(np.float32)
+        elif name == "rope_freqs.weight":  # proportional RoPE: a quarter of the pairs rotate, 1e30 stands still
+            a = np.array([1.0] * (n // 4) + [1e30] * (n - n // 4), np.float32)
         elif not matrix:
-            a = np.ones(n, np.float32) if name.endswith("norm.weight") else np.zeros(n, np.float32)
+            ones = name.endswith(("norm.weight", "layer_output_scale.weight"))
+            a = np.ones(n, np.float32) if ones else np.zeros(n, np.float32)
         else:
             a = np.empty(n, np.float16)
             for s in range(0, n, 1 << 22):

@@ -1,5 +1,5 @@
 """scripts/bench_shapes.py's layers beyond a plain decoder's (each one's tensors as (name, shape,
-is a matrix) and, for deepseek2, its metadata) and its files' vocabulary."""
+is a matrix) and, for deepseek2 and gemma4, their metadata) and its files' vocabulary."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,3 +106,52 @@ def add_vocab(w, n_vocab: int) -> None:
     w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n_vocab - n_special))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+
+
+def gemma4_tensors(shape) -> list[tuple[str, tuple[int, ...], bool]]:
+    """A Gemma 4 text model's tensors (shape: bench_shapes.Shape with its gemma4 fields) after the
+    token embedding and output norm, as llama.cpp's converter names them (src/models/gemma4.cpp loads them): rope_freqs, the per-layer embedding
+    tables, and each layer's attention (K and V only on layers that keep K/V), FFN, output scale
+    and per-layer embedding block."""
+    D, F, H, Hkv, L, P = shape.n_embd, shape.n_ff, shape.n_head, shape.n_head_kv, shape.n_layer, shape.n_embd_per_layer
+    out: list[tuple[str, tuple[int, ...], bool]] = [("rope_freqs.weight", (shape.head_dim_global // 2,), False)]
+    if P:
+        out += [("per_layer_token_embd.weight", (shape.n_vocab, L * P), True),
+                ("per_layer_model_proj.weight", (L * P, D), True), ("per_layer_proj_norm.weight", (P,), False)]
+    for i in range(L):
+        p = f"blk.{i}."
+        hd = shape.head_dim_global if (i + 1) % shape.swa_period == 0 else shape.head_dim
+        own_kv = i < L - shape.n_shared_kv
+        Fl = F * (1 if own_kv else 2)
+        out += [(p + "attn_norm.weight", (D,), False), (p + "attn_q.weight", (H * hd, D), True),
+                (p + "attn_q_norm.weight", (hd,), False)]
+        if own_kv:
+            out += [(p + "attn_k.weight", (Hkv * hd, D), True), (p + "attn_v.weight", (Hkv * hd, D), True),
+                    (p + "attn_k_norm.weight", (hd,), False)]
+        out += [(p + "attn_output.weight", (D, H * hd), True), (p + "post_attention_norm.weight", (D,), False),
+                (p + "ffn_norm.weight", (D,), False), (p + "ffn_gate.weight", (Fl, D), True),
+                (p + "ffn_up.weight", (Fl, D), True), (p + "ffn_down.weight", (D, Fl), True),
+                (p + "post_ffw_norm.weight", (D,), False), (p + "layer_output_scale.weight", (1,), False)]
+        if P:
+            out += [(p + "inp_gate.weight", (P, D), True), (p + "proj.weight", (D, P), True),
+                    (p + "post_norm.weight", (D,), False)]
+    return out
+
+
+def gemma4_kvs(w, shape) -> None:
+    """Gemma 4's own keys, as llama.cpp's converter writes them (Gemma4Model.set_gguf_parameters)."""
+    L, first_shared = shape.n_layer, shape.n_layer - shape.n_shared_kv
+    swa = [(i + 1) % shape.swa_period != 0 for i in range(L)]
+    w.add_feed_forward_length([shape.n_ff if i < first_shared else 2 * shape.n_ff for i in range(L)])
+    w.add_key_length(shape.head_dim_global)
+    w.add_value_length(shape.head_dim_global)
+    w.add_key_length_swa(shape.head_dim)
+    w.add_value_length_swa(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim_global)  # rope_freqs decides which pairs turn
+    w.add_rope_dimension_count_swa(shape.head_dim)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_sliding_window(shape.sliding_window)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(shape.n_shared_kv)
+    w.add_embedding_length_per_layer_input(shape.n_embd_per_layer)
+    w.add_final_logit_softcapping(shape.logit_softcap)

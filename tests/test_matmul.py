@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as GT
 
 from helpers.tiny_models import random_tensor
 from infer.backends.cpu.activations import ACT_NONE, ACT_Q8_1, ACT_ROUNDING, round_activations
-from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
+from infer.backends.cpu.matmul import MatmulWorkspace, WidenedF16, qmatmul
 from infer.backends.cpu.qdot import LAYOUTS, NC
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import INT_KERNEL
@@ -40,6 +40,20 @@ def random_weight(qtype: GT, rows: int, n: int, seed: int) -> QTensor:
     data, qt = random_tensor(np.random.default_rng(seed), (rows, n), qtype)
     raw = np.ascontiguousarray(data).view(np.uint8)
     return QTensor.from_bytes(int(qt), (rows, n), raw.reshape(-1))
+
+
+@pytest.mark.parametrize("T", [1, 3, 17])
+def test_widened_f16_gives_the_reference_path_floats(T):
+    # Gemma 4's per_layer_model_proj, kept F16 by llama.cpp's quantizer, runs widened to f32: the
+    # very floats of the F16 reference path, rows past the last quad and a column offset included
+    rows, n = 198, 512
+    w = random_weight(GT.F16, rows, n, seed=T)
+    x = np.random.default_rng(T).normal(0, 3, size=(T, n)).astype(np.float32)
+    ref, out = np.full((T, rows + 9), 7.0, np.float32), np.full((T, rows + 9), 7.0, np.float32)
+    qmatmul(w, x, ref, MatmulWorkspace(32, n, 4), 5)
+    qmatmul(WidenedF16.of(w.raw, w.shape), x, out, MatmulWorkspace(32, n, 4), 5)
+    np.testing.assert_array_equal(out, ref)
+    assert (out[:, :5] == 7.0).all() and (out[:, 5 + rows:] == 7.0).all()
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -226,7 +240,7 @@ import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from gguf import GGMLQuantizationType as GT
-from infer.backends.cpu.matmul import MatmulWorkspace, qmatmul
+from infer.backends.cpu.matmul import MatmulWorkspace, WidenedF16, qmatmul
 from infer.backends.cpu.repack import pack_stacked
 from infer.backends.cpu.target import ISA
 from test_matmul import REPACKED, reference_product, random_weight

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from infer.quant import types as qt
 from infer.quant.dequant import dequant_static
 from infer.quant.static_type import static_type
 
@@ -72,6 +73,42 @@ def qmatmul_rows(key, w, x, out, scratch):
                     out[t, r0 + j] = acc
 
 
+@njit(cache=True, fastmath=True, parallel=True)
+def f32_matmul(w, x, out, n_chunks):
+    # w: (N, K) f32 weight rows; x: (T, K) f32; out: (T, N) f32 = x @ w.T
+    # The same dot products, in the same order, as qmatmul_rows on these rows' bytes (_dot4 over
+    # row quads, then the rest one by one), without copying each tile out first.
+    N = w.shape[0]
+    T, K = x.shape
+    n_quads = N // 4
+    per = (n_quads + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        for qi in range(c * per, min(n_quads, (c + 1) * per)):
+            for t in range(T):
+                _dot4(w, 4 * qi, x, t, out, 4 * qi)
+    for j in range(4 * n_quads, N):
+        for t in range(T):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += w[j, k] * x[t, k]
+            out[t, j] = acc
+
+
+class WidenedF16:
+    """An F16 weight widened to float32 once, for a small matrix every step reads whole (Gemma 4's
+    per_layer_model_proj, which llama.cpp's quantizer keeps F16): the reference path's products
+    exactly (f16 -> f32 is exact and the activations are still rounded to f16, as llama.cpp's F16
+    path rounds them), without a table lookup per weight per step, at twice the bytes."""
+
+    def __init__(self, w: np.ndarray):
+        self.w = w  # (N, K) float32
+
+    @classmethod
+    def of(cls, raw: np.ndarray, shape: tuple[int, ...]) -> "WidenedF16":
+        """From an F16 tensor's raw bytes, shape (N, K)."""
+        return cls(np.ascontiguousarray(raw).view(np.float16).reshape(shape).astype(np.float32))
+
+
 class MatmulWorkspace:
     """Scratch buffers for qmatmul, sized once for the largest weight."""
 
@@ -105,6 +142,12 @@ def qmatmul(w, x: np.ndarray, out: np.ndarray, ws: MatmulWorkspace, col0: int = 
         L = w.layout
         matmul_packed(static_type(w.type_id), w.act, x, w.lo, w.hi, w.s, w.m, w.sc, w.n, xq, ws.dxb, ws.bsum, out, col0, ws.acc,
                       L.lo_bits, L.hi_bits, L.group, ws.expanded)
+        return
+    if isinstance(w, WidenedF16):
+        T, K = x.shape
+        xr = ws.xr[:T * K].reshape(T, K)
+        round_activations(ACT_ROUNDING[qt.F16], x, xr)
+        f32_matmul(w.w, xr, out[:, col0:col0 + w.w.shape[0]], ws.n_chunks)
         return
     _reference_matmul(w, x, out[:, col0:col0 + w.raw.shape[0]], ws)
 

@@ -19,11 +19,12 @@ import numpy as np
 
 from infer.backends.base import BackendError
 from infer.backends.batch import Batch
+from infer.quant import types as qt
 from infer.quant.tensor import QTensor, StackedRows
 
 from .hugepages import HugeArena, huge_empty
 from .kv_pool import KVPool, SequenceKV, check_head_size, kind_layers, rotation
-from .matmul import MatmulWorkspace
+from .matmul import MatmulWorkspace, WidenedF16
 from .memlock import mlock_arrays
 from .primitives import CpuPrimitives
 from .repack import PackedExperts, PackedWeight, pack_stacked, packed_shapes, stackable
@@ -65,6 +66,16 @@ def _pack(w, mmap: bool, alloc=huge_empty):
         w.release()
         return whole
     return w if mmap else _in_memory(w)
+
+
+def _ple_model_proj(w, mmap: bool):
+    """Gemma 4's per_layer_model_proj: llama.cpp's quantizer keeps it F16, and every step reads it
+    whole, so an F16 one is widened to f32 (matmul.WidenedF16); any other type as _pack has it."""
+    if isinstance(w, QTensor) and w.type_id == qt.F16:
+        wide = WidenedF16.of(w.raw, w.shape)
+        w.release()
+        return wide
+    return _pack(w, mmap)
 
 
 def _products(ws, mmap: bool, alloc=huge_empty) -> list[tuple[object, int]]:
@@ -454,7 +465,7 @@ class CpuRunner:
         # Gemma 4's per-layer embeddings (read by rows, as token_embd), their projection, its norm
         self.ple_embd = None if weights.ple_embd is None else weights.ple_embd if mmap else _in_memory(weights.ple_embd)
         self.ple_rows = RowReader(self.ple_embd) if self.ple_embd is not None else None
-        self.ple_model_proj = [(_pack(weights.ple_model_proj, mmap), 0)] if weights.ple_model_proj is not None else []
+        self.ple_model_proj = [(_ple_model_proj(weights.ple_model_proj, mmap), 0)] if weights.ple_model_proj is not None else []
         self.ple_proj_norm = _vec(weights.ple_proj_norm)
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)

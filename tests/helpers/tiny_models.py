@@ -574,7 +574,8 @@ def write_tiny_gemma4(path: Path, seed: int, n_vocab: int = 320, chat_template: 
     w.add_tensor("rope_freqs.weight", np.array([1.0] * (half // 4) + [1e30] * (half - half // 4), np.float32))
     if per_layer:
         add("per_layer_token_embd.weight", (n_vocab, n_layer * per_layer), GT.Q8_0)
-        add("per_layer_model_proj.weight", (n_layer * per_layer, D), GT.Q8_0)
+        # F16, as llama.cpp's quantizer keeps it (llama-quant.cpp: "not too big so keep them as it is")
+        add("per_layer_model_proj.weight", (n_layer * per_layer, D), GT.F16)
         add("per_layer_proj_norm.weight", (per_layer,))
     for i, swa in enumerate(pattern):
         p, (hkv, hd) = f"blk.{i}.", shape[swa]

@@ -118,7 +118,8 @@ class TensorNamer:
         text = self.text_name(name)
         if text is None:
             return None
-        out = self._map.get_name(text, try_suffixes=(".weight", ".bias"))
+        # .scale: a matrix's scale vector under its name (gemma4's router and experts)
+        out = self._map.get_name(text, try_suffixes=(".weight", ".bias", ".scale"))
         if out is None:
             raise ConvertError(f"{where}: cannot map tensor {name!r} to a GGUF name for {self.arch}")
         return out

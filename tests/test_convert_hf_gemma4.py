@@ -1,9 +1,11 @@
 """HF checkpoint -> GGUF for gemma4 (tests/helpers/hf_gemma4.py's folders, made from the tiny gemma4
 GGUFs of tests/helpers/tiny_models.py: dense as the 31B, with E2B's shared-KV layers and double-wide
-FFNs in Gemma4ForConditionalGeneration's layout, with E2B's per-layer embeddings): the converter
-gives back every gemma4.* key and every tensor of the GGUF the folder was made from (the per-layer
-sliding-window flags, KV heads and FFN widths, the two head sizes and rotated dims, rope_freqs of the
-proportional RoPE, layer_output_scale, the per-layer embedding tensors, no norm offset), and the
+FFNs in Gemma4ForConditionalGeneration's layout, with E2B's per-layer embeddings, with 26B-A4B's
+experts in Gemma4ForConditionalGeneration's layout): the converter gives back every gemma4.* key and
+every tensor of the GGUF the folder was made from (the per-layer sliding-window flags, KV heads and
+FFN widths, the two head sizes and rotated dims, rope_freqs of the proportional RoPE,
+layer_output_scale, the per-layer embedding tensors, no norm offset, the expert keys, the router and
+its input scale, the fused experts and their output scales, the experts' branch norms), and the
 tokenizer keys llama.cpp's Gemma4 converter writes; llama.cpp and infer agree on the converted file."""
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from helpers.tiny_models import GEMMA4_PER_LAYER, TINY_SEEDS, write_tiny_gemma4
 from infer.models.convert_hf import ConvertError, write_gguf_unquantized
 
 VARIANTS = {"dense": ({}, False), "shared-multimodal": ({"shared": True}, True),
-            "ple": ({"per_layer": GEMMA4_PER_LAYER}, False)}
+            "ple": ({"per_layer": GEMMA4_PER_LAYER}, False), "moe-multimodal": ({"moe": True}, True)}
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -74,7 +76,9 @@ def test_visible_markers_and_refusals(tmp_path):
     types = dict((k, v) for k, _, v in kv.items)["tokenizer.ggml.token_type"]
     assert types[n:].tolist() == [4, 3]  # the call marker rendered (USER_DEFINED), <|turn> a control token
     config = json.loads((folder / "config.json").read_text())
-    for change, message in (({"enable_moe_block": True}, "mixture-of-experts"),
+    for change, message in (({"enable_moe_block": True}, "enable_moe_block is set but num_experts is not"),
+                            ({"num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8},
+                             "top_k_experts 5 is more than num_experts 4"),
                             ({"layer_types": ["sliding_attention"]}, "layer_types"),
                             ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "proportional")):
         (folder / "config.json").write_text(json.dumps({**config, **change}))

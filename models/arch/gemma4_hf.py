@@ -10,7 +10,14 @@ Gemma4Model, on Gemma3Model's keys):
 - num_kv_shared_layers, hidden_size_per_layer_input;
 - rope_freqs for the global layers' proportional RoPE: 1 for the rotated pairs, 1e30 for the rest;
 - norm weights as they are (unlike Gemma 3, no w - 1 in the checkpoint); layer_scalar named
-  layer_output_scale.weight.
+  layer_output_scale.weight;
+- 26B-A4B's experts (num_experts -> expert_count, top_k_experts -> expert_used_count,
+  moe_intermediate_size -> expert_feed_forward_length): router.proj the router, router.scale its
+  input's scale (ffn_gate_inp.scale), router.per_expert_scale each expert's output scale
+  (ffn_down_exps.scale), experts.gate_up_proj (experts, 2 * ff, embd) and experts.down_proj
+  (experts, embd, ff) as they are (ffn_gate_up_exps, ffn_down_exps: neither split nor transposed),
+  the branches' norms (pre_feedforward_layernorm_2, post_feedforward_layernorm_1 / _2) by gguf's
+  names.
 The vocabulary: models/hf_vocab.py's gemma4_vocab."""
 from __future__ import annotations
 
@@ -41,8 +48,15 @@ def hf_text_name(name: str) -> str | None:
     if bare.startswith(_OTHER_TOWERS):
         return None  # llama.cpp writes those to its separate mmproj file
     name = name.replace("model.language_model.", "model.")
-    if name.endswith("layer_scalar"):  # a bare parameter: the converter names it .weight
+    # bare parameters: the converter names them .weight (its filter_tensors), and writes the
+    # router's two scales under the router's and the experts' down matrices' names, as .scale
+    # (its modify_tensors)
+    if name.endswith(("layer_scalar", ".experts.gate_up_proj", ".experts.down_proj")):
         name += ".weight"
+    elif name.endswith(".router.scale"):
+        name = name.removesuffix(".scale") + ".proj.scale"
+    elif name.endswith(".router.per_expert_scale"):
+        name = name.removesuffix(".router.per_expert_scale") + ".experts.down_proj.scale"
     return name
 
 
@@ -76,8 +90,8 @@ def _int(value: Any, key: str, path: Path, low: int = 1) -> int:
 
 
 def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, Any]:
-    if hp.get("enable_moe_block") or hp.get("num_experts"):
-        raise ConvertError(f"{path}: Gemma 4's mixture-of-experts checkpoints are not converted yet (dense only)")
+    if hp.get("enable_moe_block") and not hp.get("num_experts"):
+        raise ConvertError(f"{path}: enable_moe_block is set but num_experts is not")
     if hp.get("attn_logit_softcapping") is not None:
         raise ConvertError(f"{path}: attn_logit_softcapping is set; Gemma 4 (as llama.cpp's converter) has none")
     swa = _layer_types(hp, path)
@@ -114,6 +128,14 @@ def hf_kvs(kv: Kvs, hp: dict[str, Any], path: Path) -> dict[str, Any]:
             [_int(n_kv_swa if s else n_kv_full, "num_key_value_heads", path) for s in swa], dtype=np.int32))
     else:
         kv.u32("{arch}.attention.head_count_kv", n_kv_swa if n_kv_swa is not None else 4)
+    if hp.get("num_experts"):  # TextModel's expert keys, then Gemma4Model's expert width
+        n_expert = _int(hp["num_experts"], "num_experts", path)
+        kv.u32("{arch}.expert_count", n_expert)
+        kv.u32("{arch}.expert_used_count", _int(need(hp, "top_k_experts", path), "top_k_experts", path))
+        if not hp["top_k_experts"] <= n_expert:
+            raise ConvertError(f"{path}: top_k_experts {hp['top_k_experts']} is more than num_experts {n_expert}")
+        n_ff_exp = hp.get("expert_intermediate_size", hp.get("moe_intermediate_size"))
+        kv.u32("{arch}.expert_feed_forward_length", _int(n_ff_exp, "moe_intermediate_size", path))
     # Gemma4Model's
     kv.u32("{arch}.attention.shared_kv_layers", n_shared)
     kv.u32("{arch}.embedding_length_per_layer_input", hp.get("hidden_size_per_layer_input") or 0)

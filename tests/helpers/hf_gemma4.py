@@ -1,7 +1,8 @@
 """A tiny Gemma 4 Hugging Face folder made from tests/helpers/tiny_models.py's tiny gemma4 GGUF (its
 float32 variant): the same weights under the checkpoint's names, a config.json with the keys
 llama.cpp's Gemma4 converter reads, and a tokenizer.json of the same tokens, so that converting the
-folder must give back that GGUF's tensors and hyperparameters."""
+folder must give back that GGUF's tensors and hyperparameters (the MoE variant's experts as
+26B-A4B's checkpoint stores them)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,14 @@ _LAYER = {"attn_norm": "input_layernorm.weight", "attn_q": "self_attn.q_proj.wei
           "ffn_norm": "pre_feedforward_layernorm.weight", "post_ffw_norm": "post_feedforward_layernorm.weight",
           "ffn_gate": "mlp.gate_proj.weight", "ffn_up": "mlp.up_proj.weight", "ffn_down": "mlp.down_proj.weight",
           "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate.weight",
-          "proj": "per_layer_projection.weight", "post_norm": "post_per_layer_input_norm.weight"}
+          "proj": "per_layer_projection.weight", "post_norm": "post_per_layer_input_norm.weight",
+          # 26B-A4B's experts: the router, its two scales and the fused expert matrices are bare
+          # parameters in the checkpoint (no .weight)
+          "ffn_gate_inp": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+          "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps": "experts.gate_up_proj",
+          "ffn_down_exps": "experts.down_proj", "pre_ffw_norm_2": "pre_feedforward_layernorm_2.weight",
+          "post_ffw_norm_1": "post_feedforward_layernorm_1.weight",
+          "post_ffw_norm_2": "post_feedforward_layernorm_2.weight"}
 _GLOBAL = {"token_embd": "embed_tokens.weight", "output_norm": "norm.weight",
            "per_layer_token_embd": "embed_tokens_per_layer.weight",
            "per_layer_model_proj": "per_layer_model_projection.weight",
@@ -65,6 +73,9 @@ def gemma4_folder(gguf_path: Path, folder: Path, multimodal: bool = False) -> No
                                "partial_rotary_factor": float((rope_freqs == 1.0).sum() * 2 / head_full)},
             "sliding_attention": {"rope_type": "default", "rope_theta": _field(r, a + "rope.freq_base_swa")}},
         "vocab_size": len(_field(r, "tokenizer.ggml.tokens")), "tie_word_embeddings": True,
+        "enable_moe_block": _field(r, a + "expert_count") is not None,
+        "num_experts": _field(r, a + "expert_count"), "top_k_experts": _field(r, a + "expert_used_count"),
+        "moe_intermediate_size": _field(r, a + "expert_feed_forward_length"),
     }
     config = text if not multimodal else {
         "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,

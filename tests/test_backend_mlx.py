@@ -367,12 +367,17 @@ def tiny_gemma4(tmp_path_factory):
                              per_layer=GEMMA4_PER_LAYER)
 
 
-@pytest.fixture(params=["gemma3", "lfm2", "qwen35", "gemma4"])
+@pytest.fixture(scope="module")
+def tiny_gemma4_moe(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("eng") / "tiny-gemma4-moe.gguf", "gemma4-moe", seed=14)
+
+
+@pytest.fixture(params=["gemma3", "lfm2", "qwen35", "gemma4", "gemma4_moe"])
 def engine_model(request):
     """A model the engine tests run on MLX: gemma3 (two KV groups, a sliding window), lfm2 (short
     convolutions with a per-sequence state beside the KV cache), qwen35 (gated delta nets: two
-    kinds of state per layer) and gemma4 in E2B's layout (KV groups of different shapes, shared-KV
-    layers, per-layer embeddings)."""
+    kinds of state per layer), gemma4 in E2B's layout (KV groups of different shapes, shared-KV
+    layers, per-layer embeddings) and in 26B-A4B's (a batch's tokens grouped by expert)."""
     return request.getfixturevalue(f"tiny_{request.param}")
 
 

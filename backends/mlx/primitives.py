@@ -13,7 +13,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from infer.backends.base import BackendError
 from infer.backends.batch import Batch
 from infer.backends.cpu.elementwise import rope_angles
 from infer.backends.cpu.glu import OAI_ALPHA, OAI_LIMIT
@@ -229,13 +228,16 @@ class MlxPrimitives:
         return act * up
 
     def moe(self, h: mx.array, ly: Any, il: int, r: mx.array | None = None) -> mx.array:
-        """The mixture of experts: the router evaluated, the choice made as the cpu backend makes it
-        (backends/cpu/moe.py's route), then each expert the batch uses once, on its tokens."""
-        if r is not None:
-            raise BackendError("the mlx backend does not run Gemma 4's mixture of experts; use --backend cpu")
+        """The mixture of experts: the router evaluated (on r where given: Gemma 4), the choice made
+        as the cpu backend makes it (backends/cpu/moe.py's route), then each expert the batch uses
+        once, on its tokens, its output times its scale where the layer has one."""
         cfg, T = self.cfg, self.T
         k = cfg.n_expert_used
-        logits = self.linear(ly.router, h, "ffn_moe_logits", il)
+        h_router = h
+        if r is not None:  # Gemma 4: RMSNorm(r) times 1 / sqrt(n_embd), times ffn_gate_inp.scale (float32, as the cpu backend)
+            h_router = mx.fast.rms_norm(r, None, cfg.norm_eps) * (np.float32(1.0) / np.sqrt(np.float32(cfg.n_embd)))
+            h_router = h_router * ly.router_scale
+        logits = self.linear(ly.router, h_router, "ffn_moe_logits", il)
         if ly.router_bias is not None:
             logits = logits + ly.router_bias
         logits = np.ascontiguousarray(np.array(logits), np.float32)
@@ -258,6 +260,8 @@ class MlxPrimitives:
             y = self.linear(down, self.glu(gu, il), "ffn_out", il)
             if ly.expert_biases is not None:
                 y = y + ly.expert_biases[1][e]
+            if ly.expert_scale is not None:  # Gemma 4: each expert's output times its ffn_down_exps.scale
+                y = y * ly.expert_scale[e]
             slots[mx.array(where)] = y
         slots = slots.reshape(T, k, cfg.n_embd)
         wts = mx.array(w)[:, :, None]

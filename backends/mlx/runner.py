@@ -96,6 +96,14 @@ class _Layer:
     ple_gate: list[Matrix] = field(default_factory=list)
     ple_proj: list[Matrix] = field(default_factory=list)
     ple_norm: mx.array | None = None
+    # Gemma 4's experts beside its dense FFN (26B-A4B; None where none): the router input's scale
+    # (D,), each expert's output scale (E,) f32 on the host (primitives.moe picks it per expert),
+    # the experts' pre-norm and the two branches' post-norms
+    router_scale: mx.array | None = None
+    expert_scale: np.ndarray | None = None
+    pre_ffn_norm_2: mx.array | None = None
+    post_ffn_norm_1: mx.array | None = None
+    post_ffn_norm_2: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
@@ -126,8 +134,6 @@ class MlxRunner:
         if missing:
             raise BackendError(f"the mlx backend does not keep {config.arch}'s recurrent state ({', '.join(sorted(missing))}) "
                                "yet (issue 34's follow-up); use --backend cpu")
-        if config.arch == "gemma4" and config.n_expert:  # its recipe's MoE block (26B-A4B) is not here
-            raise BackendError("the mlx backend does not run Gemma 4's mixture of experts yet; use --backend cpu")
         self.cfg = config
         self.max_tokens = options.max_tokens
         self.gpu = mx.default_device().type == mx.gpu
@@ -175,7 +181,7 @@ class MlxRunner:
                 wo=[] if recurrent else [up(lw.wo)],
                 gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
                 down=[up(lw.w_down)] if dense else [],
-                router=[] if dense else [up(lw.router)],
+                router=[up(lw.router)] if lw.router is not None else [],
                 experts=[(_products([up(g), up(u)]), [up(d)]) for g, u, d in lw.experts],
                 attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
                 post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
@@ -203,6 +209,10 @@ class MlxRunner:
                 v_from_k=v_from_k, v_norm=lw.v_norm is not None, out_scale=_vec(lw.out_scale),
                 ple_gate=[up(lw.ple_gate)] if lw.ple_gate is not None else [],
                 ple_proj=[up(lw.ple_proj)] if lw.ple_proj is not None else [], ple_norm=_vec(lw.ple_norm),
+                router_scale=_vec(lw.router_scale),
+                expert_scale=None if lw.expert_scale is None else np.array(lw.expert_scale, np.float32),
+                pre_ffn_norm_2=_vec(lw.pre_ffn_norm_2), post_ffn_norm_1=_vec(lw.post_ffn_norm_1),
+                post_ffn_norm_2=_vec(lw.post_ffn_norm_2),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to

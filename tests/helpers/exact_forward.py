@@ -136,7 +136,10 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
             o = o + lw.bo
         x = x + _rms(o, lw.post_attn_norm, eps) * cfg.residual_scale
         h = _rms(x, lw.ffn_norm, eps)
-        o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
+        if lw.router_scale is not None:  # Gemma 4's experts beside its dense FFN (_exact_gemma4_ffn)
+            o = _exact_gemma4_ffn(cfg, lw, x, h)
+        else:
+            o = _exact_moe(cfg, lw, h) if lw.experts else _exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down)
         if lw.shexp is not None:
             o = o + _exact_shared_expert(cfg, lw, h)
         x = x + _rms(o, lw.post_ffn_norm, eps) * cfg.residual_scale
@@ -320,11 +323,24 @@ def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
     return (act * u) @ _dense(w_down).T + biases[2]
 
 
-def _exact_moe(cfg, lw, h):
+def _exact_gemma4_ffn(cfg, lw, x, h):
+    """gemma4.cpp's FFN block of a layer with experts (26B-A4B), before post_ffw_norm: the dense FFN
+    of h (ffn_norm(x)), normed by post_ffw_norm_1, plus the experts of pre_ffw_norm_2(x), routed on
+    RMSNorm(x) without a weight times 1 / sqrt(n_embd) times ffn_gate_inp.scale, their weighted sum
+    normed by post_ffw_norm_2."""
+    eps = cfg.norm_eps
+    dense = _rms(_exact_ffn(cfg, h, lw.w_gate, lw.w_up, lw.w_down), lw.post_ffn_norm_1, eps)
+    r = _rms(x, 1.0, eps) / np.sqrt(cfg.n_embd) * np.asarray(lw.router_scale, np.float64)
+    experts = _exact_moe(cfg, lw, _rms(x, lw.pre_ffn_norm_2, eps), r)
+    return dense + _rms(experts, lw.post_ffn_norm_2, eps)
+
+
+def _exact_moe(cfg, lw, h, r=None):
     """The mixture of experts in float64: softmax router, the top experts, weights renormalized
     (gpt-oss: the router's bias, the top logits' own softmax, the experts' biases; lfm2moe: each
-    logit's sigmoid, the top experts by sigmoid plus the selection bias)."""
-    logits = h @ _dense(lw.router).T
+    logit's sigmoid, the top experts by sigmoid plus the selection bias; Gemma 4: the router on r,
+    each expert's output times its expert_scale)."""
+    logits = (h if r is None else r) @ _dense(lw.router).T
     if lw.router_bias is not None:
         logits = logits + lw.router_bias
     gating = cfg.moe_gating
@@ -350,6 +366,8 @@ def _exact_moe(cfg, lw, h):
         wts = wts * cfg.moe_weights_scale
         for e, wt in zip(top, wts):
             biases = (0.0, 0.0, 0.0) if lw.expert_biases is None else tuple(b[e] for b in lw.expert_biases)
+            if lw.expert_scale is not None:
+                wt = wt * float(lw.expert_scale[e])
             if cfg.architecture.moe_weight_before:  # llama4: the expert's input weighted instead
                 out[t] += _exact_ffn(cfg, wt * h[t:t + 1], *lw.experts[e], biases)[0]
             else:

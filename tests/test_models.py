@@ -156,6 +156,20 @@ def test_yarn_scaling_matches_llama_cpp(tmp_path, arch):
     assert np.abs(out[path] - out[plain]).max() > 2 * tol  # the scaling took effect
 
 
+def ablation_forward(cfg, weights) -> np.ndarray:
+    """The prompt's logits at every position on the cpu backend, under a changed config or weights
+    (the quirk-ablation tests)."""
+    runner = CpuRunner(cfg, weights, n_threads=2)
+    return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+
+
+def with_layers(w, **change):
+    """The weights with each layer's named fields replaced by change[name](layer)."""
+    from dataclasses import replace
+
+    return replace(w, layers=tuple(replace(ly, **{k: f(ly) for k, f in change.items()}) for ly in w.layers))
+
+
 @pytest.mark.reference
 def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
     """gpt-oss's sinks, biases, swiglu_oai, sliding window and YaRN each change the logits by far
@@ -166,12 +180,10 @@ def test_gpt_oss_quirks_each_move_towards_llama_cpp(tmp_path):
     model = load_model(path).for_context(N_CTX)
     cfg, w = model.config, model.weights
 
-    def run(c, weights):
-        runner = CpuRunner(c, weights, n_threads=2)
-        return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+    run = ablation_forward
 
     def layers(**change):
-        return replace(w, layers=tuple(replace(ly, **{k: f(ly) for k, f in change.items()}) for ly in w.layers))
+        return with_layers(w, **change)
 
     ref = llama_cpp_logits(path, PROMPT)
     diff = np.abs(run(cfg, w) - ref).max()
@@ -201,12 +213,10 @@ def test_gemma4_moe_quirks_each_move_towards_llama_cpp(tmp_path):
     model = load_model(path).for_context(N_CTX)
     cfg, w = model.config, model.weights
 
-    def run(c, weights):
-        runner = CpuRunner(c, weights, n_threads=2)
-        return runner.forward(PROMPT, 0, runner.new_kv_cache(64), all_logits=True).copy()
+    run = ablation_forward
 
     def layers(**change):
-        return replace(w, layers=tuple(replace(ly, **{k: f(ly) for k, f in change.items()}) for ly in w.layers))
+        return with_layers(w, **change)
 
     ref = llama_cpp_logits(path, PROMPT)
     diff = np.abs(run(cfg, w) - ref).max()

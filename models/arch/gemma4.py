@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from ..hf_vocab import gemma4_vocab
-from . import gemma4_hf
+from . import gemma3, gemma4_hf
 from .spec import Architecture
 
 
@@ -135,7 +135,7 @@ ARCHITECTURE = Architecture(
     hf_model_types=("gemma4", "gemma4_text"),
     # no hf_class: an MLX (Hugging Face) export of gemma4 is refused until its config keys are written back
     hf_tied_default=True,
-    hf_text_hparams=gemma4_hf.hf_text_hparams,
+    hf_text_hparams=gemma3.hf_text_hparams,  # text_config of a multimodal checkpoint, as Gemma 3
     hf_text_name=gemma4_hf.hf_text_name,
     hf_trim_embeddings=True,
     hf_kvs=gemma4_hf.hf_kvs,

@@ -33,15 +33,6 @@ from .hf_keys import need
 _OTHER_TOWERS = ("vision_tower.", "multi_modal_projector.", "audio_tower.", "embed_vision.", "embed_audio.")
 
 
-def hf_text_hparams(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's hyperparameters (text_config of a multimodal checkpoint)."""
-    if not isinstance(config.get("text_config"), dict):
-        return dict(config)
-    hp = dict(config["text_config"])
-    hp.setdefault("tie_word_embeddings", config.get("tie_word_embeddings", True))
-    return hp
-
-
 def hf_text_name(name: str) -> str | None:
     """A checkpoint tensor's name in the text model, or None for the vision and audio towers'."""
     bare = name.removeprefix("model.")

@@ -438,6 +438,10 @@ def test_deepseek2_attn_kv_b_of_the_wrong_shape_is_refused(tmp_path):
     tensors["blk.1.attn_kv_b.weight"] = QTensor(kv_b.type_id, (kv_b.shape[0] // 2, kv_b.shape[1]), kv_b.raw[::2])
     with pytest.raises(ModelLoadError, match="attn_kv_b"):
         collect_weights(tensors, g.path, load_model(path).config)
+    tensors["blk.1.attn_kv_b.weight"] = kv_b
+    tensors["blk.1.attn_k_b.weight"] = kv_b  # both layouts at once: llama.cpp refuses the tensor left over
+    with pytest.raises(ModelLoadError, match="both layouts"):
+        collect_weights(tensors, g.path, load_model(path).config)
 
 
 def test_deepseek2_query_temperature_is_refused():

@@ -149,6 +149,9 @@ def upgrade_tensors(tensors: Mapping[str, Any], cfg: Any) -> Mapping[str, Any]:
     out = dict(tensors)
     for name in names:
         t = out.pop(name)
+        if name.replace("attn_kv_b", "attn_k_b") in out or name.replace("attn_kv_b", "attn_v_b") in out:
+            # llama.cpp loads one form or the other and refuses a file with tensors left over
+            raise ValueError(f"tensor {name!r} beside attn_k_b / attn_v_b: a file of both layouts at once")
         if not isinstance(t, QTensor) or tuple(t.shape) != (H * (nope + dv), R):
             raise ValueError(f"tensor {name!r} ({type(t).__name__} of shape {tuple(t.shape)}) is not the "
                              f"({H * (nope + dv)}, {R}) matrix in GGML blocks that attn_kv_b is")

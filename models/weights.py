@@ -184,6 +184,11 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         # Norm weights and biases are small: keep them as float32 (a copy only if not F32 already).
         return t.raw.view(np.float32).reshape(shape) if t.type_id == F32 else t.dequantize().reshape(shape)
 
+    if cfg.architecture.upgrade_tensors is not None:  # an older layout's tensors as the current one's
+        try:
+            tensors = cfg.architecture.upgrade_tensors(tensors, cfg)
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from None
     used = _USED_BIASES + cfg.architecture.extra_biases
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
         if name.endswith(".bias") and not name.endswith(used):

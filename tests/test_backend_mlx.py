@@ -32,8 +32,10 @@ from infer.models.loader import load_model
 
 # every registered architecture, and granitehybrid with experts (an ungated shared expert), deepseek2
 # as DeepSeek-V2-Lite (no Q compression, softmax gating), gemma4 with E2B's shared-KV layers and with
-# its per-layer embeddings, and as 26B-A4B (experts beside its dense FFN)
-ARCHS = [*names(), "granitehybrid-moe", "deepseek2-lite", "gemma4-shared", "gemma4-ple", "gemma4-moe"]
+# its per-layer embeddings, and as 26B-A4B (experts beside its dense FFN), DeepSeek-V2-Lite in the
+# older attn_kv_b layout (split at load)
+ARCHS = [*names(), "granitehybrid-moe", "deepseek2-lite", "gemma4-shared", "gemma4-ple", "gemma4-moe",
+         "deepseek2-lite-kvb"]
 # each tiny model's seed, fixed: the bounds below were measured on these very models, so registering
 # an architecture must not reseed the others (a new one gets the next free number; llama4's bounds
 # were measured on its TINY_SEEDS seed, 22; gemma4-moe's on 26: on 23 and 24 MLX's 8-bit attn_output
@@ -42,7 +44,7 @@ SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 
          "qwen3moe": 8, "gpt-oss": 9, "lfm2": 10, "qwen35": 11, "lfm2moe": 12, "granitehybrid": 13,
          "qwen35moe": 14, "qwen3next": 15, "smollm3": 16, "mistral3": 17, "granitehybrid-moe": 18,
          "glm4moe": 16, "deepseek2": 16, "deepseek2-lite": 18, "llama4": 22, "gemma4": 19,
-         "gemma4-shared": 20, "gemma4-ple": 21, "gemma4-moe": 26}
+         "gemma4-shared": 20, "gemma4-ple": 21, "gemma4-moe": 26, "deepseek2-lite-kvb": 18}
 # max |MLX - exact| / max |exact logit| over all 16 positions (measured 0.34%, 0.001%, 0.03%, 0.86%,
 # 1.81%, 0.02%, 0.06%, 0.05%, 0.71%, gpt-oss 0.50%; most of it is the Q6_K weights re-quantized to 8 bits;
 # lfm2 2.13%: its short convolutions multiply B * x * C, cubic in the hidden state, and amplify the Q6_K
@@ -51,11 +53,13 @@ SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olmo2": 
 # Q6_K weights' 8-bit copies (with those weights uploaded as F32 it is 0.009%), which its Mamba-2 layers
 # amplify (the embedding 0.1% off at random moves the exact logits 0.24%); qwen35moe 0.034%, qwen3next 0.021%;
 # granitehybrid-moe 0.58%; smollm3 0.034%, mistral3 0.46%; glm4moe 0.49%; deepseek2 0.025%,
-# llama4 0.22%; deepseek2-lite 0.060% (the exact pass decompresses MLA's latent per head, the backends attend over it absorbed);
+# llama4 0.22%; deepseek2-lite 0.060% (the exact pass decompresses MLA's latent per head, the backends attend over it absorbed;
+# deepseek2-lite-kvb, the same in the older layout with attn_kv_b in Q8_0, 0.059%);
 # gemma4 1.43%, gemma4-shared 0.95%, gemma4-ple 1.20%: all but 0.05%, 0.06% and 0.11% of it the 8-bit
 # copies of their Q6_K attn_output (measured with those uploaded as F32); gemma4-moe 4.05%, all but
 # 0.13% of it those copies again, which its routers amplify where they tip an expert choice
-EXACT_BOUND = {"deepseek2": 0.001, "deepseek2-lite": 0.001, "llama": 0.005, "qwen2": 0.001, "qwen3": 0.001,
+EXACT_BOUND = {"deepseek2": 0.001, "deepseek2-lite": 0.001, "deepseek2-lite-kvb": 0.001, "llama": 0.005,
+               "qwen2": 0.001, "qwen3": 0.001,
                "gemma3": 0.012, "gemma2": 0.025, "olmo2": 0.001,
                "granite": 0.001, "phi3": 0.001, "qwen3moe": 0.012, "gpt-oss": 0.008, "lfm2": 0.03,
                "qwen35": 0.004, "lfm2moe": 0.004, "granitehybrid": 0.015, "qwen35moe": 0.001, "qwen3next": 0.001,
@@ -82,12 +86,14 @@ EXACT_BOUND = {"deepseek2": 0.001, "deepseek2-lite": 0.001, "llama": 0.005, "qwe
 # argmax; mistral3 1.03% (the cpu backend equals llama.cpp, 0.92% from exact); glm4moe 1.08%; llama4 1.16%;
 # deepseek2 16.6%: the cpu backend equals llama.cpp to 1e-7 of max |logit| and both are 16.6% from exact
 # (its sigmoid router with a selection bias picks other experts after the 8-bit activations);
-# deepseek2-lite 1.30% (the cpu backend 1.29% from exact, llama.cpp 1.37%); gemma4 4.23%, gemma4-ple
+# deepseek2-lite 1.30% (the cpu backend 1.29% from exact, llama.cpp 1.37%), deepseek2-lite-kvb 1.30%;
+# gemma4 4.23%, gemma4-ple
 # 6.38%: the cpu backend 5.11% and 6.46% from exact, llama.cpp 5.11% and 5.84% (the cpu backend 0.08% and
 # 1.70% from it), MLX 1.43% and 1.20%; gemma4-shared 2.12% (the cpu backend 2.11% from exact, as llama.cpp);
 # gemma4-moe 13.94%: the cpu backend 13.50% from exact, llama.cpp 13.24% (its flash-attention path 9.03%;
 # the cpu backend 1.33% from the first), both picking another token at position 11; MLX 4.05%
-CPU_BOUND = {"deepseek2": 0.2, "deepseek2-lite": 0.02, "llama": 0.013, "qwen2": 0.002, "qwen3": 0.01,
+CPU_BOUND = {"deepseek2": 0.2, "deepseek2-lite": 0.02, "deepseek2-lite-kvb": 0.02, "llama": 0.013, "qwen2": 0.002,
+             "qwen3": 0.01,
              "gemma2": 0.05, "olmo2": 0.025, "granite": 0.006,
              "phi3": 0.04, "qwen3moe": 0.065, "gpt-oss": 0.015, "lfm2": 0.11,
              "qwen35": 0.015, "lfm2moe": 0.01, "granitehybrid": 0.085, "qwen35moe": 0.13, "qwen3next": 0.10,

@@ -25,7 +25,7 @@ ARCH_DTYPE = {"llama": GT.F32, "qwen2": GT.F32, "qwen3": GT.F16, "gemma3": GT.BF
               "qwen35moe": GT.BF16, "qwen3next": GT.F16, "granitehybrid-moe": GT.F16,
               "smollm3": GT.BF16, "mistral3": GT.F32, "glm4moe": GT.BF16,
               "deepseek2": GT.BF16, "deepseek2-lite": GT.F16, "llama4": GT.BF16, "gemma4": GT.BF16,
-              "gemma4-moe": GT.F16}
+              "gemma4-moe": GT.F16, "deepseek2-kvb": GT.BF16, "deepseek2-lite-kvb": GT.F16}
 N_EXPERT, N_FF_EXP = 4, 256  # the tiny qwen3moe's, lfm2moe's and qwen35moe's experts (3-D tensors)
 
 
@@ -33,8 +33,9 @@ def write_float_model(path: Path, arch: str, dtype: GT = GT.F32, D: int = 256, F
                       nan_in: str | None = None, seed: int = 0) -> Path:
     """A random model whose 2-D weights are F32/F16/BF16: what llama-quantize takes as input
     ("granitehybrid-moe": granitehybrid with experts F wide and a shared expert, Granite 4.0 H Tiny's layout;
-    deepseek2: tiny_deepseek2.py's, its MLA tensors 3-D)."""
-    if arch in ("deepseek2", "deepseek2-lite"):
+    deepseek2: tiny_deepseek2.py's, its MLA tensors 3-D, or "-kvb" in the older layout: attn_kv_b, which
+    llama.cpp quantizes as a V projection)."""
+    if arch in ("deepseek2", "deepseek2-lite", "deepseek2-kvb", "deepseek2-lite-kvb"):
         return write_tiny_deepseek2(path, arch, seed, 320, 256, None, dtype)
     if arch == "gemma4":  # E2B's layout: shared-KV layers, per-layer embeddings, global layers without attn_v
         return write_tiny_gemma4(path, seed, shared=True, per_layer=GEMMA4_PER_LAYER, float_type=dtype)

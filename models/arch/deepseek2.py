@@ -15,6 +15,11 @@ the latent with Q = absorbed | RoPE'd part; each head's output (a mix of latents
 through `attn_v_b` to value_length_mla, then `attn_output`. The attention scale: mscale² /
 sqrt(key_length_mla), mscale YaRN's 1 + 0.1 rope_yarn_log_mul ln(factor) (1 unscaled).
 
+Files in the older layout (converted before llama.cpp split kv_b_proj: `attn_kv_b`, no *_mla keys,
+key_length and value_length per head, head_count_kv = head_count), which llama.cpp runs unabsorbed
+with a K/V cache of every head, run here absorbed over the latent cache all the same (the same
+mathematics): scalars reads their sizes as MLA's, and upgrade_tensors splits attn_kv_b at load.
+
 The FFN: a dense SiLU FFN in the first `leading_dense_block_count` layers, then experts: the
 router's softmax (V2) or sigmoid (V3-style files: expert_gating_func 2) over expert_count, the top
 expert_used_count chosen by that plus `exp_probs_b` where present, their weights renormalized
@@ -31,12 +36,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from gguf import GGUFValueType as VT
 
+from infer.quant.tensor import QTensor
+from infer.quant.types import F32
+
 from ..hf_files import ConvertError, Kvs
+from ..limits import MAX_HEAD_DIM
 from .decoder import Primitives, ffn_block
 from .hf_keys import generic_kvs, need, rope_scaling
 from .spec import Architecture
@@ -75,18 +84,34 @@ def _yarn(get: Any, head_dim_k_mla: int) -> dict[str, float]:
 
 def scalars(get: Any, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> dict[str, Any]:
     """MLA's sizes, the router's settings and YaRN's factors, as llama_model_deepseek2's
-    load_arch_hparams reads them. ValueError for a file infer does not run: one without the MLA
-    keys (the older attn_kv_b layout, which llama.cpp runs unabsorbed: reconvert it), or whose
-    cache layout (key_length, value_length, head_count_kv) is not MLA's."""
+    load_arch_hparams reads them. A file in the older layout (attn_kv_b unsplit, no
+    key_length_mla / value_length_mla; llama.cpp runs it unabsorbed with a full K/V cache of
+    head_count_kv = head_count heads) runs absorbed all the same: its key_length and value_length
+    are MLA's head sizes, and the cache's layout is replaced by the latent one (upgrade_tensors
+    splits its attn_kv_b). ValueError for a file infer does not run: one MLA key without the
+    other, no kv_lora_rank, or a cache layout (key_length, value_length, head_count_kv) that is
+    neither layout's."""
     kv_rank = int(get("attention.kv_lora_rank", 0) or 0)
     k_mla = int(get("attention.key_length_mla", 0) or 0)
     v_mla = int(get("attention.value_length_mla", 0) or 0)
-    if not (kv_rank and k_mla and v_mla):
-        raise ValueError("attention.kv_lora_rank, key_length_mla and value_length_mla are needed (a file "
-                         "with the older unsplit attn_kv_b: convert it again with llama.cpp's converter)")
     n_rot = int(get("rope.dimension_count", 0) or 0)
     value_len = int(get("attention.value_length", 0) or 0)
     head_kv = int(get("attention.head_count_kv", 0) or 0)
+    if bool(k_mla) != bool(v_mla):  # llama_hparams::is_mla asserts both or neither
+        raise ValueError("attention.key_length_mla and value_length_mla go together; the file has one of them")
+    if not kv_rank:
+        raise ValueError("attention.kv_lora_rank is needed (the rank of MLA's compressed KV)")
+    cache: dict[str, Any] = {}
+    if not k_mla:  # the older layout: per head K = nope | RoPE part (key_length), V (value_length)
+        if head_kv != n_head or not (0 < n_rot < head_dim and value_len > 0):
+            raise ValueError(f"a file without key_length_mla (the older attn_kv_b layout) needs head_count_kv = "
+                             f"head_count and key_length > rope.dimension_count; got {head_kv} KV heads of "
+                             f"{n_head}, key_length {head_dim}, rope.dimension_count {n_rot}")
+        if not 0 < kv_rank <= MAX_HEAD_DIM - n_rot:  # the cache's row, bounded as config.py bounds key_length
+            raise ValueError(f"attention.kv_lora_rank {kv_rank} is out of range (1..{MAX_HEAD_DIM - n_rot})")
+        k_mla, v_mla = head_dim, value_len
+        head_dim, value_len, head_kv = kv_rank + n_rot, kv_rank, 1
+        cache = {"n_head_kv": 1, "head_dim": head_dim, "head_dim_v": value_len}
     if head_dim != kv_rank + n_rot or value_len != kv_rank or head_kv != 1 or not 0 < n_rot < k_mla:
         raise ValueError(f"MLA's cache needs key_length = kv_lora_rank + rope.dimension_count, value_length = "
                          f"kv_lora_rank and one KV head; got {head_dim}, {value_len}, {head_kv} for kv_lora_rank "
@@ -100,9 +125,40 @@ def scalars(get: Any, n_embd: int, n_head: int, head_dim: int, n_layer: int) -> 
         raise ValueError(f"expert_gating_func {gating} is not supported (1: softmax, 2: sigmoid)")
     return {
         "n_lora_kv": kv_rank, "n_lora_q": q_rank, "head_dim_k_mla": k_mla, "head_dim_v_mla": v_mla,
-        "moe_gating": _GATING[gating],
+        "moe_gating": _GATING[gating], **cache,
         **_yarn(get, k_mla),
     }
+
+
+def split_kv_b(kv_b: np.ndarray, n_head: int, nope: int, dv: int) -> tuple[np.ndarray, np.ndarray]:
+    """attn_kv_b (n_head * (nope + dv), kv_lora_rank): per head its nope rows, then its V rows
+    (kv_b_proj's layout) -> attn_k_b (n_head, kv_lora_rank, nope), each head's nope rows
+    transposed, and attn_v_b (n_head, dv, kv_lora_rank), as llama.cpp's converter splits kv_b_proj."""
+    w = kv_b.reshape(n_head, nope + dv, -1)
+    return np.ascontiguousarray(w[:, :nope].transpose(0, 2, 1)), np.ascontiguousarray(w[:, nope:])
+
+
+def upgrade_tensors(tensors: Mapping[str, Any], cfg: Any) -> Mapping[str, Any]:
+    """A file in the older layout (scalars): each layer's attn_kv_b split into the attn_k_b and
+    attn_v_b the absorbed attention takes (split_kv_b), dequantized to F32: the file's values
+    exactly, and small (n_head * (nope + V) * kv_lora_rank per layer); other files as they are."""
+    H, R, nope, dv = cfg.n_head, cfg.n_lora_kv, cfg.head_dim_k_mla - cfg.n_rot, cfg.head_dim_v_mla
+    names = [f"blk.{il}.attn_kv_b.weight" for il in range(cfg.n_layer) if f"blk.{il}.attn_kv_b.weight" in tensors]
+    if not names:
+        return tensors
+    out = dict(tensors)
+    for name in names:
+        t = out.pop(name)
+        if name.replace("attn_kv_b", "attn_k_b") in out or name.replace("attn_kv_b", "attn_v_b") in out:
+            # llama.cpp loads one form or the other and refuses a file with tensors left over
+            raise ValueError(f"tensor {name!r} beside attn_k_b / attn_v_b: a file of both layouts at once")
+        if not isinstance(t, QTensor) or tuple(t.shape) != (H * (nope + dv), R):
+            raise ValueError(f"tensor {name!r} ({type(t).__name__} of shape {tuple(t.shape)}) is not the "
+                             f"({H * (nope + dv)}, {R}) matrix in GGML blocks that attn_kv_b is")
+        k_b, v_b = split_kv_b(t.dequantize(), H, nope, dv)
+        for part, w in (("attn_k_b", k_b), ("attn_v_b", v_b)):
+            out[name.replace("attn_kv_b", part)] = QTensor.from_bytes(F32, w.shape, w.astype(np.float32).view(np.uint8))
+    return out
 
 
 def layer(ops: Primitives[Any], ly: Any, il: int, x: Any, h: Any, nxt: tuple[Any, str, int]) -> tuple[Any, Any]:
@@ -222,5 +278,6 @@ ARCHITECTURE = Architecture(
     hf_tensor_steps=hf_tensor_steps,
     hf_tensor_shape=hf_tensor_shape,
     scalars=scalars,
+    upgrade_tensors=upgrade_tensors,
     layer=layer,
 )

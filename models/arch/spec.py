@@ -119,6 +119,10 @@ class Architecture:
     # n_head_kv and n_head_kv_swa from a per-layer head_count_kv, head_dim_swa, n_rot_swa,
     # n_layer_kv); None: one shape for every layer
     layer_shapes: Callable[..., dict[str, Any]] | None = None
+    # (tensors by GGUF name, ModelConfig) -> the tensors in the layout models/weights.py reads, where
+    # files in an older layout store some otherwise (deepseek2's unsplit attn_kv_b); a ValueError for
+    # such a tensor it cannot rewrite. None: as the file has them
+    upgrade_tensors: Callable[..., Any] | None = None
     # hyperparameters of its own: get, n_embd, n_head, head_dim, n_layer -> ModelConfig fields
     # (embed_scale, residual_scale, logit_scale, attn_scale)
     scalars: Callable[..., dict[str, float]] = no_scalars

@@ -1,7 +1,10 @@
 """Tiny random-weight deepseek2 (MLA) models, in the layout llama.cpp's converter writes now
 (attn_k_b / attn_v_b): "deepseek2" with a compressed Q (q_lora_rank > 0), sigmoid gating with a
 selection bias, renormalized and scaled expert weights and YaRN; "deepseek2-lite" as
-DeepSeek-V2-Lite (a plain attn_q, softmax gating, weights neither renormalized nor scaled)."""
+DeepSeek-V2-Lite (a plain attn_q, softmax gating, weights neither renormalized nor scaled); either
+with "-kvb" (TYPES_KV_B): the same weights in the older layout many files on the Hub still have,
+attn_k_b and attn_v_b recombined into one attn_kv_b (per head its nope rows, then its V rows) and
+the older keys (key_length nope + RoPE, value_length V, a KV head per head, no *_mla keys)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,6 +31,9 @@ TYPES = {
                        "ffn_down_shexp": GT.F16, "token_embd": GT.Q8_0, "output": GT.Q8_0},
 }
 
+# the older layout's attn_kv_b, in a float type as the converters of the time wrote it, or requantized
+TYPES_KV_B = {"deepseek2": GT.F16, "deepseek2-lite": GT.Q8_0}
+
 
 def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ctx: int,
                          chat_template: str | None, dtype: GT | None = None) -> Path:
@@ -36,6 +42,8 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
     from .tiny_models import add_spm_vocab, random_tensor
 
     rng = np.random.default_rng(seed)
+    kv_b = variant.endswith("-kvb")
+    variant = variant.removesuffix("-kvb")
     types = TYPES[variant]
     lite = variant == "deepseek2-lite"
     D, H, F = 256, MLA_HEADS, 512
@@ -48,11 +56,16 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
     w.add_block_count(MLA_LAYERS)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(1)
-    w.add_key_length(R + n_rot)
-    w.add_value_length(R)
-    w.add_key_length_mla(dk)
-    w.add_value_length_mla(dv)
+    if kv_b:  # the older layout's keys: llama.cpp's cache of K and V per head
+        w.add_head_count_kv(H)
+        w.add_key_length(dk)
+        w.add_value_length(dv)
+    else:
+        w.add_head_count_kv(1)
+        w.add_key_length(R + n_rot)
+        w.add_value_length(R)
+        w.add_key_length_mla(dk)
+        w.add_value_length_mla(dv)
     w.add_kv_lora_rank(R)
     w.add_q_lora_rank(0 if lite else MLA_Q_RANK)
     w.add_rope_dimension_count(n_rot)
@@ -78,19 +91,31 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
     add_spm_vocab(w, n_vocab)
     w.add_unk_token_id(0)
 
+    held: dict[str, np.ndarray] = {}  # "-kvb": a layer's attn_k_b and attn_v_b, as floats, until both are drawn
+
     def add(name: str, shape: tuple[int, ...], qtype: GT | None = None) -> None:
         if len(shape) == 1:
             w.add_tensor(name, (1.0 + rng.normal(0, 0.1, size=shape)).astype(np.float32))
             return
         if dtype is not None:
-            _add_float(w, rng, name, shape, dtype)
+            data, qt = _float_data(rng, shape, dtype)
+        else:
+            data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)
+            data = data.reshape(*shape[:-1], -1)
+            if name.endswith("ffn_gate_inp.weight"):
+                data = data * np.float32(20)
+        if kv_b and name.endswith(("attn_k_b.weight", "attn_v_b.weight")):
+            held[name[-15:-7]] = gguf.quants.dequantize(data, qt).reshape(shape)
+            if len(held) == 2:  # per head its nope rows (attn_k_b's matrix transposed), then its V rows
+                k_b, v_b = held.pop("attn_k_b"), held.pop("attn_v_b")
+                whole = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, R)
+                qt = dtype if dtype is not None else TYPES_KV_B[variant]
+                _add_typed(w, name.replace("attn_v_b", "attn_kv_b"), whole, qt)
             return
-        data, qt = random_tensor(rng, (int(np.prod(shape[:-1])), shape[-1]), qtype)
-        data = data.reshape(*shape[:-1], -1)
-        if name.endswith("ffn_gate_inp.weight"):
-            data = data * np.float32(20)
         if qt in (GT.F32, GT.F16):
             w.add_tensor(name, data)
+        elif dtype == GT.BF16:  # _float_data's, its shape in bytes
+            w.add_tensor(name, data, raw_dtype=qt)
         else:
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qt)
 
@@ -132,13 +157,26 @@ def write_tiny_deepseek2(path: Path, variant: str, seed: int, n_vocab: int, n_ct
     return path
 
 
-def _add_float(w, rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: GT) -> None:
+def _float_data(rng: np.random.Generator, shape: tuple[int, ...], dtype: GT) -> tuple[np.ndarray, GT]:
     x = rng.normal(0, 0.02, size=shape).astype(np.float32)
     x.reshape(-1, shape[-1])[0, :8] *= 40  # a few outliers, so scale searches have something to do
     if dtype == GT.F32:
-        w.add_tensor(name, x)
-    elif dtype == GT.F16:
+        return x, dtype
+    if dtype == GT.F16:
+        return x.astype(np.float16), dtype
+    # BF16 by truncation (fine for a test input), its shape in bytes
+    return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(*shape[:-1], -1), dtype
+
+
+def _add_typed(w, name: str, x: np.ndarray, qtype: GT) -> None:
+    """Float weights x written as qtype (BF16 by truncation; a GGML block type quantized)."""
+    if qtype == GT.F32:
+        w.add_tensor(name, x.astype(np.float32))
+    elif qtype == GT.F16:
         w.add_tensor(name, x.astype(np.float16))
-    else:  # BF16 by truncation (fine for a test input), its shape in bytes
-        bits = (x.view(np.uint32) >> 16).astype(np.uint16)
-        w.add_tensor(name, bits.view(np.uint8).reshape(*shape[:-1], -1), raw_dtype=GT.BF16)
+    elif qtype == GT.BF16:
+        bits = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        w.add_tensor(name, bits.view(np.uint8).reshape(*x.shape[:-1], -1), raw_dtype=GT.BF16)
+    else:
+        data = gguf.quants.quantize(x.astype(np.float32), qtype)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)

@@ -167,7 +167,8 @@ TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olm
               "granitehybrid": 12, "qwen35moe": 12, "qwen3next": 13, "granitehybrid-moe": 14, "smollm3": 20,
               "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
               "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22,
-              "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15, "gemma4-moe": 25}
+              "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15, "gemma4-moe": 25,
+              "deepseek2-kvb": 15, "deepseek2-lite-kvb": 16}  # -kvb: the same weights in the older layout
 
 
 def tiny_seed(arch: str) -> int:
@@ -247,7 +248,7 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next, glm4moe): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
     blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
-    if arch in ("deepseek2", "deepseek2-lite"):  # MLA: its own writer
+    if arch in ("deepseek2", "deepseek2-lite", "deepseek2-kvb", "deepseek2-lite-kvb"):  # MLA: its own writer
         from .tiny_deepseek2 import write_tiny_deepseek2
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
     if arch in ("gemma4", "gemma4-shared", "gemma4-ple", "gemma4-moe"):

@@ -324,17 +324,20 @@ def infer_bench(model: Path, threads: int, reps: int, cache_type: str) -> dict:
 
 
 def llama_kv_bytes_per_token(model: Path, cache_type: str) -> float:
-    """llama.cpp's K and V cache bytes per token of context: the size its log gives its KV cache
-    (MiB, two decimals) over its cells, in a context of BENCH_CTX (llama-cpp-python)."""
+    """llama.cpp's K and V cache bytes per token of context: the sizes its log gives its KV caches
+    (MiB, two decimals) over BENCH_CTX, as llama-cpp-python creates them. Its defaults keep a
+    full-size sliding-window cache (swa_full) and, without flash attention, pad every layer's V to
+    the widest (Gemma 4): llama-server's own defaults (a window-sized cache) take less there."""
     code = ("import sys, llama_cpp; from infer.backends.llamacpp.runner import GGML_TYPES as T; "
             "t = T[sys.argv[2]]; llama_cpp.Llama(sys.argv[1], n_ctx=int(sys.argv[3]), type_k=t, type_v=t, "
             "flash_attn=sys.argv[2] != 'f16', verbose=True)")
     p = subprocess.run([sys.executable, "-c", code, str(model), cache_type, str(BENCH_CTX)], capture_output=True,
                        text=True)
-    m = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", p.stderr)
-    if m is None:
+    # one line per cache: a model with sliding-window layers (Gemma) has a second, of the window's cells
+    sizes = re.findall(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", p.stderr)
+    if not sizes:
         raise RuntimeError(f"no KV cache size in llama.cpp's log:\n{p.stderr[-2000:]}")
-    return float(m.group(1)) * 2**20 / int(m.group(2))
+    return sum(float(mib) for mib, _ in sizes) * 2**20 / BENCH_CTX
 
 
 def _free_port() -> int:
@@ -384,16 +387,17 @@ def load_times(server: Path, model: Path, threads: int, cache_type: str) -> tupl
 
 
 def bytes_per_token(path: Path) -> int:
-    """Weight bytes one decode step reads: every tensor but the token embedding (one row of it),
-    unless the output projection is the embedding itself; of a mixture of experts' 3-D tensors,
-    the share of the experts a token uses."""
+    """Weight bytes one decode step reads: every tensor but the token embeddings (one row of them:
+    token_embd unless the output projection is the embedding itself, Gemma 4's per_layer_token_embd);
+    of a mixture of experts' 3-D tensors, the share of the experts a token uses."""
     from infer.models.gguf_file import read_gguf
 
     g = read_gguf(path)
     t, arch = g.tensors, g.metadata["general.architecture"]
     used = g.metadata.get(f"{arch}.expert_used_count", 1) / g.metadata.get(f"{arch}.expert_count", 1)
     total = sum(x.raw.nbytes * (used if "_exps." in name else 1) for name, x in t.items())
-    return int(total) - (t["token_embd.weight"].raw.nbytes if "output.weight" in t else 0)
+    rows = t["per_layer_token_embd.weight"].raw.nbytes if "per_layer_token_embd.weight" in t else 0
+    return int(total) - rows - (t["token_embd.weight"].raw.nbytes if "output.weight" in t else 0)
 
 
 def read_bandwidth(threads: int) -> float:

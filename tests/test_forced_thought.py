@@ -226,3 +226,25 @@ def test_chat_plan_other_styles(llm, kind):
     assert "".join(p[0] for p in parts) + reasoning == "2 and 3 make 5."
     assert "".join(p[1] for p in parts) + content == ""
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 2, "b": 3})]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("opened", [False, True])
+def test_with_qwen35s_tokens(opened):
+    """With Qwen3.5's vocabulary (llama.cpp's ggml-vocab-qwen35.gguf), token by token as sampling
+    goes: thought + XML call taken and done, a bare call taken (done only where no thought is open),
+    text after the thought refused."""
+    from helpers.llama_vocab import vocab_dir
+    from infer.engine.grammar import GrammarCompiler
+    from infer.engine.tokenizer import Tokenizer
+    from infer.models.gguf_file import read_gguf
+
+    tok = Tokenizer.from_metadata(read_gguf(vocab_dir() / "ggml-vocab-qwen35.gguf").metadata)
+    g, _ = grammar(parse_tools([ADD]), "qwen3coder", "required", None, False, tok.token_id)
+    compiled = GrammarCompiler(tok).compile(with_thought(g, "think", opened, lambda t: marker(t, tok.token_id)))
+    call = ("<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n"
+            "</function>\n</tool_call>")
+    thought = ("" if opened else "<think>") + "2 <and> 3.</think>\n\n"
+    assert _takes(compiled, thought + call, tok) == (True, True)
+    assert _takes(compiled, call, tok) == (True, not opened)
+    assert not _takes(compiled, thought + "The sum", tok)[0]

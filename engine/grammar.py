@@ -14,6 +14,7 @@ end-of-generation tokens are allowed; when nothing at all can follow, the sequen
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from infer.quant.errors import InferError
 
 from .reasoning import CLOSE as THINK_CLOSE
 from .reasoning import TAGS as THINK_TAGS
+from .reasoning import THOUGHT_SPACE, thought_rules
 
 KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
 # Whitespace JSON output may have between tokens: llama.cpp's json-schema-to-grammar SPACE_RULE
@@ -111,6 +113,26 @@ def as_llama_cpp(schema: Any) -> Any:
         out.setdefault("minimum", -INT_LIMIT)
         out.setdefault("maximum", INT_LIMIT)
     return out
+
+
+def with_thought(grammar: Grammar, kind: str, opened: bool, lit) -> Grammar:
+    """A grammar that holds the reply from its first token, with room to think first: one optional
+    thought in the reasoning style's markers (opened: the prompt opened it, so its rest up to the
+    close, required), then the grammar as before.  lit(text): a marker as one token where the
+    vocabulary has it, else quoted text (engine/tool_calls.py's).  JSON kinds go inside as %json;
+    a Lark grammar's start rule is renamed."""
+    if grammar.kind == "lark":
+        if re.search(r"^\s*(thought|thought_text|held)\b", grammar.source, re.M):
+            raise GrammarError("the grammar already names a rule thought, thought_text or held")
+        held = re.sub(r"^start:", "held:", grammar.source, count=1, flags=re.M)
+    elif grammar.kind in ("json", "json_schema"):
+        schema = json.loads(grammar.source) if grammar.kind == "json_schema" else {"type": "object"}
+        held = "held: %json " + json.dumps({**schema, "x-guidance": dict(JSON_OPTIONS)})
+    else:
+        raise GrammarError(f"a {grammar.kind} grammar cannot take a thought before it")
+    thought = f"thought {THOUGHT_SPACE}" if opened else f"(thought {THOUGHT_SPACE})?"
+    start = f"start: {thought} held"
+    return Grammar("lark", "\n".join([start, thought_rules(kind, opened, lit), held]))
 
 
 def _llguidance():

@@ -11,9 +11,12 @@ default) and ollama as `thinking`; "none" leaves it in the text.
 """
 from __future__ import annotations
 
+import json
+
 OPEN, CLOSE = "<think>", "</think>"
 MISTRAL_OPEN, MISTRAL_CLOSE = "[THINK]", "[/THINK]"
-GEMMA4_OPEN, GEMMA4_CLOSE = "<|channel>thought", "<channel|>"
+GEMMA4_CHANNEL = "<|channel>"
+GEMMA4_OPEN, GEMMA4_CLOSE = GEMMA4_CHANNEL + "thought", "<channel|>"
 FORMATS = ("none", "deepseek")
 # each tagged style's (open, close) tags
 TAGS = {"think": (OPEN, CLOSE), "mistral": (MISTRAL_OPEN, MISTRAL_CLOSE), "gemma4": (GEMMA4_OPEN, GEMMA4_CLOSE)}
@@ -171,6 +174,40 @@ class HarmonyStream:
         if self.channel is None:
             return "", ""
         return (held, "") if self.channel == "analysis" else ("", held)
+
+
+# Each style's thought as a forced tool call's grammar lets it come first (llama.cpp's per-format
+# parsers put an optional thought before a required call): its opening and closing markers as
+# pieces, each marker written as one token where the vocabulary has it, else as text.
+# harmony: the analysis message, then the header of the final one, which holds the call.
+THOUGHT_PIECES = {
+    "think": ((OPEN,), (CLOSE,)),
+    "mistral": ((MISTRAL_OPEN,), (MISTRAL_CLOSE,)),
+    "gemma4": ((GEMMA4_CHANNEL, "thought"), (GEMMA4_CLOSE,)),
+    "harmony": ((CHANNEL, "analysis", MESSAGE), (END, START, "assistant", CHANNEL, "final", MESSAGE)),
+}
+THOUGHT_SPACE = "/[ \\t\\r\\n]{0,4}/"  # between the thought and the call (Qwen3 writes two newlines)
+
+
+def thought_rules(kind: str, opened: bool, lit) -> str:
+    """Lark rules of a style's thought, as the rule `thought` (opened: the prompt opened it, so only
+    its rest up to the close).  lit(text): a marker piece as one token (<[id]>) or as quoted text.
+    The thought's text runs to the first close: after a close token, any text (no text spells a
+    control token); after a close that is text, one lazy lexeme up to it (a greedy one could run past it)."""
+    def piece(text: str) -> str:  # a word ("thought", "final") as text: the model spells it as it likes
+        return json.dumps(text) if text.isalnum() else lit(text)
+
+    opens, closes = THOUGHT_PIECES[kind]
+    head = "" if opened else " ".join(piece(p) for p in opens) + " "
+    first, rest = piece(closes[0]), " ".join(piece(p) for p in closes[1:])
+    if first.startswith("<["):
+        body = f"thought_text {first}"
+        text = "thought_text: /(?s:.*)/"
+    else:
+        escaped = "".join(c if c.isalnum() else "\\" + c if c in "/\\.^$|?*+()[]{}" else c for c in closes[0])
+        body = "thought_text"
+        text = f"thought_text[lazy]: /(?s:.*?){escaped}/"
+    return f"thought: {head}{body} {rest}".rstrip() + "\n" + text
 
 
 def reply_stream(kind: str, opened: bool = False) -> "ThinkStream | HarmonyStream":

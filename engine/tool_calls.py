@@ -270,6 +270,12 @@ def _lark_json(schema: dict) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": dict(JSON_OPTIONS)})
 
 
+def marker(text: str, token_id) -> str:
+    """A marker in a Lark grammar: the vocabulary's one token spelled text (token_id(text)), else the text."""
+    tid = token_id(text)
+    return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+
 def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool,
             token_id=lambda text: None) -> tuple[Grammar | None, tuple[str, ...]]:
     """What holds the reply, and the texts that start it (SamplingParams.grammar_triggers; none:
@@ -283,8 +289,7 @@ def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: 
     triggers = () if mode == "required" else CALL_STARTS[fam]
 
     def lit(text: str) -> str:
-        tid = token_id(text)
-        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+        return marker(text, token_id)
 
     if fam in ("qwen3coder", "glm45"):
         body = xml_tool_calls.grammar_body if fam == "qwen3coder" else xml_tool_calls.glm_grammar_body

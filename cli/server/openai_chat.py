@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from infer.engine.chat_template import ChatTemplateError
+from infer.engine.grammar import with_thought
 from infer.engine.reasoning import EFFORTS, opened_in_prompt, reply_stream, spelled_out, style
 from infer.engine.tool_calls import (
     ReplyStream,
@@ -15,6 +16,7 @@ from infer.engine.tool_calls import (
     ToolError,
     family,
     grammar,
+    marker,
     parse_tool_choice,
     parse_tools,
     prepare,
@@ -39,6 +41,9 @@ class ChatPlan:
     # gpt-oss's channel markers and Mistral's [THINK] are control tokens: spelled out, for the splitter
     # or (--reasoning-format none) in the content, as llama.cpp leaves them; never silently dropped
     markers: bool = False
+    # a forced call (tool_choice "required" or named) or a JSON response format, of a model that
+    # thinks, with thinking on: the grammar lets one thought come first, as llama.cpp's does
+    thought: bool = False
 
 
 # the request fields plan() reads (OpenAI's spelling; ollama's is the same)
@@ -94,18 +99,33 @@ def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_fo
             raise APIError(400, f"'reasoning_effort' must be low, medium or high, got {effort!r}"[:200],
                            "reasoning_effort", "invalid_value")
         variables = {**variables, "reasoning_effort": effort}
+    fmt = job.params.grammar
+    # held from the first token: a forced call, or a JSON response format
+    held = (g is not None and not triggers) or (g is None and fmt is not None and fmt.kind in ("json", "json_schema"))
+    thought = held and bool(reasoning) and variables.get("enable_thinking") is not False
     return ChatPlan(msgs, variables, fam if active else None, reasoning, tools, triggers,
-                    spelled_out(reasoning_style)), g
+                    spelled_out(reasoning_style), thought), g
 
 
-def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool) -> tuple[Job, bool]:
+def constrain(job: Job, plan: ChatPlan, tool_grammar, opened: bool, token_id=lambda text: None) -> tuple[Job, bool]:
     """The job with its tools' grammar (the reply detokenized with special tokens spelled out:
     several families' markers are control tokens), and whether the reply starts inside a <think>
-    the prompt opened: not where a grammar holds JSON from the first token (a forced tool call, a
-    JSON response format), which leaves no room to think; a GBNF grammar is the client's whole reply."""
+    the prompt opened.  A forced call or a JSON response format of a thinking model (plan.thought)
+    may think first, in its style's markers (or finish the thought the prompt opened); otherwise,
+    where a grammar holds JSON from the first token, there is no room to think; a GBNF grammar is
+    the client's whole reply (a thought included).  token_id(text): the vocabulary's token spelled text."""
     params = job.params
     if plan.markers:
         params = replace(params, special=True)
+    if plan.thought:
+        held = tool_grammar if tool_grammar is not None else params.grammar
+        params = replace(params, grammar=with_thought(held, plan.reasoning, opened, lambda text: marker(text, token_id)),
+                         grammar_triggers=())
+        if tool_grammar is not None or plan.family:
+            params = replace(params, special=True)
+        if tool_grammar is not None:
+            job = replace(job, grammar_param="tools")
+        return replace(job, params=replace(params, thinking=opened)), opened
     if tool_grammar is not None or plan.family:
         params = replace(params, grammar=tool_grammar or params.grammar, grammar_triggers=plan.triggers, special=True)
         if tool_grammar is not None:

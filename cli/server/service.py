@@ -193,7 +193,7 @@ class EngineService:
         if isinstance(p, ChatPrompt):
             plan, tool_grammar = self._plan(p, job)
             ids, opened = await self.encode(lambda c: openai_chat.encode(self.llm, c), plan)
-            job, opened = openai_chat.constrain(job, plan, tool_grammar, opened)
+            job, opened = openai_chat.constrain(job, plan, tool_grammar, opened, self.llm.tokenizer.token_id)
             reply = openai_chat.ChatReply(plan, opened)
         elif isinstance(p, TemplatePrompt):
             ids = await self.encode(self.llm.encode_chat, p.messages)

@@ -14,6 +14,8 @@ from infer.quant.errors import InferError
 # Exceptions below the CLI that are control flow, never shown to a user: each caught where it is raised.
 INTERNAL = {
     "infer.engine.regex_split.Unsupported": "a pattern the numba matcher declines; the caller falls back to `re`",
+    "infer.engine.gemma4_format.SyntaxProblem": "a reply that is not a Gemma 4 call; caught in its module, the "
+                                                "reply stays content",
 }
 LAYERS = ("infer.engine", "infer.models", "infer.backends", "infer.quant")
 

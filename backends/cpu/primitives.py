@@ -363,7 +363,9 @@ class CpuPrimitives:
         else:
             self._each_expert(x, per, ly)
         if ly.expert_scale.shape[0]:  # each expert's output times its scale (Gemma 4's ffn_down_exps.scale)
-            ws.slots[:T * k] *= ly.expert_scale[sel.reshape(-1)][:, None]
+            scale = ws.escale[:T * k]
+            np.take(ly.expert_scale, sel.reshape(-1), out=scale[:, 0], mode="clip")  # clip: no buffer
+            ws.slots[:T * k] *= scale
         out = ws.o[:T]
         combine(ws.slots[:T * k], wts, out)
         if self.trace is not None:

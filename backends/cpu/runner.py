@@ -382,6 +382,7 @@ class Workspace:
             if cfg.architecture.shared_expert == "dense":  # Gemma 4: the dense FFN's output, the router's input
                 self.mlp = np.zeros((T, D), f32)
                 self.rin = np.zeros((T, D), f32)
+                self.escale = np.zeros((T * k, 1), f32)  # each (token, expert) output's scale
             if cfg.architecture.moe_weight_before:  # llama4: every (token, expert) input, weighted
                 self.weighed = np.zeros((T * k, D), f32)
                 self.ones = np.ones((T, k), f32)  # the weights the outputs are then added with

@@ -60,7 +60,7 @@ def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
 class KVGroup:
     """Layers whose KV cache is paged together: same attention window, so same blocks needed."""
 
-    window: int  # 0: full causal attention; else the sliding window
+    window: int  # 0: full attention; else the sliding window (a non-causal model's symmetric: ModelConfig.causal)
     layers: tuple[int, ...]
     # the window is a chunk instead (llama4): a query sees the keys of its own chunk of `window`
     # positions only. Those keys lie within the last `window` positions, so the blocks out of a
@@ -117,6 +117,11 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
+    # False: an encoder (an embedding model): each token attends over every token of its sequence,
+    # the later ones too, and a sliding window is symmetric (|q - p| <= window // 2); the whole
+    # prompt is computed in one step, no prefix is cached, nothing is generated. From the
+    # architecture (Architecture.causal) and, as llama.cpp reads it, <arch>.attention.causal
+    causal: bool = True
     # hybrid models (Architecture.recurrent): per layer, whether it is recurrent (a per-sequence
     # state instead of a KV cache: LFM2's short convolution); () where no layer is
     layer_recurrent: tuple[bool, ...] = ()
@@ -441,6 +446,7 @@ class ModelConfig:
             moe_norm_weights=norm_weights,
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            causal=spec.causal and bool(get("attention.causal", True)),
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

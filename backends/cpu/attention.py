@@ -1,5 +1,6 @@
 """Causal (optionally sliding-window or chunked) grouped-query attention over a paged KV cache (written by
-kv_write.py).
+kv_write.py), or an encoder's non-causal attention (every key of the query's sequence, optionally
+within a symmetric window).
 
 The cache is a pool of fixed-size blocks; each sequence's block table says which block holds
 its positions b*bs .. b*bs+bs-1, and the kernel reads keys and values through it in place (no
@@ -441,8 +442,8 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
-def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, chunked, scale, softcap, sinks,
-              rot_v, out, scores):
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, seq_last, bs, window, chunked, scale, softcap,
+              sinks, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py);
     #   a V row may be wider than out's Dv, which is read from its front (MLA: v_pool is k_pool)
@@ -451,8 +452,12 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
     #   keys 0..q_pos[t] of that sequence are visible (causal)
     # prompt_end: (S,) int32 per row of tables: a query at or past it is a generated token, whose
     #   f16 q·k sums in the order llama.cpp gives a token alone in its batch (Batch.prompt_end)
+    # seq_last: (0,): causal; or (S,) int32 per row of tables, the last position of its sequence
+    #   written by this step: non-causal (an encoder, llama.cpp's causal_attn false), keys
+    #   0..seq_last of the sequence are visible, and a window is symmetric (below)
     # window: 0 or the sliding window (key p visible iff q_pos - p < window); chunked: the window is a
-    #   chunk instead (llama4: key p visible iff p >= q_pos // window * window, its chunk's start)
+    #   chunk instead (llama4: key p visible iff p >= q_pos // window * window, its chunk's start);
+    #   non-causal: key p visible iff |q_pos - p| <= window // 2 (LLAMA_SWA_TYPE_SYMMETRIC)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
     # rot_v: 0 or the size of the rotation V was stored with (kv_write.qkv_post), undone on each output head
@@ -474,7 +479,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
     n_work = T * Hkv * nsplit
     n_chunks = min(scores.shape[0], n_work)
     ss = scores.shape[1] // per  # the stride of one head's scores in a chunk's row
-    if T and q_pos.max() >= ss:
+    causal = seq_last.shape[0] == 0
+    if T and (q_pos.max() >= ss or (not causal and seq_last.max() >= ss)):
         raise ValueError("attention: the scores scratch is too short for these positions")
     qflat = q.reshape(T * Hq * D)
     oflat = out.reshape(T * Hq * Dv)
@@ -490,7 +496,13 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
             hi = q_pos[t]
             single = hi >= prompt_end[tok_seq[t]]
             lo = 0
-            if window > 0 and chunked:
+            if not causal:
+                if window > 0:
+                    lo = max(0, hi - window // 2)
+                    hi = min(seq_last[tok_seq[t]], hi + window // 2)
+                else:
+                    hi = seq_last[tok_seq[t]]
+            elif window > 0 and chunked:
                 lo = hi // window * window
             elif window > 0 and hi - window + 1 > 0:
                 lo = hi - window + 1

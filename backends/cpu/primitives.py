@@ -73,6 +73,7 @@ class CpuPrimitives:
         # Gemma 4's router input: RMSNorm without a weight (a weight of ones), then its own scales
         self.ones = np.ones(cfg.n_embd if arch.shared_expert == "dense" else 0, np.float32)
         self.trace: Callable[[str, np.ndarray], None] | None = None
+        self.causal = np.zeros(0, np.int32)  # the attention kernel's seq_last of a causal model
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
         """Point the primitives at a batch: its buffers (views of ws) and its RoPE angles; states:
@@ -103,6 +104,9 @@ class CpuPrimitives:
                 rope_angles(cfg, batch.positions, True, ff if self.swa_ff is None else self.swa_ff, self.cos[1],
                             self.sin[1])
         self.prompt_end = batch.prompt_ends()
+        # non-causal attention (an encoder): each table row's last position this step, the end of
+        # the keys its queries see; (0,): causal (the attention kernel's seq_last)
+        self.seq_last = self.causal if cfg.causal else batch.seq_last()
         # the attention temperature per token, for the layers that take it (cfg.layer_attn_temp)
         self.q_temp = ws.q_temp[:T] if cfg.attn_temp_scale else ws.q_temp
         if cfg.attn_temp_scale:  # positions are below n_ctx (the pool's): clip only spares take a buffer
@@ -175,8 +179,8 @@ class CpuPrimitives:
         else:  # a layer that attends over an earlier layer's K/V (Gemma 4's shared-KV layers): Q alone
             q_post(qkv, ly.bq, q_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2, self.neox, self.q_scale,
                    q_temp, q3, qd, kc, ws.bsum, rot_k)
-        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
                   attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, attn)
@@ -208,8 +212,9 @@ class CpuPrimitives:
             self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = scratch["attn"].reshape(T, H, R)
-        attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
+        attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat,
+                  ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = scratch["mla_out"]

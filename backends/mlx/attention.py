@@ -5,6 +5,8 @@ every layer of the group.  Sequences with one query in the batch (decode steps) 
 their keys gathered into a padded (S, L) batch with a mask for the padding.  A sequence with
 several queries (a prefill chunk) gets a call of its own over keys lo..hi, its first query's
 window start to its last query's position, masked causally and by the window (or llama4's chunk).
+A non-causal model's (an encoder's) queries see every key of their sequence written up to the end
+of the step, within a symmetric window where there is one (|q - p| <= window // 2).
 
 Masked keys add exact zeros to sums that MLX's CPU build accumulates in order, so a query's
 result does not depend on what else is in the batch (tested); on a GPU that is not guaranteed.
@@ -25,9 +27,11 @@ def as_dtype(x: mx.array, dtype) -> mx.array:
 class AttentionPlan:
     """Which keys each query of a batch sees in one KV group, as gather indices and masks."""
 
-    def __init__(self, batch: Batch, group: int, block_size: int, window: int, chunked: bool = False):
+    def __init__(self, batch: Batch, group: int, block_size: int, window: int, chunked: bool = False,
+                 causal: bool = True):
         # window: 0, or the sliding window; chunked: the window is a chunk instead (llama4: a query
-        # sees the keys from its chunk's start, q_pos // window * window, on)
+        # sees the keys from its chunk's start, q_pos // window * window, on); causal False: the
+        # keys of the whole sequence in the batch, the window symmetric (ModelConfig.causal)
         tok_seq, pos = batch.tok_seq, batch.positions
         table = batch.tables[group]
         T = len(tok_seq)
@@ -47,8 +51,11 @@ class AttentionPlan:
         if single:
             spans = []
             for s, t in single:
-                hi = int(pos[t])
-                lo = (hi // window * window if chunked else max(0, hi - window + 1)) if window else 0
+                hi = int(pos[t])  # a non-causal sequence's one token is its last
+                if not causal:
+                    lo = max(0, hi - window // 2) if window else 0
+                else:
+                    lo = (hi // window * window if chunked else max(0, hi - window + 1)) if window else 0
                 spans.append(key_rows(s, lo, hi))
             L = max(len(r) for r, _ in spans)
             rows = np.zeros((len(spans), L), np.int32)
@@ -66,12 +73,17 @@ class AttentionPlan:
             qp = pos[idx].astype(np.int64)
             hi = int(qp.max())
             lo = 0
-            if window:
+            if not causal:
+                lo = max(0, int(qp.min()) - window // 2) if window else 0
+            elif window:
                 lo = int(qp.min()) // window * window if chunked else max(0, int(qp.min()) - window + 1)
             r, held = key_rows(int(s), lo, hi)
             kp = np.arange(lo, hi + 1)
-            m = (kp[None, :] <= qp[:, None]) & held[None, :]
-            if window and chunked:
+            m = ((kp[None, :] <= qp[:, None]) if causal else np.ones((len(qp), len(kp)), bool)) & held[None, :]
+            if not causal:
+                if window:
+                    m &= np.abs(qp[:, None] - kp[None, :]) <= window // 2
+            elif window and chunked:
                 m &= kp[None, :] >= qp[:, None] // window * window
             elif window:
                 m &= qp[:, None] - kp[None, :] < window

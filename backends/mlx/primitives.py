@@ -71,7 +71,7 @@ class MlxPrimitives:
         self.step_plan = DeltaPlan(batch) if cfg.recurrent_layers and ("delta" in shapes or "ssm" in shapes) else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
-        self.plans = [AttentionPlan(batch, g, pool.block_size, w, c) for g, (w, c) in
+        self.plans = [AttentionPlan(batch, g, pool.block_size, w, c, cfg.causal) for g, (w, c) in
                       enumerate(zip(pool.windows, pool.chunked))]
         self.slots = [mx.array(s) for s in batch.slots]
         # the batch's RoPE angles; none where attention has no positions (granitehybrid's NoPE)

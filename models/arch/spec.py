@@ -165,6 +165,10 @@ class Architecture:
     hf_config: Callable[[Any, bool], dict[str, Any]] | None = None
     hf_bfloat16: bool = False  # trained in bfloat16, overflows float16: exported in bfloat16
     chat_template: str = ""  # built-in template family for files without one ("chatml", "gemma", "llama")
+    # False: an encoder, whose tokens attend over their whole sequence (llama.cpp's hparams.causal_attn
+    # false: gemma-embedding, BERT); its sliding windows are symmetric (LLAMA_SWA_TYPE_SYMMETRIC), and
+    # it embeds and does not generate (ModelConfig.causal)
+    causal: bool = True
     # the layer recipe (decoder.py): (ops, layer, il, x, h, nxt) -> (x, h)
     layer: Callable[..., Any] = field(default=dense_layer, compare=False)
 

@@ -212,7 +212,8 @@ def serve(handle) -> None:
 
 
 def worker() -> None:
-    """Load each model (file or folder) named on stdin and generate two tokens from it."""
+    """Load each model (file or folder) named on stdin and generate two tokens from it (an embedding
+    model, which does not generate: embed the text)."""
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
@@ -220,6 +221,9 @@ def worker() -> None:
     def load_and_run(path: str) -> None:
         llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=1, max_seqs=1))
         ids = llm.encode_raw("Hello world")[:32]
+        if not llm.engine.causal:
+            list(llm.engine.stream(llm.engine.add_embedding(ids)))
+            return
         list(llm.generate(ids, SamplingParams(max_tokens=2, temperature=0)))
 
     serve(load_and_run)

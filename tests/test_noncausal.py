@@ -185,3 +185,15 @@ def test_dense_projections_load(tmp_path):
     assert w.dense_2.shape == (GEMMA_EMBEDDING_DENSE, 256) and w.dense_3.shape == (256, GEMMA_EMBEDDING_DENSE)
     assert plain.weights.dense_2 is None and plain.weights.dense_3 is None
     np.testing.assert_array_equal(w.layers[0].wq.raw, plain.weights.layers[0].wq.raw)
+
+
+def test_runner_does_not_chunk_an_encoder(tiny_encoder):
+    """CpuRunner.forward feeds a long prompt in chunks of max_tokens; an encoder's tokens must see
+    each other, so it refuses instead."""
+    from infer.backends.cpu.runner import CpuRunner
+
+    model = load_model(tiny_encoder)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, max_tokens=8)
+    runner.forward(np.array(TINY_PROMPT[:8], np.int32), 0, runner.new_kv_cache(64))
+    with pytest.raises(ValueError, match="non-causal"):
+        runner.forward(np.array(TINY_PROMPT, np.int32), 0, runner.new_kv_cache(64))

@@ -197,3 +197,16 @@ def test_runner_does_not_chunk_an_encoder(tiny_encoder):
     runner.forward(np.array(TINY_PROMPT[:8], np.int32), 0, runner.new_kv_cache(64))
     with pytest.raises(ValueError, match="non-causal"):
         runner.forward(np.array(TINY_PROMPT, np.int32), 0, runner.new_kv_cache(64))
+
+
+def test_step_budget_past_512_for_an_encoder(tmp_path):
+    """A causal model's passes stop at 512 tokens (a longer prompt is chunked); an encoder's input
+    is one pass, so its runner takes max_batch_tokens: raising it embeds a longer input."""
+    path = write_tiny_gemma_embedding(tmp_path / "long.gguf", seed=23, n_ctx=1024)
+    prompt = (TINY_PROMPT * 40)[:600]
+    with pytest.raises(PoolingError, match="600 tokens"):
+        LLM.load(path, EngineConfig(n_ctx=1024, n_threads=2)).engine.add_embedding(prompt)
+    llm = LLM.load(path, EngineConfig(n_ctx=1024, n_threads=2, max_batch_tokens=640))
+    assert llm.runner.max_tokens == 640
+    v = _embed(llm, [prompt])[0]
+    assert llm.engine.steps == 1 and np.isfinite(v).all()

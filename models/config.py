@@ -69,8 +69,9 @@ class KVGroup:
 
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
-# (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
-POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}
+# (none and -1 unspecified are not an embedding's; 4 rank is a reranker's: its classification
+# head, models/pooling_head.py, on the pooled row)
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,11 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
-    pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
+    pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last", "rank"; "": not said
+    # rank pooling's row (<arch>.classifier.pooling_type, llama.cpp's pooling_type_cls): "mean" for
+    # a ModernBERT classifier that pools the mean; "": the CLS row (the last row where causal)
+    pooling_cls: str = ""
+    causal: bool = True  # causal attention (a decoder); False: an encoder, whose tokens all see each other
     # hybrid models (Architecture.recurrent): per layer, whether it is recurrent (a per-sequence
     # state instead of a KV cache: LFM2's short convolution); () where no layer is
     layer_recurrent: tuple[bool, ...] = ()
@@ -441,6 +446,7 @@ class ModelConfig:
             moe_norm_weights=norm_weights,
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            pooling_cls="mean" if int(get("classifier.pooling_type", -1)) == 1 else "",
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

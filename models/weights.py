@@ -14,6 +14,7 @@ from infer.quant.tensor import QTensor, StackedRows
 from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
+from .pooling_head import HEAD_BIASES, PoolingHead, PoolingHeadError, load_head
 
 
 class ModelLoadError(InferError, ValueError):
@@ -134,6 +135,9 @@ class ModelWeights:
     ple_embd: Matrix | None = None
     ple_model_proj: Matrix | None = None
     ple_proj_norm: np.ndarray | None = None
+    # the pooling head after an embedding's pooled row (rank pooling's classifier, Dense projections;
+    # pooling_head.py): for the engine, not the backends' layers; None without one
+    head: PoolingHead | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,7 +193,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             tensors = cfg.architecture.upgrade_tensors(tensors, cfg)
         except ValueError as e:
             raise ModelLoadError(f"{path}: {e}") from None
-    used = _USED_BIASES + cfg.architecture.extra_biases
+    used = _USED_BIASES + cfg.architecture.extra_biases + HEAD_BIASES
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
@@ -266,6 +270,10 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     output = get("output.weight", (cfg.n_vocab, D), required=False)
     if output is None:
         output = token_embd
+    try:
+        head = load_head(tensors, path, cfg)
+    except PoolingHeadError as e:
+        raise ModelLoadError(str(e)) from None
     return ModelWeights(
         token_embd=token_embd,
         output_norm=vec(arch.output_norm_tensor + ".weight", D),
@@ -274,6 +282,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
+        head=head,
     )
 
 

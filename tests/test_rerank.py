@@ -5,10 +5,13 @@ rerank routes (cli/server/rerank_api.py), alone and through the several-models r
 `infer embed` / `infer rerank` (cli/embed.py)."""
 from __future__ import annotations
 
+import json
+
 import gguf
 import numpy as np
 import pytest
 
+from helpers.cli import assert_one_line_error, infer
 from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
@@ -234,3 +237,176 @@ def test_the_inputs_of_one_request_prefill_in_one_step(models):
     alone = pooled(LLM.load(models["reranker"], EngineConfig(n_ctx=128, n_threads=2)), prompts[:1])[0]
     first = next(e for e in events if e.request_id == rids[0])
     np.testing.assert_array_equal(first.embedding, alone)  # side by side is the same as alone
+
+
+# ---------------------------------------------------------------- over HTTP
+
+def app_of(path, model_id: str, llm: LLM | None = None):
+    """`infer serve MODEL`'s app, in this process (TestClient runs its lifespan: the engine's loop)."""
+    from infer.cli.server.openai_server import ServerConfig, create_app
+
+    llm = llm or LLM.load(path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=2))
+    return create_app(llm, ServerConfig(model_id=model_id))
+
+
+@pytest.fixture(scope="module")
+def reranking(models):
+    from starlette.testclient import TestClient
+
+    with TestClient(app_of(models["reranker"], "tiny-reranker")) as client:
+        yield client
+
+
+def reference_scores(models) -> list[float]:
+    llm = LLM.load(models["reranker"], EngineConfig(n_ctx=256, n_threads=2))
+    return [float(v[0]) for v in pooled(llm, [llm.encode_rerank(QUERY, d) for d in DOCS])]
+
+
+def test_rerank_routes(reranking, models):
+    scores = reference_scores(models)
+    best = sorted(range(len(DOCS)), key=lambda i: -scores[i])
+    n_tokens = sum(len(LLM.load(models["reranker"], EngineConfig(n_ctx=256)).encode_rerank(QUERY, d)) for d in DOCS)
+    r = reranking.post("/v1/rerank", json={"model": "tiny-reranker", "query": QUERY, "documents": DOCS, "top_n": 3,
+                                           "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "tiny-reranker" and body["object"] == "list"
+    assert body["usage"] == {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+    assert [x["index"] for x in body["results"]] == best[:3]  # best first, the first top_n
+    for x in body["results"]:
+        assert x["relevance_score"] == pytest.approx(scores[x["index"]], abs=1e-6)
+        assert x["document"] == {"text": DOCS[x["index"]]}
+    for path in ("/rerank", "/v1/reranking", "/reranking"):  # llama-server's other names; Jina's {"text"} documents
+        r = reranking.post(path, json={"query": QUERY, "documents": [{"text": d} for d in DOCS]})
+        assert r.status_code == 200, (path, r.text)
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == best and all("document" not in x for x in results)
+    tei = reranking.post("/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}).json()
+    assert [x["index"] for x in tei] == best  # TEI's: a list of {index, score, text}
+    assert all(set(x) == {"index", "score", "text"} and x["text"] == DOCS[x["index"]] for x in tei)
+
+
+def test_rerank_refusals(reranking, models):
+    from starlette.testclient import TestClient
+
+    def refused(body, status: int = 400, path: str = "/v1/rerank") -> dict:
+        r = reranking.post(path, json=body)
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+        return r.json()["error"]
+
+    assert refused({"documents": DOCS})["param"] == "query"
+    assert refused({"query": 5, "documents": DOCS})["param"] == "query"
+    for docs in ([], "x", [5], [{"txt": "a"}], None):
+        assert refused({"query": QUERY, "documents": docs})["param"] == "documents"
+    assert refused({"query": QUERY, "texts": []})["param"] == "texts"
+    assert refused({"query": QUERY, "documents": DOCS, "top_n": 0})["param"] == "top_n"
+    assert refused({"query": QUERY, "documents": DOCS, "return_documents": "yes"})["param"] == "return_documents"
+    assert refused({"query": QUERY, "documents": ["ab " * 200]})["code"] == "context_length_exceeded"
+    assert refused({"model": "nope", "query": QUERY, "documents": DOCS}, 404)["code"] == "model_not_found"
+    # a reranker's outputs are scores: the embeddings routes send its clients to /v1/rerank
+    assert "/v1/rerank" in refused({"input": "ab"}, path="/v1/embeddings")["message"]
+    r = reranking.post("/api/embed", json={"model": "tiny-reranker", "input": "ab"})
+    assert r.status_code == 400 and "tiny-reranker" in r.json()["error"]
+    # a model that is no reranker: a 400 that names it
+    with TestClient(app_of(models["plain"], "tiny-plain")) as plain:
+        r = plain.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_supported"
+        assert "'tiny-plain' is not a reranker" in r.json()["error"]["message"]
+
+
+def test_an_encoder_is_served_for_embeddings_and_refuses_to_generate(models):
+    """An embedding-only model (ModelConfig.causal False): /v1/embeddings answers, chat is a 400."""
+    from dataclasses import replace
+
+    from starlette.testclient import TestClient
+
+    llm = LLM.load(models["embedder"], EngineConfig(n_ctx=256, n_threads=2))
+    llm.model = replace(llm.model, config=replace(llm.model.config, causal=False))
+    with TestClient(app_of(models["embedder"], "tiny-encoder", llm)) as client:
+        assert client.post("/v1/embeddings", json={"input": "ab cd"}).status_code == 200
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/completions", {"prompt": "ab"})):
+            r = client.post(path, json=body)
+            assert r.status_code == 400 and "is an embedding model" in r.json()["error"]["message"], r.text
+        r = client.post("/api/generate", json={"model": "tiny-encoder", "prompt": "ab", "stream": False})
+        assert r.status_code == 400 and "is an embedding model" in r.json()["error"]
+
+
+def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, monkeypatch):
+    """Several models (`infer serve` without MODEL): each request runs on the model it names."""
+    from datetime import datetime, timezone
+
+    from starlette.testclient import TestClient
+
+    from infer.cli.server.model_pool import ModelPool
+    from infer.cli.server.model_router import Catalog, ModelRouter
+    from infer.cli.server.openai_server import ServerConfig, create_app
+    from infer.cli.server.server_metrics import Metrics
+    from infer.models.store import ModelStore, StoredModel
+
+    monkeypatch.setenv("INFER_HOME", str(tmp_path / "home"))
+    store = ModelStore()
+    for name in ("reranker", "embedder"):
+        path = models[name]
+        store.add(StoredModel(f"acme/{name}:Q8_0", f"acme/{name}", "Q8_0", "0" * 40, "gguf", str(path),
+                              (path.name,), path.stat().st_size, datetime.now(timezone.utc).isoformat()))
+    metrics = Metrics()
+
+    def build(name, path):
+        llm = LLM.load(path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=2))
+        return llm, create_app(llm, ServerConfig(model_id=name, any_name=True), metrics, own_lifespan=False)
+
+    router = ModelRouter(ModelPool(build, lambda p: 0, max_models=2), Catalog(models["plain"]), metrics,
+                         max_body=2**20, n_ctx=256)
+    with TestClient(router) as client:
+        r = client.post("/v1/rerank", json={"model": "acme/reranker:Q8_0", "query": QUERY, "documents": DOCS})
+        assert r.status_code == 200, r.text
+        assert [x["relevance_score"] for x in r.json()["results"]] == pytest.approx(
+            sorted(reference_scores(models), reverse=True), abs=1e-6)
+        r = client.post("/v1/embeddings", json={"model": "acme/embedder:Q8_0", "input": DOCS})
+        assert r.status_code == 200 and len(r.json()["data"]) == len(DOCS)
+        r = client.post("/rerank", json={"model": "acme/embedder:Q8_0", "query": QUERY, "documents": DOCS})
+        assert r.status_code == 400 and "'acme/embedder:Q8_0' is not a reranker" in r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_infer_embed(models, tmp_path):
+    llm = LLM.load(models["embedder"], EngineConfig(n_ctx=256, n_threads=2))
+    want = [normalize(v) for v in pooled(llm, [llm.encode_raw(t) for t in DOCS[:2]])]
+    args = ("--ctx", "256", "--threads", "2")
+    r = infer("embed", str(models["embedder"]), *DOCS[:2], *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    for line, w in zip(lines, want):
+        np.testing.assert_allclose(np.array(line.split(), np.float64), w, atol=1e-7)
+    texts = tmp_path / "texts.txt"
+    texts.write_text(f"{DOCS[0]}\n\n{DOCS[1]}\n")  # one a line, blank lines skipped
+    from_file = infer("embed", str(models["embedder"]), "-f", str(texts), "--json", *args)
+    assert from_file.returncode == 0, from_file.stderr
+    out = json.loads(from_file.stdout)
+    assert out["model"] == "tiny-embedder"
+    np.testing.assert_allclose(out["embeddings"], want, atol=1e-7)
+    raw = infer("embed", str(models["embedder"]), "--no-normalize", *args, input=DOCS[0] + "\n")
+    v = np.array(raw.stdout.split(), np.float64)
+    assert raw.returncode == 0 and np.linalg.norm(v) > 1.5
+    np.testing.assert_allclose(v / np.linalg.norm(v), want[0], atol=1e-6)
+    assert_one_line_error(infer("embed", str(models["embedder"]), *args, input="\n\n"), "nothing to embed")
+    assert_one_line_error(infer("embed", str(models["reranker"]), "ab", *args), "is a reranker")
+    assert_one_line_error(infer("embed", str(models["embedder"]), "ab " * 300, *args), "context holds")
+    assert infer("embed", str(models["embedder"]), "ab", "-f", str(texts)).returncode == 2  # a usage error
+
+
+def test_infer_rerank(models):
+    scores = reference_scores(models)
+    r = infer("rerank", str(models["reranker"]), QUERY, *DOCS, "--ctx", "256", "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    order = sorted(range(len(DOCS)), key=lambda i: -scores[i])
+    assert [d for _, d in rows] == [DOCS[i] for i in order]
+    assert [float(s) for s, _ in rows] == pytest.approx([scores[i] for i in order], abs=1e-6)
+    j = json.loads(infer("rerank", str(models["reranker"]), QUERY, *DOCS, "--json", "--top-n", "1").stdout)
+    assert j["results"] == [{"index": order[0], "relevance_score": pytest.approx(scores[order[0]], abs=1e-6),
+                             "document": {"text": DOCS[order[0]]}}]
+    assert_one_line_error(infer("rerank", str(models["plain"]), QUERY, "ab"), "is not a reranker")

@@ -242,7 +242,7 @@ class ModelRouter:
             except ChatTemplateError:
                 template = ""
         n_ctx = min(self.n_ctx, info.context_length or self.n_ctx)
-        embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3)
+        embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3, 4)  # as ollama_api.show: a pooling
         return show_body(entry, info, template, n_ctx, path, embedding)
 
     @staticmethod

@@ -61,8 +61,8 @@ def serve(
                                               "none: left in the content."),
     webui: bool = typer.Option(True, "--webui/--no-webui", help="GET / in a browser: the chat page."),
     pooling: str = typer.Option("", "--pooling", show_default=False,
-                                help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls or last "
-                                     "(default: the model file's pooling_type, else mean)."),
+                                help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls, last or rank "
+                                     "(a reranker's head; default: the model file's pooling_type, else mean)."),
 ) -> None:
     load = opt.LoadOptions.of(locals())
     from infer.engine.reasoning import FORMATS

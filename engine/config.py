@@ -35,7 +35,7 @@ class EngineConfig:
     mlock: bool = False  # --mlock: weights pinned in RAM
     cache_type_k: str = "f16"  # --cache-type-k / --cache-type-v: f16 or q8_0 (see backends.base.KV_CACHE_BYTES)
     cache_type_v: str = "f16"
-    pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last"); "": the file's, else mean
+    pooling: str = ""  # --pooling: how embeddings pool ("mean", "cls", "last", "rank"); "": the file's, else mean
     # a hybrid model's recurrent state snapshots for its prefix cache (engine/state_slots.py); -1: 4 per --parallel
     state_snapshots: int = -1
     spec: SpecConfig = SpecConfig()  # --spec ngram|draft: speculative decoding (speculative.py, draft.py)

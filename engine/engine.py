@@ -25,7 +25,7 @@ from .block_manager import BlockManager, KVUsage
 from .config import EngineConfig, EngineConfigError
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .kv_sizing import kv_pool_bytes, pool_blocks, state_slots_needed, state_snapshots
-from .pooling import Pooler, PoolingError, choose_pooling
+from .pooling import Pooler, PoolingError, apply_head, choose_pooling, row_pooling
 from .request import Event, EventSink, Request, Usage
 from .sampler import SamplingParams, TokenLogprob, token_logprob
 from .scheduler import ScheduledStep, Scheduler, Sequence
@@ -45,7 +45,9 @@ class ModelRunError(InferError, RuntimeError):
 
 class Engine:
     def __init__(self, runner, tokenizer, model_config, config: EngineConfig = EngineConfig(), model_key: bytes = b"",
-                 drafter=None):
+                 drafter=None, head=None):
+        """head: the model's pooling head (models/pooling_head.py's PoolingHead), applied to every
+        embedding after its pooling; None: the model has none."""
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -80,6 +82,10 @@ class Engine:
                                    whole_prompts=not self.causal)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
+        self.head = head
+        self._no_rank = (f"rank pooling needs a classification head ('cls' or 'cls.output' tensors), which this "
+                         f"{model_config.arch} model does not have; use --pooling mean, cls or last")
+        self._rows = row_pooling(self.pooling, model_config.causal, model_config.pooling_cls)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
             raise SpeculationError(f"speculative decoding needs the cpu or mlx backend, not {runner.backend}")
         self.spec = config.spec
@@ -89,6 +95,8 @@ class Engine:
         self.drafted = 0  # every request's speculative tokens so far, proposed and accepted
         self.accepted = 0
         self.n_embd = model_config.n_embd
+        # an embedding's length as it leaves the engine (a reranker's: its scores)
+        self.n_out = head.out_dim(self.n_embd, self.pooling == "rank") if head is not None else self.n_embd
         self._hidden: np.ndarray | None = None  # (budget, n_embd): the hidden rows of a step, made at the first embedding
         self.grammars = GrammarCompiler(tokenizer)
         self._ids = itertools.count(1)
@@ -141,6 +149,8 @@ class Engine:
         if not getattr(self.runner, "embeddings", False):
             raise PoolingError(f"the {self.runner.backend} backend does not compute embeddings; "
                                "use --backend cpu (or mlx)")
+        if self.pooling == "rank" and (self.head is None or not self.head.ranks):
+            raise PoolingError(self._no_rank)
         self.check_prompt(prompt)
         budget = self.scheduler.max_batch_tokens
         if not self.causal and len(prompt) > budget:  # llama-server: "input is too large to process"
@@ -148,7 +158,7 @@ class Engine:
                                f"input in one step of at most {budget} tokens; shorten it, or raise the "
                                "engine's max_batch_tokens")
         rid = next(self._ids)
-        pooler = Pooler(self.pooling, len(prompt), self.n_embd)
+        pooler = Pooler(self._rows, len(prompt), self.n_embd)
         self._inbox.put(("add", Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,
                                          keep_events, sink, pooler=pooler)))
         self._wake.set()
@@ -341,7 +351,8 @@ class Engine:
                 self.scheduler.finish(req.seq)
                 if not req.t_first:
                     req.t_first = time.perf_counter()
-                self._finish(req, "stop", events, flush=False, embedding=req.pooler.vector())
+                self._finish(req, "stop", events, flush=False,
+                             embedding=apply_head(self.head, self.pooling, req.pooler.vector()))
 
     def _propose(self, seqs: list[Sequence]) -> None:
         """Drafts for the sequences that keep decoding (speculative.py), within the step's room."""

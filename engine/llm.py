@@ -13,6 +13,7 @@ from infer.models.weights import Model
 from .chat_template import load_chat_template
 from .engine import Engine, EngineConfig, Event
 from .hf_tokenizer import HFTokenizer
+from .rerank import rerank_prompt, rerank_template
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
 
@@ -30,7 +31,7 @@ class LLM:
         self.runner = create_runner(self.backend, model, options)
         drafter = _drafter(config, self.tokenizer, self.backend, options) if config.spec.kind == "draft" else None
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode(),
-                             drafter=drafter)
+                             drafter=drafter, head=model.weights.head)
         tok = self.tokenizer
         # The model's own template (GGUF metadata, or the folder's tokenizer_config.json /
         # chat_template.jinja), else infer's built-in one for the architecture.
@@ -60,6 +61,10 @@ class LLM:
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)
+
+    def encode_rerank(self, query: str, document: str) -> list[int]:
+        """The prompt a reranker scores `document` by (engine/rerank.py)."""
+        return rerank_prompt(self.tokenizer, rerank_template(self.model.metadata), query, document)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Event]:
         """Stream one request through the engine (other requests may share its steps)."""

@@ -5,16 +5,23 @@ the embedding of a token); a prompt's embedding pools them: "mean" averages ever
 takes the first token's, "last" the last one's.  The GGUF's <arch>.pooling_type says which (an
 embedding model's converter writes it); a file that says nothing is pooled by --pooling, by
 default "mean" (what ollama and sentence-transformers do for a model without a pooling head).
-Vectors leave the engine as pooled; the APIs normalize them (normalize(): L2, llama.cpp's
-server default) where their clients expect unit vectors.
+"rank" (a reranker's) takes one row, the last where attention is causal (Qwen3-Reranker), else
+the first (the mean where the file's classifier.pooling_type says so), and runs it through the
+model's classification head: its output's first element is the score.  The model's pooling head
+(models/pooling_head.py) is applied here, after the pooling (apply_head, as llama.cpp's
+build_pooling and build_dense_out).  Vectors leave the engine so; the APIs normalize them
+(normalize(): L2, llama.cpp's server default) where their clients expect unit vectors.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from infer.models.pooling_head import PoolingHead
 from infer.quant.errors import InferError
 
-POOLINGS = ("mean", "cls", "last")
+POOLINGS = ("mean", "cls", "last", "rank")
 DEFAULT_POOLING = "mean"
 
 
@@ -23,7 +30,8 @@ class PoolingError(InferError, ValueError):
 
 
 def choose_pooling(model_pooling: str, flag: str = "") -> str:
-    """--pooling when given (as llama.cpp's flag, it overrides the file), else the file's, else mean."""
+    """--pooling when given (as llama.cpp's flag, it overrides the file), else the file's, else mean.
+    Whether the model can rank is the engine's check (it knows the head)."""
     if flag and flag not in POOLINGS:
         raise PoolingError(f"--pooling takes {', '.join(POOLINGS)}, got {flag!r}")
     return flag or model_pooling or DEFAULT_POOLING
@@ -66,6 +74,47 @@ class Pooler:
         """(n_embd,) float32: the pooled, not normalized, embedding."""
         v = self.sum / self.n_tokens if self.kind == "mean" else self.sum
         return v.astype(np.float32)
+
+
+def row_pooling(kind: str, causal: bool, pooling_cls: str = "") -> str:
+    """The rows a pooling takes, as Pooler runs them: rank pooling's (llama.cpp's inp_cls picks
+    the last token under causal attention, the first otherwise; pooling_type_cls mean: the mean)."""
+    if kind != "rank":
+        return kind
+    return "mean" if pooling_cls == "mean" else "last" if causal else "cls"
+
+
+def apply_head(head: PoolingHead | None, kind: str, v: np.ndarray) -> np.ndarray:
+    """v (n_embd,) pooled, through the model's head: the classifier under rank pooling, then the
+    Dense projections whatever the pooling (float32 products of the dequantized weights)."""
+    if head is None:
+        return v
+    x = v.astype(np.float32)
+    if kind == "rank":
+        if head.cls is not None:
+            x = head.cls @ x
+            if head.cls_b is not None:
+                x = x + head.cls_b
+            if head.gelu:  # ggml_gelu: the tanh approximation
+                x = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+            else:
+                x = np.tanh(x)
+            if head.cls_norm is not None:  # llama.cpp's LLM_NORM: a LayerNorm, its weight only
+                x = (x - x.mean()) / np.sqrt(x.var() + head.norm_eps) * head.cls_norm
+        if head.cls_out is not None:
+            x = head.cls_out @ x
+            if head.cls_out_b is not None:
+                x = x + head.cls_out_b
+        if head.softmax:
+            e = np.exp(x.astype(np.float64) - x.max())
+            x = e / e.sum()
+    if head.dense_2 is not None:
+        x = head.dense_2 @ x
+        if head.dense_2_b is not None:
+            x = x + head.dense_2_b
+    if head.dense_3 is not None:
+        x = head.dense_3 @ x
+    return np.asarray(x, np.float32)
 
 
 def normalize(v: np.ndarray) -> np.ndarray:

@@ -54,7 +54,7 @@ class Request:
                  sink: EventSink | None = None, grammar=None, pooler: Pooler | None = None):
         # an embedding's hidden states must all be computed (but "last" needs only the last token's)
         self.seq = Sequence(rid, list(prompt), len(prompt),
-                            reuse_prefix=pooler is None or pooler.kind == "last")
+                            reuse_prefix=pooler is None or pooler.kind == "last", transient=pooler is not None)
         self.pooler = pooler
         self.params = params
         # the matcher holding the reply now; a lazy grammar's waits for its trigger

@@ -2,7 +2,12 @@
 
 Each step takes every running sequence's next tokens (one for a sequence that is decoding, a
 chunk for one still in its prompt) and then admits waiting sequences, all under a token budget,
-so decode steps keep flowing while a long prompt is prefilled in chunks.  A sequence is
+so decode steps keep flowing while a long prompt is prefilled in chunks: a prefill chunk leaves
+a token of the budget to each decoding sequence behind it, so a decoding sequence gets its token
+every step however many prompts are being prefilled.  A transient sequence (an embedding: it
+ends in the step that computes its last token) whose prompt fits the step's budget whole is
+admitted even when max_seqs are running, as it holds no slot past the step: a batch of
+embeddings is prefilled together, in one step where the budget allows.  A sequence is
 admitted when the KV pool has blocks for it (after its cached prefix); when the pool runs out,
 the newest running sequence is preempted: its blocks are freed and it is recomputed later
 (its prompt and what it generated so far, much of it found again in the prefix cache).
@@ -36,6 +41,7 @@ class Sequence:
     num_preempted: int = 0
     admitted: bool = False
     reuse_prefix: bool = True  # may start from the prefix cache (an embedding that pools every token may not)
+    transient: bool = False  # ends in the step that computes its last token (an embedding): see schedule()
     draft: list[int] = field(default_factory=list)  # speculative tokens to verify after tokens (speculative.py)
 
     @property
@@ -160,10 +166,21 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
         budget = self.max_batch_tokens
+        # the decoding sequences not scheduled yet: a prefill chunk before them leaves each its token
+        decoders = sum(1 for s in self.running if s.num_tokens - self.blocks.num_computed(s.id) == 1)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n_new = self._chunk(seq, self.blocks.num_computed(seq.id), budget)  # its own tokens first
+            computed = self.blocks.num_computed(seq.id)
+            room = budget
+            if seq.num_tokens - computed == 1:
+                decoders -= 1
+            else:
+                room -= decoders
+                if room <= 0:  # this step's budget is the decoders': the prompt goes on next step
+                    i += 1
+                    continue
+            n_new = self._chunk(seq, computed, room)  # its own tokens first
             while not self.blocks.can_append(seq.id, n_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -179,17 +196,20 @@ class Scheduler:
         if step.preempted:
             self._fit_drafts(step, 0)  # the pool is full: admit nobody, draft nothing this step
             return step
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            full = len(self.running) >= self.max_seqs  # then only a transient sequence done within this step
+            if full and (not seq.transient or self.states is not None):
+                break
             if self.states is not None and self.states.n_free == 0:
                 break
-            seq = self.waiting[0]
             state_at = None  # a hybrid model's prefix ends where a snapshot keeps its state
             if self.states is not None:
                 state_at = self.snapshots.has if self.snapshots is not None else (lambda name: False)
             cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix and not self.whole_prompts,
                                        state_at=state_at)
             n_new = self._chunk(seq, cached, budget)
-            if (self.whole_prompts and n_new < seq.num_tokens) or not self.blocks.can_append(seq.id, n_new):
+            if (self.whole_prompts or full) and cached + n_new < seq.num_tokens or not self.blocks.can_append(seq.id, n_new):
                 self.blocks.free(seq.id)
                 break
             if not seq.admitted:

@@ -360,6 +360,10 @@ class Tokenizer:
         return self._ids["eom"]
 
     @property
+    def sep_id(self) -> int | None:
+        return self._ids["sep"]
+
+    @property
     def unk_id(self) -> int | None:
         return self._ids["unk"]
 

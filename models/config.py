@@ -69,8 +69,9 @@ class KVGroup:
 
 
 # llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
-# (none, -1 unspecified and 4 rank, a reranker's head, are not an embedding's)
-POOLING_TYPES = {1: "mean", 2: "cls", 3: "last"}
+# (none and -1 unspecified are not an embedding's; 4 rank is a reranker's: its classification
+# head, models/pooling_head.py, on the pooled row)
+POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,10 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
-    pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
+    pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last", "rank"; "": not said
+    # rank pooling's row (<arch>.classifier.pooling_type, llama.cpp's pooling_type_cls): "mean" for
+    # a ModernBERT classifier that pools the mean; "": the CLS row (the last row where causal)
+    pooling_cls: str = ""
     # False: an encoder (an embedding model): each token attends over every token of its sequence,
     # the later ones too, and a sliding window is symmetric (|q - p| <= window // 2); the whole
     # prompt is computed in one step, no prefix is cached, nothing is generated. From the
@@ -447,6 +451,7 @@ class ModelConfig:
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             causal=spec.causal and bool(get("attention.causal", True)),
+            pooling_cls="mean" if int(get("classifier.pooling_type", -1)) == 1 else "",
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

@@ -14,6 +14,7 @@ from infer.quant.tensor import QTensor, StackedRows
 from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
+from .pooling_head import HEAD_BIASES, PoolingHead, PoolingHeadError, load_head
 
 
 class ModelLoadError(InferError, ValueError):
@@ -134,12 +135,9 @@ class ModelWeights:
     ple_embd: Matrix | None = None
     ple_model_proj: Matrix | None = None
     ple_proj_norm: np.ndarray | None = None
-    # sentence-transformers' dense projections of a pooled embedding (llama.cpp's build_dense_out,
-    # applied after pooling, outside the layers): dense_2 (dense_2_feat_out, n_embd), then dense_3
-    # (n_embd, dense_3_feat_in); None where the file has none (EmbeddingGemma converted with
-    # --sentence-transformers-dense-modules has both)
-    dense_2: Matrix | None = None
-    dense_3: Matrix | None = None
+    # the pooling head after an embedding's pooled row (rank pooling's classifier, Dense projections;
+    # pooling_head.py): for the engine, not the backends' layers; None without one
+    head: PoolingHead | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +193,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             tensors = cfg.architecture.upgrade_tensors(tensors, cfg)
         except ValueError as e:
             raise ModelLoadError(f"{path}: {e}") from None
-    used = _USED_BIASES + cfg.architecture.extra_biases
+    used = _USED_BIASES + cfg.architecture.extra_biases + HEAD_BIASES
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
@@ -272,6 +270,10 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     output = get("output.weight", (cfg.n_vocab, D), required=False)
     if output is None:
         output = token_embd
+    try:
+        head = load_head(tensors, path, cfg)
+    except PoolingHeadError as e:
+        raise ModelLoadError(str(e)) from None
     return ModelWeights(
         token_embd=token_embd,
         output_norm=vec(arch.output_norm_tensor + ".weight", D),
@@ -280,22 +282,9 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
-        **_dense_out(tensors, get, cfg),
+        head=head,
     )
 
-
-def _dense_out(tensors, get, cfg: ModelConfig) -> dict[str, Any]:
-    """dense_2 and dense_3, where the file has them: the pooled vector (n_embd) through dense_2 and
-    back through dense_3 to n_embd, as llama.cpp requires (dense_2_feat_in and dense_3_feat_out
-    equal n_embd)."""
-    d2, d3 = tensors.get("dense_2.weight"), tensors.get("dense_3.weight")
-    out: dict[str, Any] = {}
-    if d2 is not None:
-        out["dense_2"] = get("dense_2.weight", (d2.shape[0], cfg.n_embd))
-    if d3 is not None:
-        width = d2.shape[0] if d2 is not None else d3.shape[-1]
-        out["dense_3"] = get("dense_3.weight", (cfg.n_embd, width))
-    return out
 
 
 def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:

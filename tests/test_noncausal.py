@@ -176,15 +176,24 @@ def test_refuses_generation_and_too_long_inputs(tiny_encoder):
     assert _embed(llm, [TINY_PROMPT[:8]])[0].shape == (256,)  # the step's size itself is fine
 
 
-def test_dense_projections_load(tmp_path):
-    """A file with sentence-transformers' dense projections opens, with them beside the layers
-    (ModelWeights.dense_2, dense_3) and its layers the same as the file without them."""
-    with_dense = load_model(write_tiny_gemma_embedding(tmp_path / "d.gguf", seed=23, dense=True))
+@pytest.mark.reference
+def test_dense_projections_against_llama_cpp(tmp_path):
+    """EmbeddingGemma with sentence-transformers' dense projections (dense_2, dense_3: the pooling
+    head, models/pooling_head.py, applied after pooling) embeds as llama.cpp's build_dense_out does,
+    its layers loaded as the file without them."""
+    from test_embeddings import check_against_llama_cpp, llama_cpp_embed
+
+    path = write_tiny_gemma_embedding(tmp_path / "d.gguf", seed=23, dense=True)
+    with_dense = load_model(path)
     plain = load_model(write_tiny_gemma_embedding(tmp_path / "p.gguf", seed=23))
-    w = with_dense.weights
-    assert w.dense_2.shape == (GEMMA_EMBEDDING_DENSE, 256) and w.dense_3.shape == (256, GEMMA_EMBEDDING_DENSE)
-    assert plain.weights.dense_2 is None and plain.weights.dense_3 is None
-    np.testing.assert_array_equal(w.layers[0].wq.raw, plain.weights.layers[0].wq.raw)
+    head = with_dense.weights.head
+    assert head.dense_2.shape == (GEMMA_EMBEDDING_DENSE, 256) and head.dense_3.shape == (256, GEMMA_EMBEDDING_DENSE)
+    assert plain.weights.head is None
+    np.testing.assert_array_equal(with_dense.weights.layers[0].wq.raw, plain.weights.layers[0].wq.raw)
+    inputs = [TINY_PROMPT, TINY_PROMPT[:5]]
+    ours = _embed(_llm(path, "cpu"), inputs)
+    refs = [llama_cpp_embed(path, "mean", inputs, fa, n_ctx=64) for fa in (False, True)]
+    check_against_llama_cpp(ours, *refs, "gemma-embedding dense")
 
 
 def test_runner_does_not_chunk_an_encoder(tiny_encoder):

@@ -4,7 +4,9 @@ Every input becomes one embedding request of the engine (engine/pooling.py: the 
 hidden states pooled as llama.cpp pools them), prefilled in the same steps as the generation
 requests; the inputs of one HTTP request run side by side.  OpenAI's and /api/embed's vectors are
 normalized to unit length (OpenAI's are; ollama normalizes /api/embed); /api/embeddings returns
-the pooled vector as it is, as ollama's does.  A client that goes away cancels its inputs.
+the pooled vector as it is, as ollama's does.  A client that goes away cancels its inputs.  A
+reranker's outputs are scores, not embeddings: these routes refuse it (as llama-server's
+/v1/embeddings refuses rank pooling) and send its clients to /v1/rerank (rerank_api.py).
 """
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ class EmbeddingsAPI:
     @property
     def llm(self):
         return self.service.llm
+
+    def embeds(self, model: str) -> None:
+        """A 400 for a reranker: its pooling gives scores, not an embedding."""
+        if self.llm.engine.pooling == "rank":
+            raise APIError(400, f"the model {model!r} is a reranker (rank pooling): its outputs are relevance scores, "
+                           "not embeddings; use /v1/rerank", "model", "model_not_supported")
 
     async def vectors(self, request: Request, prompts: list[list[int]]) -> list[Event]:
         """The finish event of each prompt's embedding, in order; all run at once."""
@@ -76,7 +84,7 @@ class EmbeddingsAPI:
                            "engine_error", "server_error")
         return list(events)
 
-    def _fit(self, ids: list[int], truncate: bool) -> list[int]:
+    def fit(self, ids: list[int], truncate: bool) -> list[int]:
         """A prompt the context holds: cut to it (truncate) or refused."""
         n_ctx = self.llm.engine.n_ctx
         if len(ids) < n_ctx:
@@ -97,14 +105,15 @@ class EmbeddingsAPI:
         try:
             body = await self.service.body(request)
             model = self.service.check_model(body)
+            self.embeds(model)
             fmt = body.get("encoding_format") or "float"
             if fmt not in ("float", "base64"):
                 raise APIError(400, f"'encoding_format' must be 'float' or 'base64', got {str(fmt)[:50]!r}",
                                "encoding_format", "invalid_value")
             if body.get("dimensions") is not None:
                 raise APIError(400, f"'dimensions' is not supported: this model's embeddings have "
-                               f"{self.llm.engine.n_embd} dimensions", "dimensions", "unsupported_parameter")
-            prompts = [self._fit(p, truncate=False) for p in await self._openai_inputs(body.get("input"))]
+                               f"{self.llm.engine.n_out} dimensions", "dimensions", "unsupported_parameter")
+            prompts = [self.fit(p, truncate=False) for p in await self._openai_inputs(body.get("input"))]
             events = await self.vectors(request, prompts)
         except APIError as e:
             return e.response()
@@ -156,6 +165,7 @@ class EmbeddingsAPI:
         try:
             body = await self.service.body(request)
             model = await self.ollama.resolve(body)
+            self.embeds(model)
             x = body.get("input", [])
             texts = [x] if isinstance(x, str) else x
             if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
@@ -167,8 +177,8 @@ class EmbeddingsAPI:
                 raise APIError(400, f"'truncate' must be true or false, got {kind(truncate)}")
             if body.get("dimensions"):
                 raise APIError(400, f"'dimensions' is not supported: this model's embeddings have "
-                               f"{self.llm.engine.n_embd} dimensions")
-            prompts = [self._fit(p, truncate) for p in await self._encode(texts)]
+                               f"{self.llm.engine.n_out} dimensions")
+            prompts = [self.fit(p, truncate) for p in await self._encode(texts)]
             events = await self.vectors(request, prompts)
         except APIError as e:
             return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
@@ -182,13 +192,13 @@ class EmbeddingsAPI:
         """/api/embeddings (ollama's older route): {"model", "prompt"} -> the vector, not normalized."""
         try:
             body = await self.service.body(request)
-            await self.ollama.resolve(body)
+            self.embeds(await self.ollama.resolve(body))
             prompt = body.get("prompt", "")
             if not isinstance(prompt, str):
                 raise APIError(400, f"'prompt' must be a string, got {kind(prompt)}")
             if not prompt:  # as ollama: nothing to embed
                 return JSONResponse({"embedding": []})
-            events = await self.vectors(request, [self._fit(p, True) for p in await self._encode([prompt])])
+            events = await self.vectors(request, [self.fit(p, True) for p in await self._encode([prompt])])
         except APIError as e:
             return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
         except ClientGone:

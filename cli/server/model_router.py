@@ -30,6 +30,7 @@ from . import openapi
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
+from .rerank_api import ROUTES as RERANK_ROUTES
 from .server_metrics import Metrics
 from .service import PARSED_BODY
 from .webui import page_routes
@@ -37,7 +38,7 @@ from .webui import page_routes
 # the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
 # none: they go to the loaded model, else the default one)
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
-                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize"})
+                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES})
 
 
 def _iso(t: float) -> str:
@@ -241,7 +242,7 @@ class ModelRouter:
             except ChatTemplateError:
                 template = ""
         n_ctx = min(self.n_ctx, info.context_length or self.n_ctx)
-        embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3)
+        embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3, 4)  # as ollama_api.show: a pooling
         return show_body(entry, info, template, n_ctx, path, embedding)
 
     @staticmethod

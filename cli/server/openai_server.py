@@ -33,6 +33,8 @@ from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
 from .openai_request import APIError, ClientGone, bool_field, chat_messages, int_field, parse_job, text_field
+from .rerank_api import ROUTES as RERANK_ROUTES
+from .rerank_api import RerankAPI
 from .server_metrics import Metrics
 from .service import ChatPrompt, EngineService, Generation, ServerConfig, Service, Stream, TextPrompt, TokenPrompt
 from .tokenize_api import TokenizeAPI
@@ -42,8 +44,8 @@ __all__ = ["FrontDoor", "OpenAIAPI", "ServerConfig", "create_app"]
 
 
 class FrontDoor:
-    """ASGI middleware: the API key on the /v1, ollama /api and (de)tokenize routes, and a request
-    count by route and status."""
+    """ASGI middleware: the API key on the /v1, ollama /api, (de)tokenize and rerank routes, and a
+    request count by route and status."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics):
         self.app, self.api_key, self.metrics = app, api_key, metrics
@@ -58,7 +60,7 @@ class FrontDoor:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize")) and not self._authorized(scope):
+        if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize", "/rerank")) and not self._authorized(scope):
             err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
@@ -301,6 +303,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     tokens = TokenizeAPI(service)
     ollama = OllamaAPI(service)
     embeddings = EmbeddingsAPI(service, ollama)
+    rerank = RerankAPI(service, embeddings)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -316,6 +319,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/api/embed", embeddings.ollama_embed, methods=["POST"]),
         Route("/api/embeddings", embeddings.ollama_embeddings, methods=["POST"]),
         Route("/v1/embeddings", embeddings.openai, methods=["POST"]),
+        *(Route(path, rerank.rerank, methods=["POST"]) for path in RERANK_ROUTES),
         Route("/tokenize", tokens.tokenize, methods=["POST"]),
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),

@@ -4,7 +4,7 @@ Clients read it to generate bindings or to check what a field takes; tests/test_
 it into schemathesis and fuzzes the real server from it (every request must get a 2xx or a
 well-formed 4xx), and checks that it names exactly the routes the apps have.  So the request
 schemas say what the validators accept (openai_request.py, openai_chat.py, ollama_api.py,
-embeddings_api.py, tokenize_api.py, the router's keep_alive), no more and no less where JSON
+embeddings_api.py, rerank_api.py, tokenize_api.py, the router's keep_alive), no more and no less where JSON
 Schema can say it; what depends on the loaded model (the vocabulary's size, the context, whether a
 chat template or a grammar takes the request) is in the descriptions and answered with a 400.
 
@@ -28,6 +28,7 @@ from .embeddings_api import MAX_INPUTS
 from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
 from .openai_request import MAX_STOP, SAMPLING_FIELDS, NumberField
+from .rerank_api import ROUTES as RERANK_ROUTES
 
 NULL = MappingProxyType({"type": "null"})
 STRING = MappingProxyType({"type": "string"})
@@ -190,6 +191,19 @@ def _openai_requests() -> dict:
             "encoding_format": {"anyOf": [{"enum": ["float", "base64"]}, ref("Unset")], "default": "float"},
             "dimensions": {"type": "null", "description": "Not supported: a model's embeddings have its size."},
         }, ("input",)),
+        "RerankRequest": {"anyOf": [obj({
+            "model": nullable(STRING), "query": STRING,
+            "documents": {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                          "items": {"anyOf": [STRING, obj({"text": STRING}, ("text",))]}},
+            "top_n": nullable(number(1, kind="integer")), "return_documents": nullable(BOOLEAN, default=False),
+        }, ("query", "documents"), "Jina's and Cohere's form."), obj({
+            "model": nullable(STRING), "query": STRING,
+            "texts": {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                      "items": {"anyOf": [STRING, obj({"text": STRING}, ("text",))]}},
+            "top_n": nullable(number(1, kind="integer")), "return_text": nullable(BOOLEAN, default=False),
+        }, ("query", "texts"), "TEI's form (a body with texts).")],
+            "description": "The model must be a reranker (its file's pooling_type rank); each document with the "
+                           "query must fit the context."},
         "TokenizeRequest": obj({
             "content": STRING, "add_special": nullable(BOOLEAN, default=False),
             "parse_special": {"type": "boolean", "default": True}, "with_pieces": nullable(BOOLEAN, default=False),
@@ -286,6 +300,14 @@ def _openai_responses() -> dict:
                 "embedding": {"anyOf": [{"type": "array", "items": {"type": "number"}},
                                         {"type": "string", "description": "base64 of little-endian float32"}]}},
                 ("object", "index", "embedding"))}}, ("object", "data", "model", "usage")),
+        "Reranked": {"anyOf": [obj({
+            "model": STRING, "object": {"const": "list"}, "usage": obj({"prompt_tokens": count, "total_tokens": count}),
+            "results": {"type": "array", "items": obj({"index": integer, "relevance_score": {"type": "number"},
+                                                       "document": obj({"text": STRING}, ("text",))},
+                                                      ("index", "relevance_score"))}},
+            ("model", "object", "usage", "results")), {"type": "array", "items": obj(
+                {"index": integer, "score": {"type": "number"}, "text": STRING}, ("index", "score"))}],
+            "description": "Best first: Jina's shape, or TEI's list for a request with texts."},
         "ModelList": obj({"object": {"const": "list"}, "data": {"type": "array", "items": obj({
             "id": STRING, "object": {"const": "model"}, "created": integer, "owned_by": STRING,
             "context_length": {"type": "integer", "description": "When the model is loaded."}},
@@ -379,6 +401,9 @@ def _openai_paths() -> dict:
             gen, ok_why="The completion, or with stream: true its chunks as server-sent events")},
         "/v1/embeddings": {"post": operation("createEmbedding", "Embeddings (OpenAI)", _json(ref("EmbeddingList")),
                                              "EmbeddingRequest", gen)},
+        **{path: {"post": operation(op_id, "Documents scored against a query (llama.cpp's server; Jina, Cohere, "
+                                          "TEI)", _json(ref("Reranked")), "RerankRequest", gen)}
+           for path, op_id in zip(RERANK_ROUTES, ("rerank", "rerankUnversioned", "reranking", "rerankingUnversioned"))},
         "/v1/models": {"get": operation("listModels", "The models a request may name", _json(ref("ModelList")))},
         "/tokenize": {"post": operation("tokenize", "Text to token ids (llama.cpp's server)", _json(ref("Tokens")),
                                         "TokenizeRequest", (400, 404, 413))},

@@ -190,6 +190,9 @@ class EngineService:
 
     async def start(self, request: Request, gen: Generation) -> Stream:
         job, p, reply = gen.job, gen.prompt, None
+        if not self.llm.model.config.causal:  # an encoder: the engine would refuse it too, less clearly
+            raise APIError(400, f"the model {self.config.model_id!r} is an embedding model (an encoder): it does not "
+                           "generate text; use /v1/embeddings or /api/embed", "model", "model_not_supported")
         if isinstance(p, ChatPrompt):
             plan, tool_grammar = self._plan(p, job)
             ids, opened = await self.encode(lambda c: openai_chat.encode(self.llm, c), plan)

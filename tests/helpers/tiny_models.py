@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -238,7 +239,8 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
 
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
                      chat_template: str | None = None, n_ctx: int = 256,
-                     rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0) -> Path:
+                     rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0,
+                     extra: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     """A tiny random-weight model of `arch` ("llama-moe": llama with experts, Mixtral's layout;
     "granitehybrid-moe": granitehybrid with experts and a shared expert, Granite 4.0 H Tiny's;
     "glm4moe-air": glm4moe without Q/K norms, GLM-4.5-Air's, and without the optional MoE keys);
@@ -247,7 +249,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     its tokenizer.chat_template; n_ctx: its training context; rope_scaling: (type, factor, original
     context) of its RoPE scaling; nextn (qwen35, qwen35moe, qwen3next, glm4moe): that many multi-token-prediction
     blocks after the others, as llama.cpp's converter writes them (a full-attention layer and the
-    blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them."""
+    blk.N.nextn.* tensors), drawn after every other tensor so the rest equal the file without them;
+    extra(writer): more keys and tensors, written after all others (an embedding model's pooling
+    head), so the rest equal the file without them."""
     if arch in ("deepseek2", "deepseek2-lite", "deepseek2-kvb", "deepseek2-lite-kvb"):  # MLA: its own writer
         from .tiny_deepseek2 import write_tiny_deepseek2
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
@@ -486,6 +490,8 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
             add(p + "nextn.eh_proj.weight", (D, 2 * D), types["attn_output"])
             for name in ("enorm", "hnorm", "shared_head_norm"):
                 add(p + f"nextn.{name}.weight", (D,))
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -116,6 +116,7 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
+    n_token_types: int = 0  # rows of token_types (bert: tokenizer.ggml.token_type_count); 0: none
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
     # False: an encoder (an embedding model): each token attends over every token of its sequence,
     # the later ones too, and a sliding window is symmetric (|q - p| <= window // 2); the whole
@@ -423,7 +424,9 @@ class ModelConfig:
             head_dim=head_dim,
             head_dim_v=head_dim_v,
             n_ff=n_ff,
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            # the BERT family's LayerNorms read their own key, with llama.cpp's BERT default
+            norm_eps=float(get("attention.layer_norm_epsilon", 1e-12) if spec.bert_norms
+                           else get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
             rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
@@ -447,6 +450,9 @@ class ModelConfig:
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             causal=spec.causal and bool(get("attention.causal", True)),
+            n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 0) or 0),
+            # absolute position embeddings (bert) or ALiBi (jina-bert-v2) instead
+            **({"rope": False} if spec.pos_embd or spec.alibi else {}),
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

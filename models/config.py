@@ -117,6 +117,8 @@ class ModelConfig:
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
     n_token_types: int = 0  # rows of token_types (bert: tokenizer.ggml.token_type_count); 0: none
+    # the FFN's gate activation where the file chooses it (modern-bert's hidden_activation); "": the architecture's
+    activation: str = ""
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
     # False: an encoder (an embedding model): each token attends over every token of its sequence,
     # the later ones too, and a sliding window is symmetric (|q - p| <= window // 2); the whole
@@ -185,6 +187,11 @@ class ModelConfig:
     # per layer: its FFN's width where a per-layer feed_forward_length gives them (Gemma 4 E2B's
     # double-wide FFNs in the shared-KV layers; n_ff is then the widest); () where one n_ff is all
     n_ff_layers: tuple[int, ...] = ()
+
+    @property
+    def ffn_activation(self) -> str:
+        """The FFN's gate activation (Architecture.activation's names): the file's, else the architecture's."""
+        return self.activation or self.architecture.activation
 
     def layer_n_ff(self, il: int) -> int:
         """Layer il's dense FFN width."""
@@ -424,8 +431,8 @@ class ModelConfig:
             head_dim=head_dim,
             head_dim_v=head_dim_v,
             n_ff=n_ff,
-            # the BERT family's LayerNorms read their own key, with llama.cpp's BERT default
-            norm_eps=float(get("attention.layer_norm_epsilon", 1e-12) if spec.bert_norms
+            # the BERT family's LayerNorms (and modern-bert's) read their own key, with llama.cpp's BERT default
+            norm_eps=float(get("attention.layer_norm_epsilon", 1e-12) if spec.bert_norms or spec.layer_norms
                            else get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,

@@ -186,8 +186,10 @@ class Model:
 
 
 _USED_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias")
-# the BERT family's biases outside the layers: the embeddings' norm and a reranker's head
+# the BERT family's biases outside the layers: the embeddings' norm and a reranker's head; modern-bert's
+# (Architecture.layer_norms): its reranker head's output bias alone, as llama.cpp loads it
 _BERT_BIASES = ("token_embd_norm.bias", "cls.bias", "cls.output.bias")
+_MODERN_BERT_BIASES = ("cls.output.bias",)
 
 
 def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str, cfg: ModelConfig) -> ModelWeights:
@@ -222,7 +224,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             tensors = cfg.architecture.upgrade_tensors(tensors, cfg)
         except ValueError as e:
             raise ModelLoadError(f"{path}: {e}") from None
-    used = _USED_BIASES + cfg.architecture.extra_biases + (_BERT_BIASES if cfg.architecture.bert_norms else ())
+    used = _USED_BIASES + cfg.architecture.extra_biases + (_BERT_BIASES if cfg.architecture.bert_norms else
+                                                           _MODERN_BERT_BIASES if cfg.architecture.layer_norms else ())
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
@@ -288,7 +291,8 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
                                               for b, n in zip((bq, bk, bv), (q_dim, kv_dim, v_dim))])
                 bq = bk = bv = None
         layers.append(LayerWeights(
-            attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
+            attn_norm=vec(p + "attn_norm.weight", D, required=not (arch.layer_norms and i == 0)) if arch.pre_norms
+            else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
             bq=bq, bk=bk, bv=bv,
             q_norm=vec(p + "attn_q_norm.weight", qk_norm[0], qk_required) if qk_norm[0] and not recurrent else None,
@@ -318,6 +322,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         layers=tuple(layers),
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
         **(_bert_embd(get, vec, cfg) if arch.bert_norms else {}),
+        **({"token_embd_norm": vec("token_embd_norm.weight", D)} if arch.layer_norms else {}),
     )
 
 

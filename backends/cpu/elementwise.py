@@ -252,8 +252,9 @@ def sigmoid_gate(a, gate):
 
 @njit(cache=True)
 def _layer_norm_row(x, w, b, eps, out):
-    # x, out: (D,) f32 (out may alias x); w, b: (D,) f32. ggml_norm's arithmetic (the mean and the
-    # variance of x - mean summed in double, float32 otherwise), then times w plus b
+    # x, out: (D,) f32 (out may alias x); w: (D,) f32; b: (D,) f32 or (0,): none (modern-bert's).
+    # ggml_norm's arithmetic (the mean and the variance of x - mean summed in double, float32
+    # otherwise), then times w plus b
     D = x.shape[0]
     s = 0.0
     for i in range(D):
@@ -265,8 +266,20 @@ def _layer_norm_row(x, w, b, eps, out):
         out[i] = y
         v += np.float32(y * y)
     scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(np.float32(v / D) + eps)))
-    for i in range(D):
-        out[i] = np.float32(out[i] * scale) * w[i] + b[i]
+    if b.shape[0]:
+        for i in range(D):
+            out[i] = np.float32(out[i] * scale) * w[i] + b[i]
+    else:
+        for i in range(D):
+            out[i] = np.float32(out[i] * scale) * w[i]
+
+
+@njit(cache=True, parallel=True)
+def layer_norm(x, w, b, eps, out):
+    # x: (T, D) f32; out: (T, D) f32 = LayerNorm(x) * w (+ b) (out may be x); w: (D,) f32; b: (D,)
+    # f32 or (0,): none (modern-bert's pre-norms)
+    for t in prange(x.shape[0]):
+        _layer_norm_row(x[t], w, b, eps, out[t])
 
 
 @njit(cache=True, parallel=True)

@@ -21,6 +21,7 @@ from .delta_net import delta_net
 from .elementwise import (
     add_rows,
     embed,
+    layer_norm,
     residual_layer_norm,
     residual_norm,
     rmsnorm,
@@ -61,7 +62,8 @@ class CpuPrimitives:
         self.runner, self.cfg = weakref.proxy(runner), cfg
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
-        self.glu_act = ACTIVATIONS[arch.activation]
+        self.layer_norms = arch.layer_norms
+        self.glu_act = ACTIVATIONS[cfg.ffn_activation]
         # the experts' activation: their gate's, or GELU of up alone (nomic-bert-moe's)
         self.exp_act = self.glu_act if arch.ffn_gated else ACT_GELU_UP
         self.gating = GATING[cfg.moe_gating]
@@ -153,6 +155,11 @@ class CpuPrimitives:
                 self._seen("inp_embd", -1, self.x)
             residual_layer_norm(self.x, self.x[:0], r.embd_norm, r.embd_norm_b, self.eps)
             name = "inp_norm"
+        elif self.layer_norms:  # modern-bert: the embeddings' LayerNorm without a bias
+            if self.trace is not None:
+                self._seen("inp_embd", -1, self.x)
+            layer_norm(self.x, self.runner.embd_norm, self.runner.embd_norm_b, self.eps, self.x)
+            name = "inp_norm"
         if self.trace is not None:
             self._seen(name, -1, self.x)
         return self.x
@@ -184,7 +191,9 @@ class CpuPrimitives:
         return y
 
     def norm(self, x: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
-        if w.shape[0]:
+        if w.shape[0] and self.layer_norms:  # modern-bert's LayerNorm without a bias
+            layer_norm(x, w, w[:0], self.eps, self.xn)
+        elif w.shape[0]:
             rmsnorm(x, w, self.eps, self.xn)
         else:  # no norm (olmo2): the input as it is
             self.xn[:] = x
@@ -329,6 +338,11 @@ class CpuPrimitives:
 
     def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray | None, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.layer_norms:  # modern-bert: x + o (ggml_add), then the next LayerNorm (no post-norm, no scale)
+            np.add(x, o, out=x)
+            if self.trace is not None:
+                self._seen(name, il, x)
+            return x, self.norm(x, post[:0] if w is None else w, next_name, next_il)
         residual_norm(x, o, post, self.eps, self.residual_scale, post[:0] if w is None else w, self.xn)
         if self.trace is not None:
             self._seen(name, il, x)

@@ -111,6 +111,8 @@ class MlxPrimitives:
             if r.pos_embd is not None:
                 x = r.pos_embd[mx.array(self.batch.positions)] + x
             x = mx.fast.layer_norm(x, r.embd_norm, r.embd_norm_b, self.cfg.norm_eps)
+        elif self.cfg.architecture.layer_norms:  # modern-bert: the embeddings' LayerNorm without a bias
+            x = mx.fast.layer_norm(x, self.runner.embd_norm, None, self.cfg.norm_eps)
         return x
 
     def add_layer_norm(self, x: mx.array, o: mx.array, w: mx.array, b: mx.array, name: str, il: int) -> mx.array:
@@ -131,8 +133,15 @@ class MlxPrimitives:
     def act(self, y: mx.array, il: int) -> mx.array:
         return gelu_ggml(y)
 
+    def _pre_norm(self, x: mx.array, w: mx.array | None) -> mx.array:
+        """The norm before a block (and the output norm): RMSNorm, or modern-bert's LayerNorm
+        without a bias (Architecture.layer_norms); x itself where w is absent."""
+        if w is not None and self.cfg.architecture.layer_norms:
+            return mx.fast.layer_norm(x, w, None, self.cfg.norm_eps)
+        return self._norm(x, w)
+
     def norm(self, x: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
-        return as_dtype(self._norm(x, w), self.dt)
+        return as_dtype(self._pre_norm(x, w), self.dt)
 
     def linear(self, ws: list, h: mx.array, name: str, il: int) -> mx.array:
         ys = [m.matmul(as_dtype(h, self.dt)) for m in ws]
@@ -213,7 +222,7 @@ class MlxPrimitives:
         if self.cfg.residual_scale != 1.0:
             o = o * self.cfg.residual_scale
         x = x + o
-        return x, self._norm(x, w)
+        return x, self._pre_norm(x, w)
 
     def per_layer_inputs(self, x: mx.array) -> None:
         """Gemma 4's per-layer inputs of the batch (T, n_layer * P), kept for per_layer_gate, from x
@@ -245,7 +254,7 @@ class MlxPrimitives:
     def glu(self, gu: mx.array, il: int) -> mx.array:
         F = gu.shape[-1] // 2  # n_ff, or an expert's width
         gate, up = gu[:, :F], gu[:, F:]
-        kind = self.cfg.architecture.activation
+        kind = self.cfg.ffn_activation
         if kind == "swiglu_oai":  # gpt-oss (ggml_swiglu_oai)
             limit, alpha = float(OAI_LIMIT), float(OAI_ALPHA)
             x = mx.minimum(gate, limit)

@@ -80,6 +80,7 @@ from . import (
     llama,
     llama4,
     mistral3,
+    modern_bert,
     nomic_bert,
     nomic_bert_moe,
     olmo2,
@@ -98,7 +99,7 @@ __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
             granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4,
-            bert, nomic_bert, nomic_bert_moe)
+            bert, nomic_bert, nomic_bert_moe, modern_bert)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

@@ -104,6 +104,10 @@ class Architecture:
     bert_norms: bool = False
     pos_embd: bool = False  # absolute position embeddings added to the token's (bert: position_embd)
     ffn_gated: bool = True  # act(gate) * up; False: act(up) alone (bert's GELU FFN)
+    # modern-bert: the pre-norms, the output norm and the embeddings' norm (token_embd_norm) are
+    # LayerNorms without biases (ggml_norm, times the weight) in place of RMSNorms, and layer 0's
+    # attn_norm may be absent (the identity)
+    layer_norms: bool = False
     # ALiBi instead of positions (jina-bert-v2): each head's scores plus -slope_h * |p_q - p_k|, the
     # slopes llama.cpp's for a maximum bias of 8 (ggml_soft_max_ext's max_bias); no RoPE
     alibi: bool = False

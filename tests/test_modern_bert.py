@@ -26,11 +26,11 @@ def cos_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(1 - a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-def llama_cpp_embed(path, pooling: str, prompts: list[list[int]], flash_attn: bool) -> list[np.ndarray]:
+def llama_cpp_embed(path, pooling: str, prompts: list[list[int]], flash_attn: bool, n_ctx: int = 64) -> list[np.ndarray]:
     """llama.cpp's pooled embedding of each token list, as Llama.embed computes them (one batch of
     one sequence, every token an output: an encoder's whole prompt in one llama_decode)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    ref = llama_cpp.Llama(str(path), embedding=True, pooling_type=POOLING_IDS[pooling], n_ctx=64, n_threads=2,
+    ref = llama_cpp.Llama(str(path), embedding=True, pooling_type=POOLING_IDS[pooling], n_ctx=n_ctx, n_threads=2,
                           flash_attn=flash_attn, verbose=False)
     try:
         out = []
@@ -44,9 +44,9 @@ def llama_cpp_embed(path, pooling: str, prompts: list[list[int]], flash_attn: bo
         ref.close()
 
 
-def embed(path, backend: str, prompts: list[list[int]], pooling: str = "") -> list[np.ndarray]:
+def embed(path, backend: str, prompts: list[list[int]], n_ctx: int = 64) -> list[np.ndarray]:
     """Our pooled embeddings of the prompts, submitted together."""
-    llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=2, backend=backend, pooling=pooling))
+    llm = LLM.load(path, EngineConfig(n_ctx=n_ctx, n_threads=2, backend=backend))
     eng = llm.engine
     rids = [eng.add_embedding(p) for p in prompts]
     return [list(eng.stream(r))[-1].embedding for r in rids]
@@ -82,6 +82,22 @@ def test_embeddings_match_llama_cpp(files, backend, kind):
         d, spread = cos_distance(o, r), cos_distance(f, r)
         print(f"{backend} {kind} prompt {i}: ours {d:.2e}, llama.cpp fa on/off {spread:.2e}")
         assert d <= max(1e-3, spread), f"prompt {i}: cosine distance {d:.2e} (llama.cpp's spread {spread:.2e})"
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_prompts_match_llama_cpp(files, backend):
+    """Prompts of many KV blocks (16 tokens each) and 25 windows, in one step together."""
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    rng = np.random.default_rng(1)
+    prompts = [[1, *rng.integers(3, 320, n).tolist()] for n in (200, 70)]
+    ours = embed(files["mean"], backend, prompts, n_ctx=256)
+    ref, ref_fa = (llama_cpp_embed(files["mean"], "mean", prompts, fa, n_ctx=256) for fa in (False, True))
+    for i, (o, r, f) in enumerate(zip(ours, ref, ref_fa)):
+        d, spread = cos_distance(o, r), cos_distance(f, r)
+        print(f"{backend} long prompt {i}: ours {d:.2e}, llama.cpp fa on/off {spread:.2e}")
+        assert d <= max(1e-3, spread)
 
 
 @pytest.mark.reference

@@ -218,6 +218,18 @@ class ModelConfig:
         step = self.n_moe_layer_step
         return self.n_expert > 0 and il >= self.n_layer_dense_lead and (step <= 0 or (il + 1) % step == 0)
 
+    def alibi_slopes(self) -> np.ndarray:
+        """(n_head,) float32: ALiBi's slope of each head (Architecture.alibi: jina-bert-v2), as
+        ggml_soft_max_ext forms them for llama.cpp's max_bias of 8 (float32 powf); (0,) without ALiBi."""
+        if not self.architecture.alibi:
+            return np.zeros(0, np.float32)
+        f32, max_bias = np.float32, np.float32(8.0)
+        n_log2 = 1 << int(np.floor(np.log2(self.n_head)))
+        m0 = f32(2.0) ** (-max_bias / f32(n_log2))
+        m1 = f32(2.0) ** (-(max_bias / f32(2.0)) / f32(n_log2))
+        return np.array([m0 ** f32(h + 1) if h < n_log2 else m1 ** f32(2 * (h - n_log2) + 1)
+                         for h in range(self.n_head)], np.float32)
+
     def layer_attn_temp(self, il: int) -> bool:
         """Whether layer il's Q is multiplied by the attention temperature (attn_temperature)."""
         return self.attn_temp_scale != 0.0 and not (self.architecture.attn_temp_nope_only and self.layer_rope(il))

@@ -235,7 +235,8 @@ class CpuPrimitives:
             q_post(qkv, ly.bq, q_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2, self.neox, self.q_scale,
                    q_temp, q3, qd, kc, ws.bsum, rot_k)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
-                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, rot_v,
                   attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, attn)
@@ -268,8 +269,8 @@ class CpuPrimitives:
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = scratch["attn"].reshape(T, H, R)
         attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
-                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat,
-                  ws.scores)
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, 0, lat, ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = scratch["mla_out"]

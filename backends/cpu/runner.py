@@ -496,6 +496,8 @@ class CpuRunner:
                          else np.zeros((0, D), np.float32))
         self.token_type = _vec(weights.token_type)
         self.embd_norm, self.embd_norm_b = _vec(weights.token_embd_norm), _vec(weights.token_embd_norm_b)
+        # ALiBi's slope per head (jina-bert-v2; the attention kernel's alibi), (0,) where none
+        self.alibi = config.alibi_slopes()
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor

@@ -187,7 +187,8 @@ class MlxPrimitives:
         if own_kv:
             kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
             vc[self.slots[g]] = v.astype(KV_DTYPE)
-        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
+        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks,
+                                    self.runner.alibi)
 
     def rms_norm(self, y: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
         return self._norm(y, w)

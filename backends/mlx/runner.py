@@ -246,6 +246,7 @@ class MlxRunner:
             np.asarray(weights.pos_embd.dequantize(), np.float32).reshape(-1, config.n_embd))
         self.token_type = _vec(weights.token_type)
         self.embd_norm, self.embd_norm_b = _vec(weights.token_embd_norm), _vec(weights.token_embd_norm_b)
+        self.alibi = _vec(config.alibi_slopes()) if config.architecture.alibi else None  # jina-bert-v2's slopes
         mx.eval(self.embed.arrays(), self.output.arrays(),
                 [a for a in (self.output_norm, self.pos_embd, self.token_type, self.embd_norm, self.embd_norm_b)
                  if a is not None])

@@ -75,6 +75,7 @@ from . import (
     gpt_oss,
     granite,
     granitehybrid,
+    jina_bert_v2,
     lfm2,
     lfm2moe,
     llama,
@@ -99,7 +100,7 @@ __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
             granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4,
-            bert, nomic_bert, nomic_bert_moe, modern_bert)
+            bert, nomic_bert, nomic_bert_moe, jina_bert_v2, modern_bert)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

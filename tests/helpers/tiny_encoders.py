@@ -13,11 +13,11 @@ from infer.models.gguf_file import read_gguf
 
 from .tiny_models import WEIGHT_STD, random_tensor
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe")
+ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2")
 POOLING_IDS = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's enum llama_pooling_type
 # each architecture's vocabulary: its file among llama.cpp's ggml-vocab-*.gguf
 VOCAB_FILE = {"bert": "ggml-vocab-bert-bge.gguf", "nomic-bert": "ggml-vocab-bert-bge.gguf",
-              "nomic-bert-moe": "ggml-vocab-nomic-bert-moe.gguf"}
+              "nomic-bert-moe": "ggml-vocab-nomic-bert-moe.gguf", "jina-bert-v2": "ggml-vocab-bert-bge.gguf"}
 _TOKEN_IDS = ("bos", "eos", "unknown", "seperator", "padding", "cls", "mask")
 
 
@@ -83,7 +83,7 @@ def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, po
     # the embeddings: larger than WEIGHT_STD so that the norm's input is not all bias
     w.add_tensor("token_embd.weight", rng.normal(0, 1.0, (n_vocab, D)).astype(np.float16))
     w.add_tensor("token_types.weight", rng.normal(0, 1.0, (n_types, D)).astype(np.float32))
-    if arch == "bert":
+    if arch == "bert":  # nomic's RoPE and jina's ALiBi need no positions
         w.add_tensor("position_embd.weight", rng.normal(0, 1.0, (n_ctx, D)).astype(np.float32))
     vector("token_embd_norm.weight", D, 1.0)
     vector("token_embd_norm.bias", D)
@@ -102,6 +102,10 @@ def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, po
             for name, scale in (("attn_q", 15), ("attn_k", 15), ("attn_v", 10)):
                 w.add_tensor(p + name + ".weight", (rng.normal(0, WEIGHT_STD * scale, (D, D))).astype(np.float16))
                 vector(p + name + ".bias", D)
+            if arch == "jina-bert-v2":  # Q and K LayerNorm'd (the norms' weights about 2: scores far from uniform)
+                for name in ("attn_q_norm", "attn_k_norm"):
+                    vector(p + name + ".weight", D, 2.0, 0.3)
+                    vector(p + name + ".bias", D)
         # the attention's output as large as the residual it joins: the tokens' mixing matters
         w.add_tensor(p + "attn_output.weight", gguf.quants.quantize(rng.normal(0, 0.15, (D, D)).astype(np.float32),
                                                                   GT.Q8_0), raw_dtype=GT.Q8_0)
@@ -114,11 +118,12 @@ def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, po
             w.add_tensor(p + "ffn_up_exps.weight", rng.normal(0, 0.15, (4, F, D)).astype(np.float16))
             w.add_tensor(p + "ffn_down_exps.weight", rng.normal(0, 0.1, (4, D, F)).astype(np.float16))
         else:
-            w.add_tensor(p + "ffn_up.weight", rng.normal(0, 0.15, (F, D)).astype(np.float16))
-            if arch == "nomic-bert":
+            fused = arch == "jina-bert-v2" and il == 0  # GEGLU of one ffn_up, gate then up, and its bias
+            w.add_tensor(p + "ffn_up.weight", rng.normal(0, 0.15, (2 * F if fused else F, D)).astype(np.float16))
+            if arch == "nomic-bert" or arch == "jina-bert-v2" and il == 1:  # jina: GELU(gate) * up
                 w.add_tensor(p + "ffn_gate.weight", rng.normal(0, 0.15, (F, D)).astype(np.float16))
-            else:
-                vector(p + "ffn_up.bias", F)
+            if arch != "nomic-bert":
+                vector(p + "ffn_up.bias", 2 * F if fused else F)
             w.add_tensor(p + "ffn_down.weight", rng.normal(0, 0.1, (D, F)).astype(np.float32))
             if biases:
                 vector(p + "ffn_down.bias", D)

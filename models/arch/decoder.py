@@ -30,10 +30,12 @@ class Primitives(Protocol[A]):
     def embed(self, name: str) -> A:
         """x: the batch's token embeddings times config.embed_scale; in the BERT family
         (Architecture.bert_norms) plus token type 0's row and the position embeddings where the
-        model has them ("inp_embd"), then LayerNorm'd by token_embd_norm ("inp_norm")."""
+        model has them ("inp_embd"), then LayerNorm'd by token_embd_norm ("inp_norm"); modern-bert
+        (Architecture.layer_norms): LayerNorm'd by token_embd_norm without a bias ("inp_norm")."""
 
     def norm(self, x: A, w: Any, name: str, il: int) -> A:
-        """h: RMSNorm(x) * w, or x itself where w is absent."""
+        """h: RMSNorm(x) * w (modern-bert, Architecture.layer_norms: LayerNorm(x) * w), or x itself
+        where w is absent."""
 
     def linear(self, ws: Any, h: A, name: str, il: int) -> A:
         """y: h times a prepared weight (several side by side: Q|K|V, gate|up)."""

@@ -106,7 +106,8 @@ class Architecture:
     ffn_gated: bool = True  # act(gate) * up; False: act(up) alone (bert's GELU FFN)
     # modern-bert: the pre-norms, the output norm and the embeddings' norm (token_embd_norm) are
     # LayerNorms without biases (ggml_norm, times the weight) in place of RMSNorms, and layer 0's
-    # attn_norm may be absent (the identity)
+    # attn_norm may be absent (the identity); the backends' add_norm then adds o as it is (no
+    # post-norms, no residual_scale)
     layer_norms: bool = False
     # ALiBi instead of positions (jina-bert-v2): each head's scores plus -slope_h * |p_q - p_k|, the
     # slopes llama.cpp's for a maximum bias of 8 (ggml_soft_max_ext's max_bias); no RoPE

@@ -11,19 +11,21 @@ from gguf import GGMLQuantizationType as GT
 
 from infer.models.gguf_file import read_gguf
 
+from .embeddings import POOLING_IDS
 from .tiny_models import WEIGHT_STD, random_tensor
 
-ENCODER_ARCHS = ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2")
-POOLING_IDS = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's enum llama_pooling_type
+# "bert-xlmr": bert with XLM-R's Unigram vocabulary, as bge-m3 and bge-reranker-v2-m3 are
+ENCODER_ARCHS = ("bert", "bert-xlmr", "nomic-bert", "nomic-bert-moe", "jina-bert-v2")
 # each architecture's vocabulary: its file among llama.cpp's ggml-vocab-*.gguf
-VOCAB_FILE = {"bert": "ggml-vocab-bert-bge.gguf", "nomic-bert": "ggml-vocab-bert-bge.gguf",
+VOCAB_FILE = {"bert": "ggml-vocab-bert-bge.gguf", "bert-xlmr": "ggml-vocab-nomic-bert-moe.gguf",
+              "nomic-bert": "ggml-vocab-bert-bge.gguf",
               "nomic-bert-moe": "ggml-vocab-nomic-bert-moe.gguf", "jina-bert-v2": "ggml-vocab-bert-bge.gguf"}
 _TOKEN_IDS = ("bos", "eos", "unknown", "seperator", "padding", "cls", "mask")
 
 
-def copy_vocabulary(w: gguf.GGUFWriter, vocab_path: Path) -> tuple[int, int]:
+def copy_vocabulary(w: gguf.GGUFWriter, vocab_path: Path, type_count: bool = True) -> tuple[int, int]:
     """The tokenizer keys of a vocabulary GGUF written into w; returns the token count and the
-    token type count (the file's, else 2: BERT's)."""
+    token type count (the file's, else 2: BERT's), written unless not type_count."""
     meta = read_gguf(vocab_path).metadata
     tokens = list(meta["tokenizer.ggml.tokens"])
     w.add_tokenizer_model(str(meta["tokenizer.ggml.model"]))
@@ -42,19 +44,22 @@ def copy_vocabulary(w: gguf.GGUFWriter, vocab_path: Path) -> tuple[int, int]:
         if f"tokenizer.ggml.{key}_token_id" in meta:
             w.add_uint32(f"tokenizer.ggml.{key}_token_id", int(meta[f"tokenizer.ggml.{key}_token_id"]))
     n_types = int(meta.get("tokenizer.ggml.token_type_count", 2))
-    w.add_uint32("tokenizer.ggml.token_type_count", n_types)
+    if type_count:
+        w.add_uint32("tokenizer.ggml.token_type_count", n_types)
     return len(tokens), n_types
 
 
 def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, pooling: str = "mean",
-                       n_ctx: int = 128, cls_head: bool = False) -> Path:
+                       n_ctx: int = 128, cls_head: bool = False, type_count: bool = True, moe_every: int = 2) -> Path:
     """A tiny `arch` encoder (2 layers of width 64, 4 heads) with the vocabulary of VOCAB_FILE[arch]
-    from vocab_dir; pooling: its pooling_type; cls_head: a reranker's cls / cls.output tensors too.
+    from vocab_dir; pooling: its pooling_type; cls_head: a reranker's cls / cls.output tensors too;
+    type_count: tokenizer.ggml.token_type_count written; moe_every: nomic-bert-moe's moe_every_n_layers.
     bert: separate Q/K/V in layer 0, a fused attn_qkv in layer 1 (llama.cpp takes either)."""
     rng = np.random.default_rng(seed)
     D, F, H, L = 64, 128, 4, 2
+    vocab, arch = VOCAB_FILE[arch], arch.removesuffix("-xlmr")  # the GGUF architecture
     w = gguf.GGUFWriter(str(path), arch)
-    n_vocab, n_types = copy_vocabulary(w, vocab_dir / VOCAB_FILE[arch])
+    n_vocab, n_types = copy_vocabulary(w, vocab_dir / vocab, type_count)
     rope = arch.startswith("nomic-bert")
     moe = arch == "nomic-bert-moe"
     w.add_name(f"tiny-{arch}")
@@ -69,7 +74,7 @@ def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, po
     if rope:
         w.add_rope_freq_base(1000.0)
     if moe:
-        w.add_uint32(f"{arch}.moe_every_n_layers", 2)
+        w.add_uint32(f"{arch}.moe_every_n_layers", moe_every)
         w.add_expert_count(4)
         w.add_expert_used_count(2)
 

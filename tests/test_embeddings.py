@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers.embeddings import cos_distance, embed, llama_cpp_embed
-from helpers.tiny_models import DECODERS, tiny_seed, write_tiny_model
+from helpers.tiny_models import TINY_ARCHS, tiny_seed, write_tiny_model
 from infer.engine.engine import EngineConfig, EngineConfigError
 from infer.engine.llm import LLM
 from infer.engine.pooling import Pooler, choose_pooling, normalize
@@ -50,7 +50,7 @@ TIED_AT_SEED_0 = ("deepseek2",)
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("arch", [*DECODERS, "llama-moe", "deepseek2-lite"])
+@pytest.mark.parametrize("arch", [*TINY_ARCHS, "llama-moe", "deepseek2-lite"])
 def test_tiny_models_match_llama_cpp(arch, tmp_path):
     seed = tiny_seed(arch) if arch in TIED_AT_SEED_0 else 0
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=seed)

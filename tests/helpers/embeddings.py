@@ -26,7 +26,12 @@ def llama_cpp_embed(path, pooling: str, inputs: list, flash_attn: bool = False, 
         out = []
         for tokens in inputs:
             ref.reset()
-            ref.eval(tokens)  # one llama_decode: these prompts fit one batch, as pooling needs
+            if ref._ctx.memory is None:  # an encoder keeps no cache (eval needs one): a batch of its own
+                ref._batch.reset()
+                ref._batch.add_sequence(tokens, 0, True)
+                ref._ctx.decode(ref._batch)
+            else:
+                ref.eval(tokens)  # one llama_decode: these prompts fit one batch, as pooling needs
             out.append(np.array(llama_cpp.llama_get_embeddings_seq(ref.ctx, 0)[:ref.n_embd()]))
         return out
     finally:

@@ -26,7 +26,7 @@ class LLM:
         self.config = config
         self.tokenizer = _tokenizer(model)
         self.backend = choose_backend(config.backend, model.format, model.config.state_shapes)
-        options = _runner_options(config)
+        options = _runner_options(config, model.config.causal)
         self.runner = create_runner(self.backend, model, options)
         drafter = _drafter(config, self.tokenizer, self.backend, options) if config.spec.kind == "draft" else None
         self.engine = Engine(self.runner, self.tokenizer, model.config, config, model_key=str(model.path).encode(),
@@ -66,9 +66,12 @@ class LLM:
         return self.engine.generate(prompt_ids, params)
 
 
-def _runner_options(config: EngineConfig) -> RunnerOptions:
+def _runner_options(config: EngineConfig, causal: bool = True) -> RunnerOptions:
+    """The runner's options; a pass takes up to 512 tokens (a longer prompt is fed in chunks), or a
+    non-causal model's (an encoder's, whose input is one pass) up to max_batch_tokens."""
     return RunnerOptions(n_threads=config.n_threads or os.cpu_count() or 1,
-                         max_tokens=min(config.max_batch_tokens, 512), gpu_layers=config.gpu_layers,
+                         max_tokens=min(config.max_batch_tokens, 512) if causal else config.max_batch_tokens,
+                         gpu_layers=config.gpu_layers,
                          max_seqs=config.max_seqs, mmap=config.mmap, mlock=config.mlock,
                          cache_type_k=config.cache_type_k, cache_type_v=config.cache_type_v)
 
@@ -99,7 +102,8 @@ def load_warm(path: str | Path, config: EngineConfig = EngineConfig(),
         # weights of the model it is given as it repacks them
         model = load_model(path)
         if choose_backend(config.backend, model.format, model.config.state_shapes) == "cpu":
-            compile_ahead((lambda: _tokenizer(model), lambda: create_runner("cpu", model, options).warmup()), workers,
+            own = _runner_options(config, model.config.causal)
+            compile_ahead((lambda: _tokenizer(model), lambda: create_runner("cpu", model, own).warmup()), workers,
                           on_start, lambda job, n: on_done(n))
     llm = LLM.load(path, config)
     llm.runner.warmup()

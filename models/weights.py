@@ -165,6 +165,12 @@ class ModelWeights:
     cls_b: np.ndarray | None = None
     cls_out: Matrix | None = None
     cls_out_b: np.ndarray | None = None
+    # sentence-transformers' dense projections of a pooled embedding (llama.cpp's build_dense_out,
+    # applied after pooling, outside the layers): dense_2 (dense_2_feat_out, n_embd), then dense_3
+    # (n_embd, dense_3_feat_in); None where the file has none (EmbeddingGemma converted with
+    # --sentence-transformers-dense-modules has both)
+    dense_2: Matrix | None = None
+    dense_3: Matrix | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -323,7 +329,22 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
         **(_bert_embd(get, vec, cfg) if arch.bert_norms else {}),
         **({"token_embd_norm": vec("token_embd_norm.weight", D)} if arch.layer_norms else {}),
+        **_dense_out(tensors, get, cfg),
     )
+
+
+def _dense_out(tensors, get, cfg: ModelConfig) -> dict[str, Any]:
+    """dense_2 and dense_3, where the file has them: the pooled vector (n_embd) through dense_2 and
+    back through dense_3 to n_embd, as llama.cpp requires (dense_2_feat_in and dense_3_feat_out
+    equal n_embd)."""
+    d2, d3 = tensors.get("dense_2.weight"), tensors.get("dense_3.weight")
+    out: dict[str, Any] = {}
+    if d2 is not None:
+        out["dense_2"] = get("dense_2.weight", (d2.shape[0], cfg.n_embd))
+    if d3 is not None:
+        width = d2.shape[0] if d2 is not None else d3.shape[-1]
+        out["dense_3"] = get("dense_3.weight", (cfg.n_embd, width))
+    return out
 
 
 def _bert_layer(tensors, vec, p: str, cfg: ModelConfig, F: int, moe: bool) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def _layer(a) -> str:
     from infer.models.arch.spec import no_scalars
 
     parts = [a.attention_kind] if a.attention_kind else []
+    if not a.causal:
+        parts.append("non-causal attention (an encoder: it embeds, it does not generate)")
     if a.recurrent is not None:
         parts.append(f"{a.recurrent_kind} beside the attention layers, a state per sequence")
     if a.attn_output_gate:
@@ -75,7 +77,8 @@ def _layer(a) -> str:
         parts.append("sliding-window and global layers of different head sizes, shared-KV layers, "
                      "per-layer embeddings where the file has them")
     elif a.swa_pattern:
-        parts.append(f"sliding window on {a.swa_pattern - 1} of {a.swa_pattern} layers")
+        parts.append(f"{'sliding' if a.causal else 'symmetric sliding'} window on {a.swa_pattern - 1} of "
+                     f"{a.swa_pattern} layers")
     if any(a.default_softcaps):
         parts.append("soft caps")
     if a.attn_sinks:

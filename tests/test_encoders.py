@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_embeddings import cos_distance, embed, llama_cpp_embed
 
+from helpers.embeddings import cos_distance, embed, llama_cpp_embed
 from helpers.tiny_encoders import ENCODER_ARCHS, write_tiny_encoder
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.models.arch import architecture
 from infer.models.loader import load_model
+from infer.models.weights import ModelLoadError
 
 # long enough to mix many positions, short enough for the tiny models' 128 positions
 TEXTS = ["Hello world, this is a test.", "Another sentence", "The quick brown fox jumps over the lazy dog. " * 5,
@@ -105,6 +106,17 @@ def test_reranker_head_is_loaded_beside_the_layers(llama_vocab_dir, tmp_path):
     a, b = (embed(LLM.load(p, EngineConfig(n_ctx=128, n_threads=2, pooling="cls")), [[101, 7592, 102]])[0]
             for p in (path, plain))
     np.testing.assert_array_equal(a, b)
+
+
+def test_files_llama_cpp_refuses_are_refused(llama_vocab_dir, tmp_path):
+    """A bert without tokenizer.ggml.token_type_count (llama.cpp: "model needs to define token type
+    count"); a nomic-bert-moe with experts on other layers than every 2nd (not supported)."""
+    path = write_tiny_encoder(tmp_path / "no-types.gguf", "bert", llama_vocab_dir, type_count=False)
+    with pytest.raises(ModelLoadError, match="token_type_count"):
+        load_model(path)
+    path = write_tiny_encoder(tmp_path / "moe3.gguf", "nomic-bert-moe", llama_vocab_dir, moe_every=3)
+    with pytest.raises(ModelLoadError, match="moe_every_n_layers 3 is not supported"):
+        load_model(path)
 
 
 def test_bert_is_an_encoder():

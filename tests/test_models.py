@@ -5,19 +5,20 @@ import numpy as np
 import pytest
 
 from helpers.logits import N_CTX, PROMPT, LlamaCppRuns, assert_matches_llama_cpp, llama_cpp_logits
-from helpers.tiny_models import DECODERS, tiny_seed, write_tiny_model
+from helpers.tiny_models import tiny_seed, write_tiny_model
 from infer.backends.base import BackendError
 from infer.backends.cpu.runner import CpuRunner
+from infer.models.arch import causal_names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
-# every registered architecture, and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
+# every registered architecture that generates (an encoder has no logits: test_noncausal.py), and llama with experts (Mixtral), granitehybrid with experts (Granite 4.0 H Tiny),
 # glm4moe without Q/K norms and the optional MoE keys (GLM-4.5-Air), deepseek2 as DeepSeek-V2-Lite (no Q
 # compression, softmax gating), gemma4 with shared-KV layers and with per-layer embeddings (E2B's),
 # and with experts beside its dense FFN (26B-A4B's); DeepSeek-V2-Lite in the older layout (attn_kv_b unsplit, which
 # llama.cpp runs unabsorbed with a K/V cache per head, and infer splits at load; the other deepseek2 in that
 # layout: test_deepseek2_older_layout_matches_llama_cpp)
-ARCHS = [*DECODERS, "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple",
+ARCHS = [*causal_names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple",
          "gemma4-moe", "deepseek2-lite-kvb"]
 
 

@@ -1,14 +1,25 @@
-"""Non-causal attention (an encoder's: ModelConfig.causal False): the MLX backend's attention plan
-against a float64 reference (the cpu kernel's: test_attention.py), and the scheduler, which must
-admit such a prompt whole, in one step, from no cached prefix."""
+"""Non-causal attention (an encoder's: ModelConfig.causal False) and the gemma-embedding
+architecture (EmbeddingGemma) that has it: the MLX backend's attention plan against a float64
+reference (the cpu kernel's: test_attention.py); the scheduler, which admits such a prompt whole,
+in one step, from no cached prefix; a tiny EmbeddingGemma's embeddings against llama.cpp's on
+both backends, hidden states that depend on later tokens, batched inputs equal to each alone,
+and the refusals (generation, an input longer than a step)."""
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 import pytest
 
+from helpers.tiny_encoders import GEMMA_EMBEDDING_DENSE, write_tiny_gemma_embedding
 from infer.backends.batch import Batch
 from infer.engine.block_manager import BlockManager
+from infer.engine.engine import EngineConfig, PromptError
+from infer.engine.llm import LLM
+from infer.engine.pooling import PoolingError
+from infer.engine.sampler import SamplingParams
 from infer.engine.scheduler import Scheduler, Sequence
+from infer.models.loader import load_model
 
 BS = 4  # positions per cache block
 
@@ -81,3 +92,121 @@ def test_scheduler_admits_whole_prompts_only():
     sched.finish(a)
     step = sched.schedule()
     assert [(s.id, n) for s, n in step.items] == [(2, 9), (3, 6)]
+
+
+TINY_PROMPT = [1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7]  # test_embeddings.py's
+BACKENDS = ["cpu", pytest.param("mlx", marks=pytest.mark.skipif(importlib.util.find_spec("mlx") is None,
+                                                                reason="needs mlx"))]
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    return write_tiny_gemma_embedding(tmp_path_factory.mktemp("enc") / "tiny-gemma-embedding.gguf", seed=23)
+
+
+def _llm(path, backend: str, **kw) -> LLM:
+    return LLM.load(path, EngineConfig(n_ctx=64, n_threads=2, backend=backend, **kw))
+
+
+def _embed(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
+    """The pooled embeddings of prompts submitted together (they share the engine's steps)."""
+    eng = llm.engine
+    rids = [eng.add_embedding(p) for p in prompts]
+    return [list(eng.stream(r))[-1].embedding for r in rids]
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gemma_embedding_matches_llama_cpp(tiny_encoder, backend):
+    """Mean-pooled (the file's pooling) within 1e-3 cosine of llama.cpp's, or of its own spread
+    (flash attention on vs off) where wider (measured: cpu 1.5e-4 on both inputs, llama.cpp's
+    spread 1.8e-4; mlx 2.6e-4, 3.0e-4, its 8-bit weight copies; on seed 0's model, causal attention
+    instead was 0.40 away, the sliding windows left out 0.29, a window of 12 0.21). The 16-token
+    prompt is longer than the symmetric window (3 keys either side)."""
+    from test_embeddings import check_against_llama_cpp, llama_cpp_embed
+
+    llm = _llm(tiny_encoder, backend)
+    assert llm.engine.pooling == "mean" and not llm.engine.causal
+    inputs = [TINY_PROMPT, TINY_PROMPT[:5]]
+    ours = _embed(llm, inputs)
+    refs = [llama_cpp_embed(tiny_encoder, "mean", inputs, fa, n_ctx=64) for fa in (False, True)]
+    check_against_llama_cpp(ours, *refs, f"gemma-embedding {backend}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hidden_states_depend_on_later_tokens(tiny_encoder, backend):
+    """The first token's final hidden state (cls pooling) changes with the last token: its
+    attention sees it (the global layer; the sliding ones see 3 keys either side)."""
+    llm = _llm(tiny_encoder, backend, pooling="cls")
+    a, b = _embed(llm, [TINY_PROMPT, TINY_PROMPT[:-1] + [42]])
+    assert np.abs(a - b).max() > 1e-3 * np.abs(a).max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batched_equals_alone(tiny_encoder, backend):
+    """Inputs of several lengths in one step give each the numbers it gets alone, bit for bit (and
+    the step holds them all: whole inputs are never chunked, so none sees only part of itself)."""
+    prompts = [TINY_PROMPT, TINY_PROMPT[:5], [1, 42], TINY_PROMPT[3:14]]
+    llm = _llm(tiny_encoder, backend)
+    batched = _embed(llm, prompts)
+    assert llm.engine.steps == 1
+    for p, got in zip(prompts, batched):
+        np.testing.assert_array_equal(got, _embed(_llm(tiny_encoder, backend), [p])[0])
+
+
+def test_no_prefix_cache_and_whole_steps(tiny_encoder):
+    """An input that extends an earlier one finds nothing cached (its tokens' K/V depend on the
+    tokens after them), and gives what it gives on a fresh engine; inputs that do not fit what is
+    left of a step wait for the next one whole."""
+    llm = _llm(tiny_encoder, "cpu", max_batch_tokens=20)
+    first = _embed(llm, [TINY_PROMPT[:8]])[0]
+    again = _embed(llm, [TINY_PROMPT[:8], TINY_PROMPT])
+    assert llm.engine.blocks.hit_tokens == 0
+    np.testing.assert_array_equal(again[0], first)
+    np.testing.assert_array_equal(again[1], _embed(_llm(tiny_encoder, "cpu"), [TINY_PROMPT])[0])
+    assert llm.engine.steps == 3  # 8 + 16 tokens do not fit a step of 20: two steps, not a chunk
+
+
+def test_refuses_generation_and_too_long_inputs(tiny_encoder):
+    llm = _llm(tiny_encoder, "cpu", max_batch_tokens=8)
+    with pytest.raises(PromptError, match="tiny-gemma-embedding is an embedding model: use `infer embed`"):
+        llm.engine.add_request(TINY_PROMPT, SamplingParams(max_tokens=2))
+    with pytest.raises(PoolingError, match="16 tokens .* one step of at most 8 tokens.*max_batch_tokens"):
+        llm.engine.add_embedding(TINY_PROMPT)
+    assert _embed(llm, [TINY_PROMPT[:8]])[0].shape == (256,)  # the step's size itself is fine
+
+
+def test_dense_projections_load(tmp_path):
+    """A file with sentence-transformers' dense projections opens, with them beside the layers
+    (ModelWeights.dense_2, dense_3) and its layers the same as the file without them."""
+    with_dense = load_model(write_tiny_gemma_embedding(tmp_path / "d.gguf", seed=23, dense=True))
+    plain = load_model(write_tiny_gemma_embedding(tmp_path / "p.gguf", seed=23))
+    w = with_dense.weights
+    assert w.dense_2.shape == (GEMMA_EMBEDDING_DENSE, 256) and w.dense_3.shape == (256, GEMMA_EMBEDDING_DENSE)
+    assert plain.weights.dense_2 is None and plain.weights.dense_3 is None
+    np.testing.assert_array_equal(w.layers[0].wq.raw, plain.weights.layers[0].wq.raw)
+
+
+def test_runner_does_not_chunk_an_encoder(tiny_encoder):
+    """CpuRunner.forward feeds a long prompt in chunks of max_tokens; an encoder's tokens must see
+    each other, so it refuses instead."""
+    from infer.backends.cpu.runner import CpuRunner
+
+    model = load_model(tiny_encoder)
+    runner = CpuRunner(model.config, model.weights, n_threads=2, max_tokens=8)
+    runner.forward(np.array(TINY_PROMPT[:8], np.int32), 0, runner.new_kv_cache(64))
+    with pytest.raises(ValueError, match="non-causal"):
+        runner.forward(np.array(TINY_PROMPT, np.int32), 0, runner.new_kv_cache(64))
+
+
+def test_step_budget_past_512_for_an_encoder(tmp_path):
+    """A causal model's passes stop at 512 tokens (a longer prompt is chunked); an encoder's input
+    is one pass, so its runner takes max_batch_tokens: raising it embeds a longer input."""
+    path = write_tiny_gemma_embedding(tmp_path / "long.gguf", seed=23, n_ctx=1024)
+    prompt = (TINY_PROMPT * 40)[:600]
+    with pytest.raises(PoolingError, match="600 tokens"):
+        LLM.load(path, EngineConfig(n_ctx=1024, n_threads=2)).engine.add_embedding(prompt)
+    llm = LLM.load(path, EngineConfig(n_ctx=1024, n_threads=2, max_batch_tokens=640))
+    assert llm.runner.max_tokens == 640
+    v = _embed(llm, [prompt])[0]
+    assert llm.engine.steps == 1 and np.isfinite(v).all()

@@ -554,8 +554,8 @@ class CpuRunner:
             raise ValueError("forward needs at least one token")
         if pos0 + T > cache.n_ctx:
             raise ValueError(f"{pos0 + T} tokens exceed the context of {cache.n_ctx}")
-        if all_logits and T > self.max_tokens:
-            raise ValueError("all_logits needs at most max_tokens tokens per call")
+        if (all_logits or not self.cfg.causal) and T > self.max_tokens:  # an encoder's tokens see each other: one pass
+            raise ValueError("all_logits and a non-causal model need at most max_tokens tokens per call")
         out = None
         prompt_end = pos0 if T == 1 else pos0 + T  # several tokens are a prompt, fed in chunks or not
         for s in range(0, T, self.max_tokens):

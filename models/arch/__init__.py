@@ -71,6 +71,7 @@ from . import (
     gemma2,
     gemma3,
     gemma4,
+    gemma_embedding,
     glm4moe,
     gpt_oss,
     granite,
@@ -96,11 +97,12 @@ from . import (
 )
 from .spec import Architecture
 
-__all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
+__all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "causal_names", "for_hf_model_type",
+           "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
             granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4,
-            bert, nomic_bert, nomic_bert_moe, jina_bert_v2, modern_bert)
+            gemma_embedding, bert, nomic_bert, nomic_bert_moe, jina_bert_v2, modern_bert)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 
@@ -111,6 +113,11 @@ class UnknownArchitecture(InferError, ValueError):
 def names() -> tuple[str, ...]:
     """The supported architectures' GGUF names."""
     return tuple(_BY_NAME)
+
+
+def causal_names() -> tuple[str, ...]:
+    """Those of them that generate (Architecture.causal): the others are encoders, which embed only."""
+    return tuple(n for n, a in _BY_NAME.items() if a.causal)
 
 
 def architecture(name: str) -> Architecture:

@@ -58,5 +58,4 @@ ARCHITECTURE = Architecture(
     layer_plan=layer_plan,
     layer_plan_kind="GeGLU FFN (SwiGLU where the file's hidden_activation says silu), a symmetric sliding window "
                     "on 2 of 3 layers (the first of each three global) with their own RoPE base",
-    attention_kind="bidirectional (an encoder)",
 )

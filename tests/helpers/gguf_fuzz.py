@@ -119,12 +119,12 @@ def mutate(seed_bytes: bytes, rng: random.Random) -> bytes:
 
 
 def seeds(folder: Path) -> list[Path]:
-    """A valid tiny model of every architecture that generates (and llama with experts), written once."""
+    """A valid tiny model of every architecture write_tiny_model writes (and llama with experts), written once."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` for this file run as a worker
-    from helpers.tiny_models import DECODERS, write_tiny_model
+    from helpers.tiny_models import TINY_ARCHS, write_tiny_model
 
     out = []
-    for arch in [*DECODERS, "llama-moe"]:
+    for arch in [*TINY_ARCHS, "llama-moe"]:
         p = folder / f"seed-{arch}.gguf"
         if not p.exists():
             write_tiny_model(p, arch)
@@ -211,7 +211,8 @@ def serve(handle) -> None:
 
 
 def worker() -> None:
-    """Load each model (file or folder) named on stdin and generate two tokens from it."""
+    """Load each model (file or folder) named on stdin and generate two tokens from it (an embedding
+    model, which does not generate: embed the text)."""
     from infer.engine.engine import EngineConfig
     from infer.engine.llm import LLM
     from infer.engine.sampler import SamplingParams
@@ -219,6 +220,9 @@ def worker() -> None:
     def load_and_run(path: str) -> None:
         llm = LLM.load(path, EngineConfig(n_ctx=64, n_threads=1, max_seqs=1))
         ids = llm.encode_raw("Hello world")[:32]
+        if not llm.engine.causal:
+            list(llm.engine.stream(llm.engine.add_embedding(ids)))
+            return
         list(llm.generate(ids, SamplingParams(max_tokens=2, temperature=0)))
 
     serve(load_and_run)

@@ -13,10 +13,10 @@ from infer.models.arch import architecture, names
 # weights amplify 1-ulp differences through Q8 activation rounding until llama.cpp disagrees with itself.
 WEIGHT_STD = 0.02
 
-# The architectures that generate (Architecture.causal): the ones write_tiny_model writes and the
-# per-architecture logits tests run. An encoder (an embedding model, causal False: the BERT
-# family) has no logits to compare; tests/test_encoders.py checks its embeddings.
-DECODERS = tuple(a for a in names() if architecture(a).causal)
+# The architectures write_tiny_model writes: all but the BERT family (Architecture.bert_norms), whose
+# tiny models carry a real vocabulary of llama.cpp's (tiny_encoders.write_tiny_encoder;
+# tests/test_encoders.py)
+TINY_ARCHS = tuple(a for a in names() if not architecture(a).bert_norms)
 
 # Where each K-quant block keeps its f16 scales (byte offsets) and a scale that keeps weights within ~±0.04.
 _KQUANT_SCALES = {
@@ -175,7 +175,7 @@ TINY_SEEDS = {"llama": 0, "qwen2": 1, "qwen3": 2, "gemma3": 3, "gemma2": 4, "olm
               "mistral3": 16, "glm4moe": 15, "glm4moe-air": 16,
               "deepseek2": 15, "deepseek2-lite": 16, "llama4": 22,
               "gemma4": 15, "gemma4-shared": 15, "gemma4-ple": 15, "gemma4-moe": 25,
-              "deepseek2-kvb": 15, "deepseek2-lite-kvb": 16}  # -kvb: the same weights in the older layout
+              "deepseek2-kvb": 15, "deepseek2-lite-kvb": 16, "gemma-embedding": 23}  # -kvb: the same weights in the older layout
 
 
 def tiny_seed(arch: str) -> int:
@@ -258,6 +258,9 @@ def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, s
     if arch in ("deepseek2", "deepseek2-lite", "deepseek2-kvb", "deepseek2-lite-kvb"):  # MLA: its own writer
         from .tiny_deepseek2 import write_tiny_deepseek2
         return write_tiny_deepseek2(path, arch, seed, n_vocab, n_ctx, chat_template)
+    if arch == "gemma-embedding":  # an encoder: tiny_encoders.py
+        from .tiny_encoders import write_tiny_gemma_embedding
+        return write_tiny_gemma_embedding(path, seed, n_vocab, n_ctx)
     if arch in ("gemma4", "gemma4-shared", "gemma4-ple", "gemma4-moe"):
         return write_tiny_gemma4(path, seed, n_vocab, chat_template, n_ctx, shared=arch == "gemma4-shared",
                                  per_layer=GEMMA4_PER_LAYER if arch == "gemma4-ple" else 0, moe=arch == "gemma4-moe")

@@ -119,6 +119,16 @@ def test_files_llama_cpp_refuses_are_refused(llama_vocab_dir, tmp_path):
         load_model(path)
 
 
+def test_no_output_matrix_on_cpu(encoder):
+    """An encoder never generates: the cpu backend packs no output matrix (bge-m3's tied embedding
+    is 250k rows) and keeps no logits, yet embeds."""
+    arch, path = encoder
+    llm = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2, pooling="mean", backend="cpu"))
+    runner = llm.engine.runner
+    assert runner.output is None and runner.logits.shape[1] == 0
+    assert np.isfinite(embed(llm, [llm.encode_raw(TEXTS[0])])[0]).all()
+
+
 def test_bert_is_an_encoder():
     arch = architecture("bert")
     assert arch.bert_norms and arch.pos_embd and not arch.ffn_gated and not arch.output_norm_tensor

@@ -476,8 +476,8 @@ class CpuPrimitives:
         if self.batch.hidden_rows is not None:  # embeddings: before x (spent) is reused below
             np.take(h, self.batch.hidden_rows, axis=0, out=self.batch.hidden)
         R = len(rows_wanted)
-        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
-            return runner.logits[:0]
+        if R == 0 or runner.output is None:  # only prefill chunks that end mid-prompt (their K/V were
+            return runner.logits[:0]  # the point), or an encoder's pass (no logits: its hidden rows)
         if R == self.T:  # every token's logits (rows are ascending, so in order)
             rows = h
         else:

@@ -347,6 +347,9 @@ def _bert_layer(tensors, vec, p: str, cfg: ModelConfig, F: int, moe: bool) -> di
     norms' biases required, the others optional; nomic-bert's gated FFN runs without biases, and a
     file with them is refused as having biases its architecture has no place for)."""
     D = cfg.n_embd
+    if p + "attn_norm_2.weight" in tensors:  # not run: refused rather than silently left out
+        raise ModelLoadError(f"{cfg.arch}: tensor '{p}attn_norm_2.weight' (a second norm after the attention, as "
+                             "jina-embeddings-v2-base-code has) is not supported")
     out = {"attn_out_norm": vec(p + "attn_output_norm.weight", D), "attn_out_norm_b": vec(p + "attn_output_norm.bias", D),
             "layer_out_norm": vec(p + "layer_output_norm.weight", D),
             "layer_out_norm_b": vec(p + "layer_output_norm.bias", D),

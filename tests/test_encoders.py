@@ -108,11 +108,15 @@ def test_reranker_head_is_loaded_beside_the_layers(llama_vocab_dir, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_files_llama_cpp_refuses_are_refused(llama_vocab_dir, tmp_path):
+def test_refused_files(llama_vocab_dir, tmp_path):
     """A bert without tokenizer.ggml.token_type_count (llama.cpp: "model needs to define token type
-    count"); a nomic-bert-moe with experts on other layers than every 2nd (not supported)."""
+    count"); not supported: a jina-bert-v2 with attn_norm_2 (jina-embeddings-v2-base-code's), a
+    nomic-bert-moe with experts on other layers than every 2nd."""
     path = write_tiny_encoder(tmp_path / "no-types.gguf", "bert", llama_vocab_dir, type_count=False)
     with pytest.raises(ModelLoadError, match="token_type_count"):
+        load_model(path)
+    path = write_tiny_encoder(tmp_path / "norm2.gguf", "jina-bert-v2", llama_vocab_dir, norm_2=True)
+    with pytest.raises(ModelLoadError, match="attn_norm_2.weight.*not supported"):
         load_model(path)
     path = write_tiny_encoder(tmp_path / "moe3.gguf", "nomic-bert-moe", llama_vocab_dir, moe_every=3)
     with pytest.raises(ModelLoadError, match="moe_every_n_layers 3 is not supported"):

@@ -63,6 +63,17 @@ def test_embeddings_match_llama_cpp(encoder, pooling, backend):
     check(ours, *refs, f"{arch} {pooling} {backend}")
 
 
+@pytest.mark.parametrize("backend", _backends())
+def test_jina_second_norm_matches_llama_cpp(llama_vocab_dir, tmp_path, backend):
+    """jina-bert-v2 with attn_norm_2 (jina-embeddings-v2-base-code's): LayerNorm(attn_output_norm's
+    output + the layer's input) after the attention."""
+    path = write_tiny_encoder(tmp_path / "norm2.gguf", "jina-bert-v2", llama_vocab_dir, norm_2=True)
+    llm = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2, pooling="mean", backend=backend))
+    ours = embed(llm, [llm.encode_raw(t) for t in TEXTS])
+    check(ours, *[llama_cpp_embed(path, "mean", TEXTS, fa, n_ctx=128) for fa in (False, True)],
+          f"jina-bert-v2 attn_norm_2 {backend}")
+
+
 def test_tokens_match_llama_cpp(encoder, llama_cpp):
     """[CLS] text [SEP] (bge's WordPiece), <s> text </s> (XLM-R's Unigram), as llama.cpp tokenizes
     for an embedding."""
@@ -110,13 +121,9 @@ def test_reranker_head_is_loaded_beside_the_layers(llama_vocab_dir, tmp_path):
 
 def test_refused_files(llama_vocab_dir, tmp_path):
     """A bert without tokenizer.ggml.token_type_count (llama.cpp: "model needs to define token type
-    count"); not supported: a jina-bert-v2 with attn_norm_2 (jina-embeddings-v2-base-code's), a
-    nomic-bert-moe with experts on other layers than every 2nd."""
+    count"); a nomic-bert-moe with experts on other layers than every 2nd (not supported)."""
     path = write_tiny_encoder(tmp_path / "no-types.gguf", "bert", llama_vocab_dir, type_count=False)
     with pytest.raises(ModelLoadError, match="token_type_count"):
-        load_model(path)
-    path = write_tiny_encoder(tmp_path / "norm2.gguf", "jina-bert-v2", llama_vocab_dir, norm_2=True)
-    with pytest.raises(ModelLoadError, match="attn_norm_2.weight.*not supported"):
         load_model(path)
     path = write_tiny_encoder(tmp_path / "moe3.gguf", "nomic-bert-moe", llama_vocab_dir, moe_every=3)
     with pytest.raises(ModelLoadError, match="moe_every_n_layers 3 is not supported"):

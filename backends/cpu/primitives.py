@@ -158,7 +158,10 @@ class CpuPrimitives:
         return self.x
 
     def add_layer_norm(self, x: np.ndarray, o: np.ndarray, w: np.ndarray, b: np.ndarray, name: str,
-                       il: int) -> np.ndarray:
+                       il: int, w2: np.ndarray | None = None, b2: np.ndarray | None = None) -> np.ndarray:
+        if w2 is not None and w2.shape[0]:  # o = LayerNorm(o + x), x kept; then x = LayerNorm(x + o)
+            residual_layer_norm(o, x, w, b, self.eps)
+            w, b = w2, b2
         residual_layer_norm(x, o, w, b, self.eps)
         if self.trace is not None:
             self._seen(name, il, x)

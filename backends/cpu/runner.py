@@ -230,6 +230,8 @@ class _Layer:
     layer_out_norm_b: np.ndarray
     up_b: np.ndarray
     down_b: np.ndarray
+    attn_norm_2: np.ndarray  # jina-embeddings-v2-base-code's second norm after the attention, and its bias
+    attn_norm_2_b: np.ndarray
     # jina-bert-v2's LayerNorms of Q and K, weight and bias, and the Q|K|V biases added before them
     q_layer_norm: np.ndarray
     q_layer_norm_b: np.ndarray
@@ -289,6 +291,7 @@ class _Layer:
             attn_out_norm=_vec(lw.attn_out_norm), attn_out_norm_b=_vec(lw.attn_out_norm_b),
             layer_out_norm=_vec(lw.layer_out_norm), layer_out_norm_b=_vec(lw.layer_out_norm_b),
             up_b=_vec(lw.up_b), down_b=_vec(lw.down_b),
+            attn_norm_2=_vec(lw.attn_norm_2), attn_norm_2_b=_vec(lw.attn_norm_2_b),
             q_layer_norm=_vec(lw.q_layer_norm), q_layer_norm_b=_vec(lw.q_layer_norm_b),
             k_layer_norm=_vec(lw.k_layer_norm), k_layer_norm_b=_vec(lw.k_layer_norm_b), qkv_b=_vec(lw.qkv_b),
         )

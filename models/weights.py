@@ -126,6 +126,10 @@ class LayerWeights:
     attn_out_norm_b: np.ndarray | None = None
     layer_out_norm: np.ndarray | None = None
     layer_out_norm_b: np.ndarray | None = None
+    # jina-embeddings-v2-base-code's second LayerNorm after the attention (attn_norm_2), weight and
+    # bias: LayerNorm(attn_output_norm's output + the layer's input); None where absent
+    attn_norm_2: np.ndarray | None = None
+    attn_norm_2_b: np.ndarray | None = None
     up_b: np.ndarray | None = None  # a gated FFN's: (2F,), gate's then up's (zeros where gate has none)
     down_b: np.ndarray | None = None
     # jina-bert-v2's LayerNorms of Q and of K over the whole projection, weight and bias; None where absent
@@ -352,16 +356,18 @@ def _bert_layer(tensors, vec, p: str, cfg: ModelConfig, F: int, moe: bool) -> di
     norms' biases required, the others optional; nomic-bert's gated FFN runs without biases, and a
     file with them is refused as having biases its architecture has no place for)."""
     D = cfg.n_embd
-    out = {"attn_out_norm": vec(p + "attn_output_norm.weight", D), "attn_out_norm_b": vec(p + "attn_output_norm.bias", D),
+    out = {"attn_out_norm": vec(p + "attn_output_norm.weight", D),
+           "attn_norm_2": vec(p + "attn_norm_2.weight", D, required=False),
+           "attn_norm_2_b": vec(p + "attn_norm_2.bias", D, required=False), "attn_out_norm_b": vec(p + "attn_output_norm.bias", D),
             "layer_out_norm": vec(p + "layer_output_norm.weight", D),
             "layer_out_norm_b": vec(p + "layer_output_norm.bias", D),
             **({} if moe else _ffn_biases(tensors, vec, p, cfg, F)),
             **{f"{n}_layer_norm{b}": vec(f"{p}attn_{n}_norm.{w}", dim, required=False)
                for n, dim in (("q", cfg.n_head * cfg.head_dim), ("k", cfg.n_head_kv * cfg.head_dim))
                for b, w in (("", "weight"), ("_b", "bias"))}}
-    for n in ("q", "k"):  # a norm without its bias: a bias of zeros
-        if out[f"{n}_layer_norm"] is not None and out[f"{n}_layer_norm_b"] is None:
-            out[f"{n}_layer_norm_b"] = np.zeros_like(out[f"{n}_layer_norm"])
+    for n in ("q_layer_norm", "k_layer_norm", "attn_norm_2"):  # a norm without its bias: a bias of zeros
+        if out[n] is not None and out[n + "_b"] is None:
+            out[n + "_b"] = np.zeros_like(out[n])
     return out
 
 

@@ -63,6 +63,17 @@ def test_embeddings_match_llama_cpp(encoder, pooling, backend):
     check(ours, *refs, f"{arch} {pooling} {backend}")
 
 
+@pytest.mark.parametrize("backend", _backends())
+def test_jina_second_norm_matches_llama_cpp(llama_vocab_dir, tmp_path, backend):
+    """jina-bert-v2 with attn_norm_2 (jina-embeddings-v2-base-code's): LayerNorm(attn_output_norm's
+    output + the layer's input) after the attention."""
+    path = write_tiny_encoder(tmp_path / "norm2.gguf", "jina-bert-v2", llama_vocab_dir, norm_2=True)
+    llm = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2, pooling="mean", backend=backend))
+    ours = embed(llm, [llm.encode_raw(t) for t in TEXTS])
+    check(ours, *[llama_cpp_embed(path, "mean", TEXTS, fa, n_ctx=128) for fa in (False, True)],
+          f"jina-bert-v2 attn_norm_2 {backend}")
+
+
 def test_tokens_match_llama_cpp(encoder, llama_cpp):
     """[CLS] text [SEP] (bge's WordPiece), <s> text </s> (XLM-R's Unigram), as llama.cpp tokenizes
     for an embedding."""
@@ -108,7 +119,7 @@ def test_reranker_head_is_loaded_beside_the_layers(llama_vocab_dir, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_files_llama_cpp_refuses_are_refused(llama_vocab_dir, tmp_path):
+def test_refused_files(llama_vocab_dir, tmp_path):
     """A bert without tokenizer.ggml.token_type_count (llama.cpp: "model needs to define token type
     count"); a nomic-bert-moe with experts on other layers than every 2nd (not supported)."""
     path = write_tiny_encoder(tmp_path / "no-types.gguf", "bert", llama_vocab_dir, type_count=False)
@@ -117,6 +128,71 @@ def test_files_llama_cpp_refuses_are_refused(llama_vocab_dir, tmp_path):
     path = write_tiny_encoder(tmp_path / "moe3.gguf", "nomic-bert-moe", llama_vocab_dir, moe_every=3)
     with pytest.raises(ModelLoadError, match="moe_every_n_layers 3 is not supported"):
         load_model(path)
+
+
+def test_no_output_matrix_on_cpu(encoder):
+    """An encoder never generates: the cpu backend packs no output matrix (bge-m3's tied embedding
+    is 250k rows) and keeps no logits, yet embeds."""
+    arch, path = encoder
+    llm = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2, pooling="mean", backend="cpu"))
+    runner = llm.engine.runner
+    assert runner.output is None and runner.logits.shape[1] == 0
+    assert np.isfinite(embed(llm, [llm.encode_raw(TEXTS[0])])[0]).all()
+
+
+@pytest.mark.parametrize("lengths", [[9, 1, 6], [1, 1]])
+def test_mlx_alibi_against_float64(lengths):
+    """The MLX plan's ALiBi (jina-bert-v2's slopes, 8 heads over 2 KV heads), each query over its
+    whole sequence, one-token sequences (a part of their own) included, against float64."""
+    mx = pytest.importorskip("mlx.core")
+    from infer.backends.batch import Batch
+    from infer.backends.mlx.attention import AttentionPlan
+
+    BS, H, Hkv, D = 4, 8, 2, 16
+    rng = np.random.default_rng(0)
+    per_seq = max(-(-n // BS) for n in lengths)
+    tables = rng.permutation(len(lengths) * per_seq).astype(np.int32).reshape(len(lengths), per_seq)
+    pos = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
+    seq = np.concatenate([np.full(n, i) for i, n in enumerate(lengths)]).astype(np.int32)
+    rows_of = tables[seq, pos // BS] * BS + pos % BS
+    T = len(pos)
+    batch = Batch(np.zeros(T, np.int32), pos, seq, rows_of.astype(np.int32)[None], [tables],
+                  np.array([T - 1], np.int32), prompt_end=np.array(lengths, np.int32))
+    q = rng.normal(0, 1, (T, H, D)).astype(np.float32)
+    k = rng.normal(0, 1, (tables.size * BS, Hkv, D)).astype(np.float32)
+    v = rng.normal(0, 1, (tables.size * BS, Hkv, D)).astype(np.float32)
+    n_log2 = 8  # llama.cpp's slopes for 8 heads and max_bias 8: 2^-(h + 1)
+    slopes = np.array([2.0 ** (-8.0 / n_log2 * (h + 1)) for h in range(H)], np.float32)
+    got = np.array(AttentionPlan(batch, 0, BS, 0, causal=False).attend(
+        mx.array(q), mx.array(k), mx.array(v), 1 / np.sqrt(D), 0.0, alibi=mx.array(slopes)))
+    ref = np.zeros((T, H, D))
+    for t in range(T):
+        keys = np.flatnonzero(seq == seq[t])  # the tokens of its sequence, in position order
+        for h in range(H):
+            a = k[rows_of[keys], h // (H // Hkv)].astype(np.float64) @ q[t, h] / np.sqrt(D)
+            a -= slopes[h] * np.abs(pos[t] - pos[keys])
+            w = np.exp(a - a.max())
+            ref[t, h] = (w / w.sum()) @ v[rows_of[keys], h // (H // Hkv)]
+    np.testing.assert_allclose(got, ref.reshape(T, H * D), rtol=0, atol=1e-5)
+
+
+def test_alibi_slopes_are_llama_cpps():
+    """ggml_soft_max_ext's slopes for max_bias 8: 4 heads 2^-2, 2^-4, ...; 12 heads (not a power of
+    two) the 8 of m0 = 2^-1, then m1 = 2^-1/2's odd powers."""
+    from infer.models.arch import architecture
+    from infer.models.config import ModelConfig
+
+    def slopes(n_head: int) -> np.ndarray:
+        base = ModelConfig.from_metadata({"general.architecture": "jina-bert-v2", "jina-bert-v2.embedding_length": 64 * n_head,
+                                          "jina-bert-v2.attention.head_count": n_head, "jina-bert-v2.block_count": 1,
+                                          "jina-bert-v2.feed_forward_length": 64}, n_vocab=8)
+        assert base.architecture is architecture("jina-bert-v2")
+        return base.alibi_slopes()
+
+    np.testing.assert_array_equal(slopes(4), np.float32([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]))
+    s12 = slopes(12)
+    np.testing.assert_allclose(s12[:8], [2.0 ** -(h + 1) for h in range(8)], rtol=1e-7)
+    np.testing.assert_allclose(s12[8:], [2.0 ** (-0.5 * (2 * j + 1)) for j in range(4)], rtol=1e-6)
 
 
 def test_bert_is_an_encoder():

@@ -165,7 +165,10 @@ class CpuPrimitives:
         return self.x
 
     def add_layer_norm(self, x: np.ndarray, o: np.ndarray, w: np.ndarray, b: np.ndarray, name: str,
-                       il: int) -> np.ndarray:
+                       il: int, w2: np.ndarray | None = None, b2: np.ndarray | None = None) -> np.ndarray:
+        if w2 is not None and w2.shape[0]:  # o = LayerNorm(o + x), x kept; then x = LayerNorm(x + o)
+            residual_layer_norm(o, x, w, b, self.eps)
+            w, b = w2, b2
         residual_layer_norm(x, o, w, b, self.eps)
         if self.trace is not None:
             self._seen(name, il, x)
@@ -490,8 +493,8 @@ class CpuPrimitives:
         if self.batch.hidden_rows is not None:  # embeddings: before x (spent) is reused below
             np.take(h, self.batch.hidden_rows, axis=0, out=self.batch.hidden)
         R = len(rows_wanted)
-        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
-            return runner.logits[:0]
+        if R == 0 or runner.output is None:  # only prefill chunks that end mid-prompt (their K/V were
+            return runner.logits[:0]  # the point), or an encoder's pass (no logits: its hidden rows)
         if R == self.T:  # every token's logits (rows are ascending, so in order)
             rows = h
         else:

@@ -230,6 +230,8 @@ class _Layer:
     layer_out_norm_b: np.ndarray
     up_b: np.ndarray
     down_b: np.ndarray
+    attn_norm_2: np.ndarray  # jina-embeddings-v2-base-code's second norm after the attention, and its bias
+    attn_norm_2_b: np.ndarray
     # jina-bert-v2's LayerNorms of Q and K, weight and bias, and the Q|K|V biases added before them
     q_layer_norm: np.ndarray
     q_layer_norm_b: np.ndarray
@@ -289,6 +291,7 @@ class _Layer:
             attn_out_norm=_vec(lw.attn_out_norm), attn_out_norm_b=_vec(lw.attn_out_norm_b),
             layer_out_norm=_vec(lw.layer_out_norm), layer_out_norm_b=_vec(lw.layer_out_norm_b),
             up_b=_vec(lw.up_b), down_b=_vec(lw.down_b),
+            attn_norm_2=_vec(lw.attn_norm_2), attn_norm_2_b=_vec(lw.attn_norm_2_b),
             q_layer_norm=_vec(lw.q_layer_norm), q_layer_norm_b=_vec(lw.q_layer_norm_b),
             k_layer_norm=_vec(lw.k_layer_norm), k_layer_norm_b=_vec(lw.k_layer_norm_b), qkv_b=_vec(lw.qkv_b),
         )
@@ -467,11 +470,14 @@ class CpuRunner:
         # Weights repacked once for the matrix kernels; this runner owns the copies.  Unless mmap,
         # what it would read from the file mapping on every step is copied into memory as well.
         self.layers = [_Layer.prepare(lw, mmap) for lw in weights.layers]
-        self.output = _pack(weights.output, mmap)
+        # an encoder (non-causal: it embeds, never generates) has no logits: its output matrix (the
+        # tied embedding, 250k rows in XLM-R's bge-m3) is not packed, and it returns none
+        self.output = _pack(weights.output, mmap) if config.causal else None
         self.token_embd = weights.token_embd if mmap else _in_memory(weights.token_embd)
         self.embd_rows = RowReader(self.token_embd)
         kept = [w for lay in self.layers for w, _ in _layer_products(lay)]
-        kept.append(self.output)
+        if self.output is not None:
+            kept.append(self.output)
         # The packed tensors' file pages released once more, whole: packing a tensor can map a
         # little of its neighbours in the file (the kernel maps pages around a fault), which were
         # released already if packed before it.
@@ -499,7 +505,7 @@ class CpuRunner:
         # ALiBi's slope per head (jina-bert-v2; the attention kernel's alibi), (0,) where none
         self.alibi = config.alibi_slopes()
         self._ws: Workspace | None = None
-        self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
+        self.logits = np.zeros((max_tokens, config.n_vocab if config.causal else 0), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor
         # names ("attn_norm-0", "kqv_out-0", ..., "result_norm"), so scripts/compare_llamacpp.py can
         # line them up with its eval callback.  The array is a live buffer: copy it to keep it.

@@ -45,9 +45,9 @@ class AttentionPlan:
             return np.where(held, blocks * block_size + p % block_size, 0).astype(np.int32), held
 
         # parts: (token indices, key rows (B, L), mask (B, n, L)); decode tokens first, together; and
-        # per part |p_q - p_k| (B, n, L) float32, ALiBi's distances (attend's slopes)
+        # per part its queries' positions (B, n) and its keys' (B, L), for ALiBi's distances (attend)
         self.parts: list[tuple[mx.array | None, mx.array, mx.array]] = []
-        self.dists: list[mx.array] = []
+        self.positions: list[tuple[np.ndarray, np.ndarray]] = []
         done: list[np.ndarray] = []
         single = [(int(s), int(order[i])) for s, i, c in zip(seqs, starts, counts) if c == 1]
         if single:
@@ -71,8 +71,7 @@ class AttentionPlan:
             # each token's keys from its span's start on (padding: masked): the distances back from it
             first = np.array([int(pos[t]) - (len(r) - 1) for (r, _), (_, t) in zip(spans, single)])
             kp = first[:, None] + np.arange(L)[None, :]
-            q = np.array([int(pos[t]) for _, t in single])
-            self.dists.append(mx.array(np.abs(q[:, None] - kp).astype(np.float32)[:, None, :]))
+            self.positions.append((np.array([int(pos[t]) for _, t in single])[:, None], kp))
         for s, i, c in zip(seqs, starts, counts):
             if c == 1:
                 continue
@@ -96,7 +95,7 @@ class AttentionPlan:
                 m &= qp[:, None] - kp[None, :] < window
             done.append(idx)
             self.parts.append((self._index(idx, T), mx.array(r[None]), mx.array(m[None])))
-            self.dists.append(mx.array(np.abs(qp[:, None] - kp[None, :]).astype(np.float32)[None]))
+            self.positions.append((qp[None], kp[None]))
         cat = np.concatenate(done)
         # the outputs come out in the parts' order; this puts them back in token order
         self.perm = None if np.array_equal(cat, np.arange(T)) else mx.array(np.argsort(cat).astype(np.int32))
@@ -112,9 +111,10 @@ class AttentionPlan:
         ALiBi's slopes (each score plus -slope * |p_q - p_k|: jina-bert-v2), or None.  Computes in
         q's dtype."""
         outs = []
-        for (idx, rows, mask), dist in zip(self.parts, self.dists):
+        for (idx, rows, mask), (qp, kp) in zip(self.parts, self.positions):
             keys = mask[:, None]  # (B, 1, n, L): which keys each query sees
             if alibi is not None:  # an additive mask (B, H, n, L): the bias where a key is seen, -inf where not
+                dist = mx.array(np.abs(qp[:, :, None] - kp[:, None, :]).astype(np.float32))  # (B, n, L)
                 bias = (-alibi.astype(mx.float32)[None, :, None, None]) * dist[:, None]
                 keys = mx.where(keys, bias, mx.array(-np.inf, mx.float32)).astype(q.dtype)
             qs = q if idx is None else q[idx]

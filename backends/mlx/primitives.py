@@ -115,8 +115,10 @@ class MlxPrimitives:
             x = mx.fast.layer_norm(x, self.runner.embd_norm, None, self.cfg.norm_eps)
         return x
 
-    def add_layer_norm(self, x: mx.array, o: mx.array, w: mx.array, b: mx.array, name: str, il: int) -> mx.array:
-        return mx.fast.layer_norm(x + o, w, b, self.cfg.norm_eps)
+    def add_layer_norm(self, x: mx.array, o: mx.array, w: mx.array, b: mx.array, name: str, il: int,
+                       w2: mx.array | None = None, b2: mx.array | None = None) -> mx.array:
+        y = mx.fast.layer_norm(x + o, w, b, self.cfg.norm_eps)
+        return y if w2 is None else mx.fast.layer_norm(y + x, w2, b2, self.cfg.norm_eps)
 
     def qk_layer_norm(self, qkv: mx.array, ly: Any, il: int) -> mx.array:
         if ly.qkv_b is None:

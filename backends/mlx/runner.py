@@ -112,6 +112,8 @@ class _Layer:
     layer_out_norm_b: mx.array | None = None
     up_b: mx.array | None = None
     down_b: mx.array | None = None
+    attn_norm_2: mx.array | None = None  # jina-embeddings-v2-base-code's second norm after the attention
+    attn_norm_2_b: mx.array | None = None
     # jina-bert-v2's LayerNorms of Q and K, weight and bias, and the Q|K|V biases added before them
     q_layer_norm: mx.array | None = None
     q_layer_norm_b: mx.array | None = None
@@ -230,6 +232,7 @@ class MlxRunner:
                 attn_out_norm=_vec(lw.attn_out_norm), attn_out_norm_b=_vec(lw.attn_out_norm_b),
                 layer_out_norm=_vec(lw.layer_out_norm), layer_out_norm_b=_vec(lw.layer_out_norm_b),
                 up_b=_vec(lw.up_b), down_b=_vec(lw.down_b),
+                attn_norm_2=_vec(lw.attn_norm_2), attn_norm_2_b=_vec(lw.attn_norm_2_b),
                 q_layer_norm=_vec(lw.q_layer_norm), q_layer_norm_b=_vec(lw.q_layer_norm_b),
                 k_layer_norm=_vec(lw.k_layer_norm), k_layer_norm_b=_vec(lw.k_layer_norm_b), qkv_b=_vec(lw.qkv_b),
             ))

@@ -24,7 +24,8 @@ def encoder_layer(gated: bool):
         qkv = ops.qk_layer_norm(ops.linear(ly.qkv, x, "qkv", il), ly, il)
         a = ops.attention(qkv, ly, il)
         o = ops.bias(ops.linear(ly.wo, a, "attn_wo", il), ly.bo, "attn_out", il)
-        x = ops.add_layer_norm(x, o, ly.attn_out_norm, ly.attn_out_norm_b, "ffn_inp", il)
+        x = ops.add_layer_norm(x, o, ly.attn_out_norm, ly.attn_out_norm_b, "ffn_inp", il, ly.attn_norm_2,
+                               ly.attn_norm_2_b)
         if ly.experts:  # nomic-bert-moe's every other layer: GELU experts without a gate
             o = ops.moe(x, ly, il)
         elif gated:  # act(gate) * up, the biases where the layer has them (jina-bert-v2's; nomic-bert has none)
@@ -40,7 +41,7 @@ def encoder_layer(gated: bool):
 
 
 BERT_BIASES = ("attn_output.bias", "attn_output_norm.bias", "layer_output_norm.bias", "ffn_up.bias",
-               "ffn_down.bias", "attn_q_norm.bias", "attn_k_norm.bias")
+               "ffn_down.bias", "attn_q_norm.bias", "attn_k_norm.bias", "attn_norm_2.bias")
 
 ARCHITECTURE = Architecture(
     name="bert",

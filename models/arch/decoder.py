@@ -65,9 +65,10 @@ class Primitives(Protocol[A]):
         """add_norm's (x, h) ending a layer ("l_out"), x times s (the layer's output scale, (1,):
         Gemma 4's layer_output_scale) before the norm that follows where the layer has one."""
 
-    def add_layer_norm(self, x: A, o: A, w: Any, b: Any, name: str, il: int) -> A:
+    def add_layer_norm(self, x: A, o: A, w: Any, b: Any, name: str, il: int, w2: Any = None, b2: Any = None) -> A:
         """x: LayerNorm(x + o) * w + b (ggml_norm, then the weight and the bias: the BERT family's
-        attn_output_norm and layer_output_norm after a residual add), under name."""
+        attn_output_norm and layer_output_norm after a residual add), under name; where w2 is
+        present, then LayerNorm(that + x) * w2 + b2 (jina-bert-v2's attn_norm_2)."""
 
     def qk_layer_norm(self, qkv: A, ly: Any, il: int) -> A:
         """The Q|K|V products with Q and K each LayerNorm'd over its whole projection, times the

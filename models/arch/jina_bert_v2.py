@@ -2,7 +2,9 @@
 bert.cpp's graph): an encoder for embeddings. bert's post-norm layer with ALiBi instead of
 positions (each head's scores minus slope * |p_q - p_k|, llama.cpp's slopes for a maximum bias of
 8), Q and K LayerNorm'd where the file has their norms, and a GEGLU FFN: ffn_up holding gate then
-up (2 n_ff rows, with its bias), or GELU(ffn_gate) * ffn_up beside it; biases as bert's."""
+up (2 n_ff rows, with its bias), or GELU(ffn_gate) * ffn_up beside it; biases as bert's; where
+the file has attn_norm_2 (jina-embeddings-v2-base-code), a second LayerNorm after the attention's,
+of its output plus the layer's input again."""
 from __future__ import annotations
 
 from .bert import BERT_BIASES, encoder_layer

@@ -126,10 +126,12 @@ def copy_vocabulary(w: gguf.GGUFWriter, vocab_path: Path, type_count: bool = Tru
 
 
 def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, pooling: str = "mean",
-                       n_ctx: int = 128, cls_head: bool = False, type_count: bool = True, moe_every: int = 2) -> Path:
+                       n_ctx: int = 128, cls_head: bool = False, type_count: bool = True, moe_every: int = 2,
+                       norm_2: bool = False) -> Path:
     """A tiny `arch` encoder (2 layers of width 64, 4 heads) with the vocabulary of VOCAB_FILE[arch]
     from vocab_dir; pooling: its pooling_type; cls_head: a reranker's cls / cls.output tensors too;
-    type_count: tokenizer.ggml.token_type_count written; moe_every: nomic-bert-moe's moe_every_n_layers.
+    type_count: tokenizer.ggml.token_type_count written; moe_every: nomic-bert-moe's moe_every_n_layers;
+    norm_2: jina-bert-v2's attn_norm_2 (jina-embeddings-v2-base-code's second norm) in every layer.
     bert: separate Q/K/V in layer 0, a fused attn_qkv in layer 1 (llama.cpp takes either)."""
     rng = np.random.default_rng(seed)
     D, F, H, L = 64, 128, 4, 2
@@ -194,6 +196,9 @@ def write_tiny_encoder(path: Path, arch: str, vocab_dir: Path, seed: int = 0, po
             vector(p + "attn_output.bias", D)
         vector(p + "attn_output_norm.weight", D, 1.0)
         vector(p + "attn_output_norm.bias", D)
+        if norm_2:
+            vector(p + "attn_norm_2.weight", D, 1.0)
+            vector(p + "attn_norm_2.bias", D)
         if moe and il % 2 == 1:  # GELU experts without a gate, no biases
             w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.5, (4, D)).astype(np.float32))
             w.add_tensor(p + "ffn_up_exps.weight", rng.normal(0, 0.15, (4, F, D)).astype(np.float16))

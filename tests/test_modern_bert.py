@@ -151,9 +151,11 @@ def test_window_and_activation_from_the_file(tmp_path):
 
 def test_batched_equals_alone(files):
     """The prompts embedded in one step are each the vector it is alone (cpu: to the bit)."""
-    together = embed(files["mean"], "cpu", PROMPTS)
+    eng = LLM.load(files["mean"], EngineConfig(n_ctx=64, n_threads=2, backend="cpu")).engine
+    rids = [eng.add_embedding(p) for p in PROMPTS]
+    together = [list(eng.stream(r))[-1].embedding for r in rids]
     for p, v in zip(PROMPTS, together):
-        np.testing.assert_array_equal(embed(files["mean"], "cpu", [p])[0], v)
+        np.testing.assert_array_equal(list(eng.stream(eng.add_embedding(p)))[-1].embedding, v)
 
 
 def test_a_reranker_file_opens(tmp_path):

@@ -74,6 +74,12 @@ class KVGroup:
 POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
+def _pooling_cls(value: int, spec: Any) -> str:
+    """Rank pooling's row from <arch>.classifier.pooling_type (llama.cpp's pooling_type_cls): "mean"
+    where it says mean (1), the architecture's default where absent, else "" (the CLS row)."""
+    return "mean" if value == 1 else spec.classifier_pooling if value == -1 else ""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -117,6 +123,9 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
+    n_token_types: int = 0  # rows of token_types (bert: tokenizer.ggml.token_type_count); 0: none
+    # the FFN's gate activation where the file chooses it (modern-bert's hidden_activation); "": the architecture's
+    activation: str = ""
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last", "rank"; "": not said
     # rank pooling's row (<arch>.classifier.pooling_type, llama.cpp's pooling_type_cls): "mean" for
     # a ModernBERT classifier that pools the mean; "": the CLS row (the last row where causal)
@@ -189,6 +198,11 @@ class ModelConfig:
     # double-wide FFNs in the shared-KV layers; n_ff is then the widest); () where one n_ff is all
     n_ff_layers: tuple[int, ...] = ()
 
+    @property
+    def ffn_activation(self) -> str:
+        """The FFN's gate activation (Architecture.activation's names): the file's, else the architecture's."""
+        return self.activation or self.architecture.activation
+
     def layer_n_ff(self, il: int) -> int:
         """Layer il's dense FFN width."""
         return self.n_ff_layers[il] if self.n_ff_layers else self.n_ff
@@ -213,6 +227,18 @@ class ModelConfig:
         """Whether layer il's FFN is the mixture of experts (else the dense FFN)."""
         step = self.n_moe_layer_step
         return self.n_expert > 0 and il >= self.n_layer_dense_lead and (step <= 0 or (il + 1) % step == 0)
+
+    def alibi_slopes(self) -> np.ndarray:
+        """(n_head,) float32: ALiBi's slope of each head (Architecture.alibi: jina-bert-v2), as
+        ggml_soft_max_ext forms them for llama.cpp's max_bias of 8 (float32 powf); (0,) without ALiBi."""
+        if not self.architecture.alibi:
+            return np.zeros(0, np.float32)
+        f32, max_bias = np.float32, np.float32(8.0)
+        n_log2 = 1 << int(np.floor(np.log2(self.n_head)))
+        m0 = f32(2.0) ** (-max_bias / f32(n_log2))
+        m1 = f32(2.0) ** (-(max_bias / f32(2.0)) / f32(n_log2))
+        return np.array([m0 ** f32(h + 1) if h < n_log2 else m1 ** f32(2 * (h - n_log2) + 1)
+                         for h in range(self.n_head)], np.float32)
 
     def layer_attn_temp(self, il: int) -> bool:
         """Whether layer il's Q is multiplied by the attention temperature (attn_temperature)."""
@@ -427,7 +453,9 @@ class ModelConfig:
             head_dim=head_dim,
             head_dim_v=head_dim_v,
             n_ff=n_ff,
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            # the BERT family's LayerNorms (and modern-bert's) read their own key, with llama.cpp's BERT default
+            norm_eps=float(get("attention.layer_norm_epsilon", 1e-12) if spec.bert_norms or spec.layer_norms
+                           else get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
             rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
@@ -451,7 +479,10 @@ class ModelConfig:
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             causal=spec.causal and bool(get("attention.causal", True)),
-            pooling_cls="mean" if int(get("classifier.pooling_type", -1)) == 1 else "",
+            pooling_cls=_pooling_cls(int(get("classifier.pooling_type", -1)), spec),
+            n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 0) or 0),
+            # absolute position embeddings (bert) or ALiBi (jina-bert-v2) instead
+            **({"rope": False} if spec.pos_embd or spec.alibi else {}),
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

@@ -80,7 +80,7 @@ def _run(case, window, softcap, sinks, rows=4, chunked=False, causal=True):
     out = np.full((T, Hq, Dv), np.nan, np.float32)
     scores = np.zeros((rows, Hq * (int(pos.max()) + 1)), np.float32)  # room for any grouping
     attention(q, qd, k, v, tables, seq, pos, prompt_end, _seq_last(case, causal), BS, window, chunked,
-              np.float32(1 / np.sqrt(q.shape[2])), np.float32(softcap), sinks, 0, out, scores)
+              np.float32(1 / np.sqrt(q.shape[2])), np.float32(softcap), sinks, sinks[:0], 0, out, scores)
     return out
 
 
@@ -156,7 +156,8 @@ def test_scores_scratch_must_hold_a_group_of_rows():
 
     def run(width):
         attention(q, qd, k, v, tables, seq, pos, prompt_end, np.zeros(0, np.int32), BS, 0, False, np.float32(0.125),
-                  np.float32(0), np.zeros(0, np.float32), 0, np.zeros(q.shape, np.float32), np.zeros((2, width), np.float32))
+                  np.float32(0), np.zeros(0, np.float32), np.zeros(0, np.float32), 0, np.zeros(q.shape, np.float32),
+                  np.zeros((2, width), np.float32))
 
     run(need)
     with pytest.raises(ValueError, match="scratch"):

@@ -417,15 +417,19 @@ def _max(x):
 
 
 @njit(cache=True, inline="always")
-def _softmax(sw, scale, softcap, sink, v_pool):
+def _softmax(sw, scale, softcap, sink, slope, q_pos, lo, v_pool):
     # One head's scores sw (n,) f32 -> its softmax weights in place, as ggml_soft_max_ext forms them:
-    # scaled, soft-capped (softcap > 0), exp(x - max) by ggml's vector exp with the sum in float64;
+    # scaled, plus ALiBi's slope * -|q_pos - p| for key p = lo + j (slope: (1,) or (0,), none),
+    # soft-capped (softcap > 0), exp(x - max) by ggml's vector exp with the sum in float64;
     # sink: (1,) or (0,), a logit in the max and the sum without a value; then rounded as the
     # product with V takes them (round_weights).  Inlined into the parallel loop, whose flags it
     # takes: no fastmath (softmax_exp's sum has ggml's order)
     n = sw.shape[0]
     for j in range(n):
         sw[j] *= scale
+    if slope.shape[0]:  # ggml: the scaled score plus slope times the mask's -|p_q - p_k|, in float32
+        for j in range(n):
+            sw[j] += slope[0] * np.float32(-abs(q_pos - (lo + j)))
     if softcap > 0:
         for j in range(n):
             sw[j] = softcap * np.float32(math.tanh(sw[j] / softcap))
@@ -443,7 +447,7 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
 def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, seq_last, bs, window, chunked, scale, softcap,
-              sinks, rot_v, out, scores):
+              sinks, alibi, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py);
     #   a V row may be wider than out's Dv, which is read from its front (MLA: v_pool is k_pool)
@@ -460,6 +464,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, seq_las
     #   non-causal: key p visible iff |q_pos - p| <= window // 2 (LLAMA_SWA_TYPE_SYMMETRIC)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
+    # alibi: (Hq,) f32 or (0,): ALiBi's slope per head (jina-bert-v2), each score plus slope * -|q_pos - p|
+    #   after the scale (ggml_soft_max_ext's max_bias; llama.cpp's mask holds -|p_q - p_k|)
     # rot_v: 0 or the size of the rotation V was stored with (kv_write.qkv_post), undone on each output head
     # out: (T, Hq, Dv) f32; scores: (n_chunks, >= Hq/Hkv * longest sequence) f32 scratch, a row per
     #   parallel chunk (the workspace has CHUNKS_PER_THREAD per thread)
@@ -513,7 +519,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, seq_las
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
                 qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss, single)
             for g in range(ng):
-                _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], v_pool)
+                _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], alibi[h0 + g:h0 + g + 1],
+                         q_pos[t], lo, v_pool)
             o0 = (t * Hq + h0) * Dv
             oflat[o0:o0 + ng * Dv] = 0.0
             for b in range(lo // bs, hi // bs + 1):

@@ -18,8 +18,18 @@ from infer.quant.static_type import static_type
 
 from .attention import attention
 from .delta_net import delta_net
-from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
-from .glu import ACTIVATIONS, gelu_mul, glu, glu_rows
+from .elementwise import (
+    add_rows,
+    embed,
+    layer_norm,
+    residual_layer_norm,
+    residual_norm,
+    rmsnorm,
+    rope_angles,
+    sigmoid_gate,
+    softcap,
+)
+from .glu import ACT_GELU_UP, ACTIVATIONS, gelu_mul, gelu_rows, glu, glu_rows
 from .kv_pool import KVPool, layer_kind
 from .kv_write import q_post, qkv_post
 from .mamba import mamba2
@@ -52,7 +62,10 @@ class CpuPrimitives:
         self.runner, self.cfg = weakref.proxy(runner), cfg
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
-        self.act = ACTIVATIONS[arch.activation]
+        self.layer_norms = arch.layer_norms
+        self.glu_act = ACTIVATIONS[cfg.ffn_activation]
+        # the experts' activation: their gate's, or GELU of up alone (nomic-bert-moe's)
+        self.exp_act = self.glu_act if arch.ffn_gated else ACT_GELU_UP
         self.gating = GATING[cfg.moe_gating]
         # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
         self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
@@ -84,7 +97,9 @@ class CpuPrimitives:
         self.x, self.xn = ws.x[:T], ws.xn[:T]
         # each kind of attention layer's scratch (Q|K|V products, Q, its q8_0 scales, the output)
         self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
-        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T],
+                    # an FFN without a gate (bert): up's product, activated in place, and down's before its bias
+                    "ffn_up": ws.act[:T], "ffn_down": ws.o[:T]}
         if cfg.n_expert and cfg.architecture.shared_expert == "dense":  # Gemma 4's dense FFN beside the experts
             self.out["ffn_mlp_down"] = ws.mlp[:T]
         if cfg.recurrent_layers and cfg.mamba2:
@@ -133,12 +148,55 @@ class CpuPrimitives:
         self.runner.embd_rows.gather(self.batch.tokens, ws.embd)  # read, not mapped (rows.py)
         embed(static_type(self.runner.token_embd.type_id), ws.embd, ws.rows[:T], np.float32(self.cfg.embed_scale),
               self.x)
+        if self.cfg.architecture.bert_norms:  # token type 0's row, the positions' embeddings, the norm
+            r = self.runner
+            add_rows(self.x, r.pos_embd, self.batch.positions, r.token_type)
+            if self.trace is not None:
+                self._seen("inp_embd", -1, self.x)
+            residual_layer_norm(self.x, self.x[:0], r.embd_norm, r.embd_norm_b, self.eps)
+            name = "inp_norm"
+        elif self.layer_norms:  # modern-bert: the embeddings' LayerNorm without a bias
+            if self.trace is not None:
+                self._seen("inp_embd", -1, self.x)
+            layer_norm(self.x, self.runner.embd_norm, self.runner.embd_norm_b, self.eps, self.x)
+            name = "inp_norm"
         if self.trace is not None:
             self._seen(name, -1, self.x)
         return self.x
 
+    def add_layer_norm(self, x: np.ndarray, o: np.ndarray, w: np.ndarray, b: np.ndarray, name: str,
+                       il: int, w2: np.ndarray | None = None, b2: np.ndarray | None = None) -> np.ndarray:
+        if w2 is not None and w2.shape[0]:  # o = LayerNorm(o + x), x kept; then x = LayerNorm(x + o)
+            residual_layer_norm(o, x, w, b, self.eps)
+            w, b = w2, b2
+        residual_layer_norm(x, o, w, b, self.eps)
+        if self.trace is not None:
+            self._seen(name, il, x)
+        return x
+
+    def qk_layer_norm(self, qkv: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        if not ly.qkv_b.shape[0]:
+            return qkv
+        add_row(qkv, ly.qkv_b)
+        nq, nk = self.cfg.n_head * self.cfg.head_dim, self.cfg.n_head_kv * self.cfg.head_dim
+        for w, b, cols in ((ly.q_layer_norm, ly.q_layer_norm_b, qkv[:, :nq]),
+                           (ly.k_layer_norm, ly.k_layer_norm_b, qkv[:, nq:nq + nk])):
+            if w.shape[0]:
+                residual_layer_norm(cols, cols[:0], w, b, self.eps)
+        if self.trace is not None:
+            self._seen("qkv_normed", il, qkv)
+        return qkv
+
+    def act(self, y: np.ndarray, il: int) -> np.ndarray:
+        gelu_rows(y)
+        if self.trace is not None:
+            self._seen("ffn_act", il, y)
+        return y
+
     def norm(self, x: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
-        if w.shape[0]:
+        if w.shape[0] and self.layer_norms:  # modern-bert's LayerNorm without a bias
+            layer_norm(x, w, w[:0], self.eps, self.xn)
+        elif w.shape[0]:
             rmsnorm(x, w, self.eps, self.xn)
         else:  # no norm (olmo2): the input as it is
             self.xn[:] = x
@@ -180,7 +238,8 @@ class CpuPrimitives:
             q_post(qkv, ly.bq, q_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2, self.neox, self.q_scale,
                    q_temp, q3, qd, kc, ws.bsum, rot_k)
         attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
-                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, rot_v,
                   attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, attn)
@@ -213,8 +272,8 @@ class CpuPrimitives:
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = scratch["attn"].reshape(T, H, R)
         attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
-                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat,
-                  ws.scores)
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, 0, lat, ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = scratch["mla_out"]
@@ -283,6 +342,11 @@ class CpuPrimitives:
 
     def add_norm(self, x: np.ndarray, o: np.ndarray, post: np.ndarray, w: np.ndarray | None, il: int, name: str,
                  next_name: str, next_il: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.layer_norms:  # modern-bert: x + o (ggml_add), then the next LayerNorm (no post-norm, no scale)
+            np.add(x, o, out=x)
+            if self.trace is not None:
+                self._seen(name, il, x)
+            return x, self.norm(x, post[:0] if w is None else w, next_name, next_il)
         residual_norm(x, o, post, self.eps, self.residual_scale, post[:0] if w is None else w, self.xn)
         if self.trace is not None:
             self._seen(name, il, x)
@@ -332,7 +396,7 @@ class CpuPrimitives:
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
         F = self.cfg.layer_n_ff(il)
         act = self.ws.act.reshape(-1)[:self.T * F].reshape(self.T, F)
-        (glu_rows if self.T > 1 else glu)(gu, F, self.act, act)
+        (glu_rows if self.T > 1 else glu)(gu, F, self.glu_act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act
@@ -363,7 +427,7 @@ class CpuPrimitives:
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.act, g.planes, g.info, d.planes, d.info,
+            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.exp_act, g.planes, g.info, d.planes, d.info,
                         ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
             self._each_expert(x, per, ly)
@@ -384,7 +448,7 @@ class CpuPrimitives:
             qmatmul(w, h, gu, mm, col)
         if self.trace is not None:  # llama.cpp's build_ffn names the shared expert's as a dense FFN's
             self._seen("ffn_gate_up", il, gu)
-        (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
+        (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.glu_act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)
         for w, col in ly.shexp_down:
@@ -416,7 +480,7 @@ class CpuPrimitives:
                 qmatmul(w, x, gu, mm, col)
             if ly.gu_bias.shape[0]:
                 add_row(gu, ly.gu_bias[e])
-            glu(gu, self.cfg.n_ff_exp, self.act, act)
+            glu(gu, self.cfg.n_ff_exp, self.exp_act, act)
             for w, col in down:
                 qmatmul(w, act, y, mm, col)
             if ly.down_bias.shape[0]:
@@ -429,8 +493,8 @@ class CpuPrimitives:
         if self.batch.hidden_rows is not None:  # embeddings: before x (spent) is reused below
             np.take(h, self.batch.hidden_rows, axis=0, out=self.batch.hidden)
         R = len(rows_wanted)
-        if R == 0:  # only prefill chunks that end mid-prompt: their K/V were the point
-            return runner.logits[:0]
+        if R == 0 or runner.output is None:  # only prefill chunks that end mid-prompt (their K/V were
+            return runner.logits[:0]  # the point), or an encoder's pass (no logits: its hidden rows)
         if R == self.T:  # every token's logits (rows are ascending, so in order)
             rows = h
         else:

@@ -44,8 +44,10 @@ class AttentionPlan:
             held = blocks >= 0  # blocks that fell out of a sliding window are -1: masked below anyway
             return np.where(held, blocks * block_size + p % block_size, 0).astype(np.int32), held
 
-        # parts: (token indices, key rows (B, L), mask (B, n, L)); decode tokens first, together
+        # parts: (token indices, key rows (B, L), mask (B, n, L)); decode tokens first, together; and
+        # per part its queries' positions (B, n) and its keys' (B, L), for ALiBi's distances (attend)
         self.parts: list[tuple[mx.array | None, mx.array, mx.array]] = []
+        self.positions: list[tuple[np.ndarray, np.ndarray]] = []
         done: list[np.ndarray] = []
         single = [(int(s), int(order[i])) for s, i, c in zip(seqs, starts, counts) if c == 1]
         if single:
@@ -66,6 +68,10 @@ class AttentionPlan:
             idx = np.array([t for _, t in single], np.int64)
             done.append(idx)
             self.parts.append((self._index(idx, T), mx.array(rows), mx.array(mask)))
+            # each token's keys from its span's start on (padding: masked): the distances back from it
+            first = np.array([int(pos[t]) - (len(r) - 1) for (r, _), (_, t) in zip(spans, single)])
+            kp = first[:, None] + np.arange(L)[None, :]
+            self.positions.append((np.array([int(pos[t]) for _, t in single])[:, None], kp))
         for s, i, c in zip(seqs, starts, counts):
             if c == 1:
                 continue
@@ -89,6 +95,7 @@ class AttentionPlan:
                 m &= qp[:, None] - kp[None, :] < window
             done.append(idx)
             self.parts.append((self._index(idx, T), mx.array(r[None]), mx.array(m[None])))
+            self.positions.append((qp[None], kp[None]))
         cat = np.concatenate(done)
         # the outputs come out in the parts' order; this puts them back in token order
         self.perm = None if np.array_equal(cat, np.arange(T)) else mx.array(np.argsort(cat).astype(np.int32))
@@ -98,12 +105,18 @@ class AttentionPlan:
         return None if np.array_equal(idx, np.arange(T)) else mx.array(idx.astype(np.int32))
 
     def attend(self, q: mx.array, k_rows: mx.array, v_rows: mx.array, scale: float, softcap: float,
-               sinks: mx.array | None = None) -> mx.array:
+               sinks: mx.array | None = None, alibi: mx.array | None = None) -> mx.array:
         """q (T, H, D) -> (T, H * Dv); k_rows (n_rows, Hkv, D), v_rows (n_rows, Hkv, Dv): a layer's cache,
-        this batch's K/V already written; sinks (H,): gpt-oss's sink logits, or None.  Computes in
+        this batch's K/V already written; sinks (H,): gpt-oss's sink logits, or None; alibi (H,):
+        ALiBi's slopes (each score plus -slope * |p_q - p_k|: jina-bert-v2), or None.  Computes in
         q's dtype."""
         outs = []
-        for idx, rows, mask in self.parts:
+        for (idx, rows, mask), (qp, kp) in zip(self.parts, self.positions):
+            keys = mask[:, None]  # (B, 1, n, L): which keys each query sees
+            if alibi is not None:  # an additive mask (B, H, n, L): the bias where a key is seen, -inf where not
+                dist = mx.array(np.abs(qp[:, :, None] - kp[:, None, :]).astype(np.float32))  # (B, n, L)
+                bias = (-alibi.astype(mx.float32)[None, :, None, None]) * dist[:, None]
+                keys = mx.where(keys, bias, mx.array(-np.inf, mx.float32)).astype(q.dtype)
             qs = q if idx is None else q[idx]
             B, n = rows.shape[0], qs.shape[0] // rows.shape[0]
             qb = qs.reshape(B, n, *qs.shape[1:]).transpose(0, 2, 1, 3)  # (B, H, n, D)
@@ -112,7 +125,7 @@ class AttentionPlan:
             if softcap > 0:
                 o = _softcapped(qb, kb, vb, scale, softcap, mask)
             else:
-                o = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask=mask[:, None],
+                o = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask=keys,
                                                          sinks=None if sinks is None else as_dtype(sinks, q.dtype))
             outs.append(o.transpose(0, 2, 1, 3).reshape(B * n, -1))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)

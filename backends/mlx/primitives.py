@@ -103,10 +103,47 @@ class MlxPrimitives:
 
     def embed(self, name: str) -> mx.array:
         x = self.runner.embed.take(mx.array(self.batch.tokens)).astype(mx.float32)
-        return x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
+        x = x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
+        if self.cfg.architecture.bert_norms:  # token type 0's row, the positions' embeddings, the norm
+            r = self.runner
+            if r.token_type is not None:
+                x = x + r.token_type
+            if r.pos_embd is not None:
+                x = r.pos_embd[mx.array(self.batch.positions)] + x
+            x = mx.fast.layer_norm(x, r.embd_norm, r.embd_norm_b, self.cfg.norm_eps)
+        elif self.cfg.architecture.layer_norms:  # modern-bert: the embeddings' LayerNorm without a bias
+            x = mx.fast.layer_norm(x, self.runner.embd_norm, None, self.cfg.norm_eps)
+        return x
+
+    def add_layer_norm(self, x: mx.array, o: mx.array, w: mx.array, b: mx.array, name: str, il: int,
+                       w2: mx.array | None = None, b2: mx.array | None = None) -> mx.array:
+        y = mx.fast.layer_norm(x + o, w, b, self.cfg.norm_eps)
+        return y if w2 is None else mx.fast.layer_norm(y + x, w2, b2, self.cfg.norm_eps)
+
+    def qk_layer_norm(self, qkv: mx.array, ly: Any, il: int) -> mx.array:
+        if ly.qkv_b is None:
+            return qkv
+        qkv = qkv + ly.qkv_b
+        nq, nk = self.cfg.n_head * self.cfg.head_dim, self.cfg.n_head_kv * self.cfg.head_dim
+        q, k = qkv[:, :nq], qkv[:, nq:nq + nk]
+        if ly.q_layer_norm is not None:
+            q = mx.fast.layer_norm(q, ly.q_layer_norm, ly.q_layer_norm_b, self.cfg.norm_eps)
+        if ly.k_layer_norm is not None:
+            k = mx.fast.layer_norm(k, ly.k_layer_norm, ly.k_layer_norm_b, self.cfg.norm_eps)
+        return mx.concatenate([q, k, qkv[:, nq + nk:]], axis=-1)
+
+    def act(self, y: mx.array, il: int) -> mx.array:
+        return gelu_ggml(y)
+
+    def _pre_norm(self, x: mx.array, w: mx.array | None) -> mx.array:
+        """The norm before a block (and the output norm): RMSNorm, or modern-bert's LayerNorm
+        without a bias (Architecture.layer_norms); x itself where w is absent."""
+        if w is not None and self.cfg.architecture.layer_norms:
+            return mx.fast.layer_norm(x, w, None, self.cfg.norm_eps)
+        return self._norm(x, w)
 
     def norm(self, x: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
-        return as_dtype(self._norm(x, w), self.dt)
+        return as_dtype(self._pre_norm(x, w), self.dt)
 
     def linear(self, ws: list, h: mx.array, name: str, il: int) -> mx.array:
         ys = [m.matmul(as_dtype(h, self.dt)) for m in ws]
@@ -152,7 +189,8 @@ class MlxPrimitives:
         if own_kv:
             kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
             vc[self.slots[g]] = v.astype(KV_DTYPE)
-        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
+        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks,
+                                    self.runner.alibi)
 
     def rms_norm(self, y: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
         return self._norm(y, w)
@@ -187,7 +225,7 @@ class MlxPrimitives:
         if self.cfg.residual_scale != 1.0:
             o = o * self.cfg.residual_scale
         x = x + o
-        return x, self._norm(x, w)
+        return x, self._pre_norm(x, w)
 
     def per_layer_inputs(self, x: mx.array) -> None:
         """Gemma 4's per-layer inputs of the batch (T, n_layer * P), kept for per_layer_gate, from x
@@ -219,7 +257,7 @@ class MlxPrimitives:
     def glu(self, gu: mx.array, il: int) -> mx.array:
         F = gu.shape[-1] // 2  # n_ff, or an expert's width
         gate, up = gu[:, :F], gu[:, F:]
-        kind = self.cfg.architecture.activation
+        kind = self.cfg.ffn_activation
         if kind == "swiglu_oai":  # gpt-oss (ggml_swiglu_oai)
             limit, alpha = float(OAI_LIMIT), float(OAI_ALPHA)
             x = mx.minimum(gate, limit)
@@ -257,7 +295,8 @@ class MlxPrimitives:
             gu = self.linear(gate_up, x, "ffn_gate_up", il)
             if ly.expert_biases is not None:  # gpt-oss: (gate|up, down) biases of each expert
                 gu = gu + ly.expert_biases[0][e]
-            y = self.linear(down, self.glu(gu, il), "ffn_out", il)
+            act = self.glu(gu, il) if cfg.architecture.ffn_gated else self.act(gu, il)  # nomic-bert-moe: GELU(up)
+            y = self.linear(down, act, "ffn_out", il)
             if ly.expert_biases is not None:
                 y = y + ly.expert_biases[1][e]
             if ly.expert_scale is not None:  # Gemma 4: each expert's output times its ffn_down_exps.scale

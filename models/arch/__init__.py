@@ -66,6 +66,7 @@ from infer.quant.errors import InferError
 
 from ..hf_files import ConvertError
 from . import (
+    bert,
     deepseek2,
     gemma2,
     gemma3,
@@ -75,11 +76,15 @@ from . import (
     gpt_oss,
     granite,
     granitehybrid,
+    jina_bert_v2,
     lfm2,
     lfm2moe,
     llama,
     llama4,
     mistral3,
+    modern_bert,
+    nomic_bert,
+    nomic_bert_moe,
     olmo2,
     phi3,
     qwen2,
@@ -97,7 +102,7 @@ __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "caus
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
             granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4,
-            gemma_embedding)
+            gemma_embedding, bert, nomic_bert, nomic_bert_moe, jina_bert_v2, modern_bert)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

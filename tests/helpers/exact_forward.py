@@ -313,9 +313,9 @@ def _exact_mamba2(cfg, h, lw, ends):
 
 def _exact_ffn(cfg, h, w_gate, w_up, w_down, biases=(0.0, 0.0, 0.0)):
     g, u = h @ _dense(w_gate).T + biases[0], h @ _dense(w_up).T + biases[1]
-    if cfg.architecture.activation == "gelu":
+    if cfg.ffn_activation == "gelu":
         act = _gelu(g)
-    elif cfg.architecture.activation == "swiglu_oai":  # gpt-oss
+    elif cfg.ffn_activation == "swiglu_oai":  # gpt-oss
         x = np.minimum(g, 7.0)
         act, u = x / (1 + np.exp(-1.702 * x)), np.clip(u, -7.0, 7.0) + 1
     else:

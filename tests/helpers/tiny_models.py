@@ -8,9 +8,16 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
+from infer.models.arch import architecture, names
+
 # Weights are drawn like HF initializes these architectures (initializer_range 0.02); wider random
 # weights amplify 1-ulp differences through Q8 activation rounding until llama.cpp disagrees with itself.
 WEIGHT_STD = 0.02
+
+# The architectures write_tiny_model writes: all but the BERT family (Architecture.bert_norms), whose
+# tiny models carry a real vocabulary of llama.cpp's (tiny_encoders.write_tiny_encoder;
+# tests/test_encoders.py)
+TINY_ARCHS = tuple(a for a in names() if not architecture(a).bert_norms)
 
 # Where each K-quant block keeps its f16 scales (byte offsets) and a scale that keeps weights within ~±0.04.
 _KQUANT_SCALES = {

@@ -11,6 +11,7 @@ import importlib.util
 import numpy as np
 import pytest
 
+from helpers.embeddings import check_against_llama_cpp, llama_cpp_embed
 from helpers.tiny_encoders import GEMMA_EMBEDDING_DENSE, write_tiny_gemma_embedding
 from infer.backends.batch import Batch
 from infer.engine.block_manager import BlockManager
@@ -123,8 +124,6 @@ def test_gemma_embedding_matches_llama_cpp(tiny_encoder, backend):
     spread 1.8e-4; mlx 2.6e-4, 3.0e-4, its 8-bit weight copies; on seed 0's model, causal attention
     instead was 0.40 away, the sliding windows left out 0.29, a window of 12 0.21). The 16-token
     prompt is longer than the symmetric window (3 keys either side)."""
-    from test_embeddings import check_against_llama_cpp, llama_cpp_embed
-
     llm = _llm(tiny_encoder, backend)
     assert llm.engine.pooling == "mean" and not llm.engine.causal
     inputs = [TINY_PROMPT, TINY_PROMPT[:5]]
@@ -181,8 +180,6 @@ def test_dense_projections_against_llama_cpp(tmp_path):
     """EmbeddingGemma with sentence-transformers' dense projections (dense_2, dense_3: the pooling
     head, models/pooling_head.py, applied after pooling) embeds as llama.cpp's build_dense_out does,
     its layers loaded as the file without them."""
-    from test_embeddings import check_against_llama_cpp, llama_cpp_embed
-
     path = write_tiny_gemma_embedding(tmp_path / "d.gguf", seed=23, dense=True)
     with_dense = load_model(path)
     plain = load_model(write_tiny_gemma_embedding(tmp_path / "p.gguf", seed=23))

@@ -40,6 +40,16 @@ def llama_cpp_embed(path, pooling: str, inputs: list, flash_attn: bool = False, 
         ref.close()
 
 
+def check_against_llama_cpp(ours: list[np.ndarray], ref: list[np.ndarray], ref_fa: list[np.ndarray], what: str):
+    """Within 1e-3 cosine of llama.cpp's default path, or of its own spread (default vs flash
+    attention) where that is wider: on the embedded model's last token, llama.cpp's two paths
+    differ by up to ~3e-3."""
+    for i, (o, r, f) in enumerate(zip(ours, ref, ref_fa)):
+        d, spread = cos_distance(o, r), cos_distance(f, r)
+        print(f"{what} input {i}: ours {d:.2e}, llama.cpp fa on/off {spread:.2e}")
+        assert d <= max(1e-3, spread), f"{what} input {i}: cosine distance {d:.2e} (llama.cpp's spread {spread:.2e})"
+
+
 def embed(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
     """Our embeddings of prompts, submitted together (they share the engine's steps)."""
     eng = llm.engine

@@ -33,6 +33,7 @@ def embed(
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     mmap: bool = opt.MMAP,
+    ubatch_size: int = opt.UBATCH,
 ) -> None:
     load = opt.LoadOptions.of(locals())
     if texts and file is not None:
@@ -72,6 +73,7 @@ def rerank(
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     mmap: bool = opt.MMAP,
+    ubatch_size: int = opt.UBATCH,
 ) -> None:
     load = opt.LoadOptions.of(locals())
     if top_n < 0:

@@ -29,6 +29,9 @@ STATE_SNAPSHOTS = typer.Option(-1, "--state-snapshots",
                                help="Hybrid models (Qwen3.5, LFM2): recurrent states kept at prompt ends so "
                                     "the prefix cache serves a chat's next turn (-1: 4 per sequence, 0: none; "
                                     "llama-server's --ctx-checkpoints).")
+UBATCH = typer.Option(512, "--ubatch-size", "-ub",
+                      help="Tokens one forward pass takes (llama.cpp's -ub): an embedding model whose attention "
+                           "is not causal (BERT, EmbeddingGemma) embeds inputs up to this long.")
 FORMAT = typer.Option(None, "--format", help="json: the reply is one JSON object (as ollama's --format json).")
 JSON_SCHEMA = typer.Option(None, "--json-schema", metavar="FILE", help="The reply follows this JSON schema (a .json file).")
 GRAMMAR = typer.Option(None, "--grammar", metavar="FILE", help="The reply follows this GBNF grammar (llama.cpp's syntax).")
@@ -94,6 +97,7 @@ class LoadOptions:
     cache_type_v: str = CACHE_TYPE_V.default
     kv_memory: str | None = None  # --kv-memory as typed (512M); serve and bench only
     state_snapshots: int = STATE_SNAPSHOTS.default
+    ubatch_size: int = UBATCH.default
     spec: str | None = SPEC.default
     spec_ngram_n: int = SPEC_NGRAM_N.default
     draft_max: int = DRAFT_MAX.default
@@ -120,4 +124,4 @@ class LoadOptions:
             cache_type_k=self.cache_type_k, cache_type_v=self.cache_type_v,
             spec=spec(self.spec, self.spec_ngram_n, self.draft_max, self.draft, self.draft_min, self.draft_p_min),
             kv_memory=parse_size(self.kv_memory) if self.kv_memory else 0, pooling=pooling,
-            state_snapshots=self.state_snapshots)
+            state_snapshots=self.state_snapshots, max_batch_tokens=self.ubatch_size)

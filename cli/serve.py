@@ -63,6 +63,7 @@ def serve(
     pooling: str = typer.Option("", "--pooling", show_default=False,
                                 help="How /v1/embeddings and /api/embed pool a text's tokens: mean, cls, last or rank "
                                      "(a reranker's head; default: the model file's pooling_type, else mean)."),
+    ubatch_size: int = opt.UBATCH,
 ) -> None:
     load = opt.LoadOptions.of(locals())
     from infer.engine.reasoning import FORMATS

@@ -156,7 +156,7 @@ class Engine:
         if not self.causal and len(prompt) > budget:  # llama-server: "input is too large to process"
             raise PoolingError(f"the input has {len(prompt)} tokens but {self.model_name} attends over a whole "
                                f"input in one step of at most {budget} tokens; shorten it, or raise the "
-                               "engine's max_batch_tokens")
+                               "engine's max_batch_tokens (infer's --ubatch-size)")
         rid = next(self._ids)
         pooler = Pooler(self._rows, len(prompt), self.n_embd)
         self._inbox.put(("add", Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,

@@ -216,3 +216,21 @@ def test_step_budget_past_512_for_an_encoder(tmp_path):
     assert llm.runner.max_tokens == 640
     v = _embed(llm, [prompt])[0]
     assert llm.engine.steps == 1 and np.isfinite(v).all()
+
+
+def test_infer_embed_ubatch_size(tiny_encoder):
+    """`infer embed` on an encoder: an input longer than one pass (-ub, llama.cpp's physical batch)
+    is a one-line error that names the flag; with a pass that holds it, the engine's vector."""
+    from helpers.cli import assert_one_line_error, infer
+
+    from infer.engine.pooling import normalize
+
+    text = "a tiny encoder embeds this"
+    llm = _llm(tiny_encoder, "cpu")
+    ids = llm.encode_raw(text)
+    assert 8 < len(ids) <= 64
+    args = (str(tiny_encoder), text, "--ctx", "64", "--threads", "2")
+    assert_one_line_error(infer("embed", *args, "-ub", "8"), "--ubatch-size")
+    r = infer("embed", *args, "--ubatch-size", "64")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(np.array(r.stdout.split(), np.float64), normalize(_embed(llm, [ids])[0]), atol=1e-6)

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from helpers.cli import assert_one_line_error, infer
+from helpers.embeddings import embed, llama_cpp_embed
+from helpers.tiny_encoders import write_tiny_gemma_embedding
 from helpers.tiny_models import write_tiny_model
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
@@ -52,28 +54,8 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("rerank")
     return {"reranker": write_tiny_model(d / "tiny-reranker.gguf", "qwen3", extra=reranker),
             "embedder": write_tiny_model(d / "tiny-embedder.gguf", "qwen3", extra=embedder),
-            "plain": write_tiny_model(d / "tiny-plain.gguf", "qwen3")}
-
-
-def pooled(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
-    eng = llm.engine
-    rids = [eng.add_embedding(p) for p in prompts]
-    return [list(eng.stream(r))[-1].embedding for r in rids]
-
-
-def llama_cpp_pooled(llama_cpp, path, pooling_type: int, prompts: list[list[int]], n: int) -> list[np.ndarray]:
-    """llama.cpp's pooled output (the head's, under rank pooling) of each token sequence, n floats."""
-    ref = llama_cpp.Llama(str(path), embedding=True, pooling_type=pooling_type, n_ctx=128, n_threads=2,
-                          verbose=False)
-    try:
-        out = []
-        for p in prompts:
-            ref.reset()
-            ref.eval(p)
-            out.append(np.array(llama_cpp.llama_get_embeddings_seq(ref.ctx, 0)[:n]))
-        return out
-    finally:
-        ref.close()
+            "plain": write_tiny_model(d / "tiny-plain.gguf", "qwen3"),
+            "encoder": write_tiny_gemma_embedding(d / "tiny-encoder.gguf", seed=23)}
 
 
 # ---------------------------------------------------------------- heads against llama.cpp
@@ -88,8 +70,8 @@ def test_qwen3_reranker_scores_match_llama_cpp(models, llama_cpp):
         text = TEMPLATE.replace("{query}", QUERY).replace("{document}", d)
         assert p == ref.tokenize(text.encode(), add_bos=False, special=True)
         assert 2 in p  # </s> as the EOS token
-    ours = pooled(llm, prompts)
-    theirs = llama_cpp_pooled(llama_cpp, models["reranker"], llama_cpp.LLAMA_POOLING_TYPE_RANK, prompts, 2)
+    ours = embed(llm, prompts)
+    theirs = llama_cpp_embed(models["reranker"], "rank", prompts, n_ctx=128, n=2)
     for o, t in zip(ours, theirs):
         print("ours", o, "llama.cpp", t)
         assert abs(o.sum() - 1) < 1e-5  # the softmax over ("yes", "no") (qwen3's)
@@ -105,8 +87,8 @@ def test_qwen3_embedding_matches_llama_cpp(models, llama_cpp):
     assert llm.engine.pooling == "last" and llm.engine.head is None
     prompts = [llm.encode_raw(t) for t in DOCS]
     assert all(p[-1] == 2 for p in prompts)
-    ours = pooled(llm, prompts)
-    theirs = llama_cpp_pooled(llama_cpp, models["embedder"], llama_cpp.LLAMA_POOLING_TYPE_LAST, prompts, D)
+    ours = embed(llm, prompts)
+    theirs = llama_cpp_embed(models["embedder"], "last", prompts, n_ctx=128)
     for o, t in zip(ours, theirs):
         cos = float(normalize(o) @ normalize(t.astype(np.float32)))
         print(f"cosine distance {1 - cos:.2e}")
@@ -125,8 +107,8 @@ def test_dense_projection_after_pooling_matches_llama_cpp(tmp_path, llama_cpp):
     llm = LLM.load(path, EngineConfig(n_ctx=128, n_threads=2))
     assert llm.engine.n_out == 128
     prompts = [llm.encode_raw(t) for t in DOCS[:2]]
-    ours = pooled(llm, prompts)
-    theirs = llama_cpp_pooled(llama_cpp, path, llama_cpp.LLAMA_POOLING_TYPE_MEAN, prompts, 128)
+    ours = embed(llm, prompts)
+    theirs = llama_cpp_embed(path, "mean", prompts, n_ctx=128, n=128)
     for o, t in zip(ours, theirs):
         assert o.shape == (128,)
         np.testing.assert_allclose(o, t, atol=1e-5 * np.abs(t).max())
@@ -234,7 +216,7 @@ def test_the_inputs_of_one_request_prefill_in_one_step(models):
     rids = [eng.add_embedding(p) for p in prompts]
     events = eng.step()
     assert sorted(e.request_id for e in events if e.embedding is not None) == rids  # 8 > max_seqs, one step
-    alone = pooled(LLM.load(models["reranker"], EngineConfig(n_ctx=128, n_threads=2)), prompts[:1])[0]
+    alone = embed(LLM.load(models["reranker"], EngineConfig(n_ctx=128, n_threads=2)), prompts[:1])[0]
     first = next(e for e in events if e.request_id == rids[0])
     np.testing.assert_array_equal(first.embedding, alone)  # side by side is the same as alone
 
@@ -259,7 +241,7 @@ def reranking(models):
 
 def reference_scores(models) -> list[float]:
     llm = LLM.load(models["reranker"], EngineConfig(n_ctx=256, n_threads=2))
-    return [float(v[0]) for v in pooled(llm, [llm.encode_rerank(QUERY, d) for d in DOCS])]
+    return [float(v[0]) for v in embed(llm, [llm.encode_rerank(QUERY, d) for d in DOCS])]
 
 
 def test_rerank_routes(reranking, models):
@@ -315,15 +297,17 @@ def test_rerank_refusals(reranking, models):
 
 
 def test_an_encoder_is_served_for_embeddings_and_refuses_to_generate(models):
-    """An embedding-only model (ModelConfig.causal False): /v1/embeddings answers, chat is a 400."""
-    from dataclasses import replace
-
+    """An encoder (EmbeddingGemma's gemma-embedding, ModelConfig.causal False) served alone:
+    /v1/embeddings gives the engine's vectors, the generation routes are a 400."""
     from starlette.testclient import TestClient
 
-    llm = LLM.load(models["embedder"], EngineConfig(n_ctx=256, n_threads=2))
-    llm.model = replace(llm.model, config=replace(llm.model.config, causal=False))
-    with TestClient(app_of(models["embedder"], "tiny-encoder", llm)) as client:
-        assert client.post("/v1/embeddings", json={"input": "ab cd"}).status_code == 200
+    llm = LLM.load(models["encoder"], EngineConfig(n_ctx=256, n_threads=2))
+    assert not llm.model.config.causal
+    want = [normalize(v) for v in embed(llm, [llm.encode_raw(t) for t in DOCS])]
+    with TestClient(app_of(models["encoder"], "tiny-encoder")) as client:
+        r = client.post("/v1/embeddings", json={"input": DOCS})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], want, atol=1e-6)
         for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                            ("/v1/completions", {"prompt": "ab"})):
             r = client.post(path, json=body)
@@ -333,7 +317,8 @@ def test_an_encoder_is_served_for_embeddings_and_refuses_to_generate(models):
 
 
 def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, monkeypatch):
-    """Several models (`infer serve` without MODEL): each request runs on the model it names."""
+    """Several models (`infer serve` without MODEL): each request runs on the model it names, an
+    encoder's and a reranker's beside a chat model's."""
     from datetime import datetime, timezone
 
     from starlette.testclient import TestClient
@@ -346,7 +331,7 @@ def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, mon
 
     monkeypatch.setenv("INFER_HOME", str(tmp_path / "home"))
     store = ModelStore()
-    for name in ("reranker", "embedder"):
+    for name in ("reranker", "embedder", "encoder", "plain"):
         path = models[name]
         store.add(StoredModel(f"acme/{name}:Q8_0", f"acme/{name}", "Q8_0", "0" * 40, "gguf", str(path),
                               (path.name,), path.stat().st_size, datetime.now(timezone.utc).isoformat()))
@@ -356,7 +341,7 @@ def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, mon
         llm = LLM.load(path, EngineConfig(n_ctx=256, n_threads=2, max_seqs=2))
         return llm, create_app(llm, ServerConfig(model_id=name, any_name=True), metrics, own_lifespan=False)
 
-    router = ModelRouter(ModelPool(build, lambda p: 0, max_models=2), Catalog(models["plain"]), metrics,
+    router = ModelRouter(ModelPool(build, lambda p: 0, max_models=4), Catalog(models["plain"]), metrics,
                          max_body=2**20, n_ctx=256)
     with TestClient(router) as client:
         r = client.post("/v1/rerank", json={"model": "acme/reranker:Q8_0", "query": QUERY, "documents": DOCS})
@@ -367,13 +352,20 @@ def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, mon
         assert r.status_code == 200 and len(r.json()["data"]) == len(DOCS)
         r = client.post("/rerank", json={"model": "acme/embedder:Q8_0", "query": QUERY, "documents": DOCS})
         assert r.status_code == 400 and "'acme/embedder:Q8_0' is not a reranker" in r.json()["error"]["message"]
+        r = client.post("/v1/embeddings", json={"model": "acme/encoder:Q8_0", "input": DOCS})
+        assert r.status_code == 200 and len(r.json()["data"]) == len(DOCS)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        r = client.post("/v1/chat/completions", json={"model": "acme/plain:Q8_0", **chat})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+        r = client.post("/v1/chat/completions", json={"model": "acme/encoder:Q8_0", **chat})
+        assert r.status_code == 400 and "is an embedding model" in r.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------- the command line
 
 def test_infer_embed(models, tmp_path):
     llm = LLM.load(models["embedder"], EngineConfig(n_ctx=256, n_threads=2))
-    want = [normalize(v) for v in pooled(llm, [llm.encode_raw(t) for t in DOCS[:2]])]
+    want = [normalize(v) for v in embed(llm, [llm.encode_raw(t) for t in DOCS[:2]])]
     args = ("--ctx", "256", "--threads", "2")
     r = infer("embed", str(models["embedder"]), *DOCS[:2], *args)
     assert r.returncode == 0, r.stderr

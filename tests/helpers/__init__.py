@@ -6,7 +6,8 @@ no test module imports another.
 - cli: `infer` in a subprocess (infer) and the one-line error every user-facing failure must be.
 - engine_runs: requests through an engine all at once, each alone, one cancelled midway.
 - tiny_models: tiny random-weight GGUF models of every architecture (write_tiny_model) but the
-  BERT family's (TINY_ARCHS).
+  BERT family's and ModernBERT's (TINY_ARCHS).
+- tiny_modern_bert: tiny random-weight ModernBERT encoders.
 - tiny_encoders: tiny random-weight encoders: EmbeddingGemma, and the BERT family with llama.cpp's
   real vocabularies.
 - embeddings: embeddings through the engine and through llama.cpp, their cosine distance.

@@ -16,8 +16,9 @@ WEIGHT_STD = 0.02
 
 # The architectures write_tiny_model writes: all but the BERT family (Architecture.bert_norms), whose
 # tiny models carry a real vocabulary of llama.cpp's (tiny_encoders.write_tiny_encoder;
-# tests/test_encoders.py)
-TINY_ARCHS = tuple(a for a in names() if not architecture(a).bert_norms)
+# tests/test_encoders.py), and ModernBERT (Architecture.layer_norms: tiny_modern_bert.py;
+# tests/test_modern_bert.py)
+TINY_ARCHS = tuple(a for a in names() if not (architecture(a).bert_norms or architecture(a).layer_norms))
 
 # Where each K-quant block keeps its f16 scales (byte offsets) and a scale that keeps weights within ~±0.04.
 _KQUANT_SCALES = {

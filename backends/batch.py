@@ -60,3 +60,11 @@ class Batch:
         last = np.zeros(S, np.int64)
         np.maximum.at(last, self.tok_seq, self.positions.astype(np.int64) + 1)
         return np.where(counts > 1, last, 0).astype(np.int32)
+
+    def seq_last(self) -> np.ndarray:
+        """(S,) int32: the last position of each table row's sequence among the batch's tokens (-1:
+        none there). A non-causal model's queries see their sequence's keys up to it (its prompt
+        is computed in one step)."""
+        last = np.full(len(self.tables[0]) if self.tables else 0, -1, np.int32)
+        np.maximum.at(last, self.tok_seq, self.positions)
+        return last

@@ -64,15 +64,20 @@ class Engine:
         if recurrent and self.states is None and config.spec.kind:
             raise SpeculationError(f"speculative decoding cannot run {model_config.arch} on {runner.backend}: "
                                    "its recurrent state cannot roll back a rejected draft there; drop --spec")
+        # a non-causal model's (an encoder's) K/V depend on the tokens after them: no block of it is
+        # ever found again by its prefix
+        self.causal = model_config.causal
+        self.model_name = model_config.name or model_config.arch
         self.blocks = BlockManager(n_blocks, bs, windows, model_key, per_block, on_free=self.pool.free_sequence,
-                                   naming=config.prefix_cache and (self.states is not None or not recurrent))
+                                   naming=config.prefix_cache and self.causal and (self.states is not None or not recurrent))
         budget = min(config.max_batch_tokens, runner.max_tokens)
         n_snap = state_snapshots(config) if self.states is not None else 0
         first_snap = state_slots_needed(config) - state_snapshots(config)  # the snapshots come last
         self.scheduler = Scheduler(self.blocks, config.max_seqs, budget,
                                    StateSlots(config.max_seqs) if self.states is not None else None,
                                    StateSnapshots(first_snap, n_snap) if n_snap else None,
-                                   scratch=config.max_seqs)  # slot s's state before its draft: s + max_seqs
+                                   scratch=config.max_seqs,  # slot s's state before its draft: s + max_seqs
+                                   whole_prompts=not self.causal)
         self.eog = tokenizer.eog_ids
         self.pooling = choose_pooling(model_config.pooling, config.pooling)
         if config.spec.kind and not isinstance(self.pool, BlockKVPool):  # rejected K/V just left behind in their blocks
@@ -119,6 +124,8 @@ class Engine:
         compiled: params.grammar compiled already (grammars.compile, which can take a second);
         else it is compiled here, in the caller's thread: a bad grammar is the caller's GrammarError."""
         self.check_prompt(prompt)
+        if not self.causal:
+            raise PromptError(f"{self.model_name} is an embedding model: use `infer embed` or /v1/embeddings")
         if params.grammar is not None and compiled is None:
             compiled = self.grammars.compile(params.grammar)
         grammar = compiled.matcher() if params.grammar is not None else None
@@ -135,6 +142,11 @@ class Engine:
             raise PoolingError(f"the {self.runner.backend} backend does not compute embeddings; "
                                "use --backend cpu (or mlx)")
         self.check_prompt(prompt)
+        budget = self.scheduler.max_batch_tokens
+        if not self.causal and len(prompt) > budget:  # llama-server: "input is too large to process"
+            raise PoolingError(f"the input has {len(prompt)} tokens but {self.model_name} attends over a whole "
+                               f"input in one step of at most {budget} tokens; shorten it, or raise the "
+                               "engine's max_batch_tokens")
         rid = next(self._ids)
         pooler = Pooler(self.pooling, len(prompt), self.n_embd)
         self._inbox.put(("add", Request(rid, prompt, SamplingParams(max_tokens=1), self.tokenizer, self.n_ctx,

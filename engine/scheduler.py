@@ -66,13 +66,18 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_seqs: int = 8, max_batch_tokens: int = 512,
-                 states: StateSlots | None = None, snapshots: StateSnapshots | None = None, scratch: int = 0):
+                 states: StateSlots | None = None, snapshots: StateSnapshots | None = None, scratch: int = 0,
+                 whole_prompts: bool = False):
         if max_seqs < 1 or max_batch_tokens < 1:
             raise ValueError("max_seqs and max_batch_tokens must be positive")
         self.blocks = blocks
         self.states = states  # a hybrid model's recurrent state slots; None: the model has none
         self.snapshots = snapshots  # and its kept states, for the prefix cache (None: it has none)
         self.scratch = scratch  # under speculation: state slot s's state before its draft is at s + scratch
+        # a non-causal model (an encoder): each token attends over its whole sequence, so a prompt is
+        # admitted only whole, in one step, from no cached prefix (a longer one waits forever:
+        # Engine.add_embedding refuses it)
+        self.whole_prompts = whole_prompts
         self.max_seqs = max_seqs
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Sequence] = deque()
@@ -181,9 +186,10 @@ class Scheduler:
             state_at = None  # a hybrid model's prefix ends where a snapshot keeps its state
             if self.states is not None:
                 state_at = self.snapshots.has if self.snapshots is not None else (lambda name: False)
-            cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix, state_at=state_at)
+            cached = self.blocks.begin(seq.id, seq.tokens, reuse=seq.reuse_prefix and not self.whole_prompts,
+                                       state_at=state_at)
             n_new = self._chunk(seq, cached, budget)
-            if not self.blocks.can_append(seq.id, n_new):
+            if (self.whole_prompts and n_new < seq.num_tokens) or not self.blocks.can_append(seq.id, n_new):
                 self.blocks.free(seq.id)
                 break
             if not seq.admitted:

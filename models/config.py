@@ -60,7 +60,7 @@ def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
 class KVGroup:
     """Layers whose KV cache is paged together: same attention window, so same blocks needed."""
 
-    window: int  # 0: full causal attention; else the sliding window
+    window: int  # 0: full attention; else the sliding window (a non-causal model's symmetric: ModelConfig.causal)
     layers: tuple[int, ...]
     # the window is a chunk instead (llama4): a query sees the keys of its own chunk of `window`
     # positions only. Those keys lie within the last `window` positions, so the blocks out of a
@@ -116,7 +116,13 @@ class ModelConfig:
     yarn_beta_fast: float = 32.0  # YaRN's ramp runs from the pair turning this often over n_ctx_orig...
     yarn_beta_slow: float = 1.0  # ... to the one turning this often (llama.cpp's defaults)
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier (mistral3), in rope_attn_factor; 0: none
+    n_token_types: int = 0  # rows of token_types (bert: tokenizer.ggml.token_type_count); 0: none
     pooling: str = ""  # how an embedding pools the tokens, from <arch>.pooling_type: "mean", "cls", "last"; "": not said
+    # False: an encoder (an embedding model): each token attends over every token of its sequence,
+    # the later ones too, and a sliding window is symmetric (|q - p| <= window // 2); the whole
+    # prompt is computed in one step, no prefix is cached, nothing is generated. From the
+    # architecture (Architecture.causal) and, as llama.cpp reads it, <arch>.attention.causal
+    causal: bool = True
     # hybrid models (Architecture.recurrent): per layer, whether it is recurrent (a per-sequence
     # state instead of a KV cache: LFM2's short convolution); () where no layer is
     layer_recurrent: tuple[bool, ...] = ()
@@ -204,6 +210,18 @@ class ModelConfig:
         """Whether layer il's FFN is the mixture of experts (else the dense FFN)."""
         step = self.n_moe_layer_step
         return self.n_expert > 0 and il >= self.n_layer_dense_lead and (step <= 0 or (il + 1) % step == 0)
+
+    def alibi_slopes(self) -> np.ndarray:
+        """(n_head,) float32: ALiBi's slope of each head (Architecture.alibi: jina-bert-v2), as
+        ggml_soft_max_ext forms them for llama.cpp's max_bias of 8 (float32 powf); (0,) without ALiBi."""
+        if not self.architecture.alibi:
+            return np.zeros(0, np.float32)
+        f32, max_bias = np.float32, np.float32(8.0)
+        n_log2 = 1 << int(np.floor(np.log2(self.n_head)))
+        m0 = f32(2.0) ** (-max_bias / f32(n_log2))
+        m1 = f32(2.0) ** (-(max_bias / f32(2.0)) / f32(n_log2))
+        return np.array([m0 ** f32(h + 1) if h < n_log2 else m1 ** f32(2 * (h - n_log2) + 1)
+                         for h in range(self.n_head)], np.float32)
 
     def layer_attn_temp(self, il: int) -> bool:
         """Whether layer il's Q is multiplied by the attention temperature (attn_temperature)."""
@@ -418,7 +436,9 @@ class ModelConfig:
             head_dim=head_dim,
             head_dim_v=head_dim_v,
             n_ff=n_ff,
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            # the BERT family's LayerNorms read their own key, with llama.cpp's BERT default
+            norm_eps=float(get("attention.layer_norm_epsilon", 1e-12) if spec.bert_norms
+                           else get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
             rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
@@ -441,6 +461,10 @@ class ModelConfig:
             moe_norm_weights=norm_weights,
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
+            causal=spec.causal and bool(get("attention.causal", True)),
+            n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 0) or 0),
+            # absolute position embeddings (bert) or ALiBi (jina-bert-v2) instead
+            **({"rope": False} if spec.pos_embd or spec.alibi else {}),
             moe_gating=spec.moe_gating,
             **hybrid,
             **plan,

@@ -48,7 +48,7 @@ class LayerWeights:
     post_ffn_norm: np.ndarray | None
     # a mixture of experts: the router (n_expert, n_embd) and per expert its gate, up, down matrices
     router: Matrix | None = None
-    experts: tuple[tuple[Matrix, Matrix, Matrix], ...] = ()
+    experts: tuple[tuple[Matrix | None, Matrix, Matrix], ...] = ()  # gate None: act(up) (Architecture.ffn_gated)
     # the shared expert (Architecture.shared_expert): its gate, up (n_ff_shexp, n_embd) and down
     # (n_embd, n_ff_shexp) matrices, and the (1, n_embd) row of its sigmoid gate (None: added ungated)
     shexp: tuple[Matrix, Matrix, Matrix] | None = None
@@ -119,6 +119,23 @@ class LayerWeights:
     pre_ffn_norm_2: np.ndarray | None = None
     post_ffn_norm_1: np.ndarray | None = None
     post_ffn_norm_2: np.ndarray | None = None
+    # the BERT family (Architecture.bert_norms; None where absent): the LayerNorms after the
+    # attention's and the FFN's residual adds, weight and bias (D,); the FFN's biases, ffn_up's (F,)
+    # and ffn_down's (D,) (a bert FFN is act(up) alone: w_gate None)
+    attn_out_norm: np.ndarray | None = None
+    attn_out_norm_b: np.ndarray | None = None
+    layer_out_norm: np.ndarray | None = None
+    layer_out_norm_b: np.ndarray | None = None
+    up_b: np.ndarray | None = None  # a gated FFN's: (2F,), gate's then up's (zeros where gate has none)
+    down_b: np.ndarray | None = None
+    # jina-bert-v2's LayerNorms of Q and of K over the whole projection, weight and bias; None where absent
+    q_layer_norm: np.ndarray | None = None
+    q_layer_norm_b: np.ndarray | None = None
+    k_layer_norm: np.ndarray | None = None
+    k_layer_norm_b: np.ndarray | None = None
+    # with those norms, the Q|K|V biases side by side, added before them (qk_layer_norm: bq, bk, bv
+    # are then None, so that the attention adds none); None where the layer has no such norm
+    qkv_b: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,20 @@ class ModelWeights:
     ple_embd: Matrix | None = None
     ple_model_proj: Matrix | None = None
     ple_proj_norm: np.ndarray | None = None
+    # the BERT family (Architecture.bert_norms): the embeddings' LayerNorm, weight and bias (D,);
+    # token type 0's row of token_types (D,), None where the file has none; the absolute position
+    # embeddings position_embd (n_ctx_train, D) (Architecture.pos_embd), None where none
+    token_embd_norm: np.ndarray | None = None
+    token_embd_norm_b: np.ndarray | None = None
+    token_type: np.ndarray | None = None
+    pos_embd: Matrix | None = None
+    # a reranker's classification head, as llama.cpp loads it (not run by the layers): cls (D, D)
+    # (jina-bert-v2: (1, D)) and its bias, cls.output (n_cls_out, D) and its bias (n_cls_out,);
+    # None where absent
+    cls: Matrix | None = None
+    cls_b: np.ndarray | None = None
+    cls_out: Matrix | None = None
+    cls_out_b: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,6 +186,8 @@ class Model:
 
 
 _USED_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_qkv.bias")
+# the BERT family's biases outside the layers: the embeddings' norm and a reranker's head
+_BERT_BIASES = ("token_embd_norm.bias", "cls.bias", "cls.output.bias")
 
 
 def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str, cfg: ModelConfig) -> ModelWeights:
@@ -189,7 +222,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             tensors = cfg.architecture.upgrade_tensors(tensors, cfg)
         except ValueError as e:
             raise ModelLoadError(f"{path}: {e}") from None
-    used = _USED_BIASES + cfg.architecture.extra_biases
+    used = _USED_BIASES + cfg.architecture.extra_biases + (_BERT_BIASES if cfg.architecture.bert_norms else ())
     for name in tensors:  # a bias infer has no place for would be silently dropped: refuse the file
         if name.endswith(".bias") and not name.endswith(used):
             raise ModelLoadError(f"{path}: tensor {name!r} is not supported for architecture {cfg.arch}")
@@ -198,6 +231,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        lw: dict[str, Any] = {}
         # both norms or neither (the backends normalize Q and K alike)
         qk_required = not arch.qk_norm_optional or p + "attn_q_norm.weight" in tensors \
             or p + "attn_k_norm.weight" in tensors
@@ -247,6 +281,12 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             P = cfg.n_embd_per_layer
             own.update(ple_gate=get(p + "inp_gate.weight", (P, D)), ple_proj=get(p + "proj.weight", (D, P)),
                        ple_norm=vec(p + "post_norm.weight", D))
+        if arch.bert_norms:
+            lw = _bert_layer(tensors, vec, p, cfg, F, moe)
+            if lw["q_layer_norm"] is not None or lw["k_layer_norm"] is not None:  # biases before the norms
+                lw["qkv_b"] = np.concatenate([np.zeros(n, np.float32) if b is None else b
+                                              for b, n in zip((bq, bk, bv), (q_dim, kv_dim, v_dim))])
+                bq = bk = bv = None
         layers.append(LayerWeights(
             attn_norm=vec(p + "attn_norm.weight", D) if arch.pre_norms else None,
             wq=wq, wk=wk, wv=wv, wo=wo,
@@ -257,10 +297,12 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             post_attn_norm=vec(p + "post_attention_norm.weight", D) if arch.post_norms else None,
             ffn_norm=vec(p + arch.ffn_norm_tensor + ".weight", D) if arch.pre_norms else None,
             **(_experts(tensors, get, p, cfg) if moe else {}),
-            **({**_gate_up(tensors, get, p, D, F), "w_down": get(p + "ffn_down.weight", (D, F))}
+            **({**(_gate_up(tensors, get, p, D, F) if arch.ffn_gated
+                   else {"w_gate": None, "w_up": get(p + "ffn_up.weight", (F, D))}),
+                "w_down": get(p + "ffn_down.weight", (D, F))}
                if not moe or arch.shared_expert == "dense" else {"w_gate": None, "w_up": None, "w_down": None}),
             post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if arch.post_norms else None,
-            **_extras(vec, p, cfg, moe), **own,
+            **_extras(vec, p, cfg, moe), **lw, **own,
         ))
     token_embd = get("token_embd.weight", (cfg.n_vocab, D))
     output = get("output.weight", (cfg.n_vocab, D), required=False)
@@ -268,13 +310,75 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         output = token_embd
     return ModelWeights(
         token_embd=token_embd,
-        output_norm=vec(arch.output_norm_tensor + ".weight", D),
+        # none (bert): a weight of ones, which the backends take for no norm where they see one
+        output_norm=vec(arch.output_norm_tensor + ".weight", D) if arch.output_norm_tensor else np.zeros(0, np.float32),
         output=output,
         rope_freqs=_rope_freqs(tensors, vec, cfg.n_rot // 2),
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
+        **(_bert_embd(get, vec, cfg) if arch.bert_norms else {}),
     )
+
+
+def _bert_layer(tensors, vec, p: str, cfg: ModelConfig, F: int, moe: bool) -> dict[str, Any]:
+    """A BERT-family layer's LayerNorms, Q/K LayerNorms and FFN biases (llama.cpp's bert.cpp: the
+    norms' biases required, the others optional; nomic-bert's gated FFN runs without biases, and a
+    file with them is refused as having biases its architecture has no place for)."""
+    D = cfg.n_embd
+    out = {"attn_out_norm": vec(p + "attn_output_norm.weight", D), "attn_out_norm_b": vec(p + "attn_output_norm.bias", D),
+            "layer_out_norm": vec(p + "layer_output_norm.weight", D),
+            "layer_out_norm_b": vec(p + "layer_output_norm.bias", D),
+            **({} if moe else _ffn_biases(tensors, vec, p, cfg, F)),
+            **{f"{n}_layer_norm{b}": vec(f"{p}attn_{n}_norm.{w}", dim, required=False)
+               for n, dim in (("q", cfg.n_head * cfg.head_dim), ("k", cfg.n_head_kv * cfg.head_dim))
+               for b, w in (("", "weight"), ("_b", "bias"))}}
+    for n in ("q", "k"):  # a norm without its bias: a bias of zeros
+        if out[f"{n}_layer_norm"] is not None and out[f"{n}_layer_norm_b"] is None:
+            out[f"{n}_layer_norm_b"] = np.zeros_like(out[f"{n}_layer_norm"])
+    return out
+
+
+def _ffn_biases(tensors, vec, p: str, cfg: ModelConfig, F: int) -> dict[str, Any]:
+    """A BERT-family FFN's biases, where its architecture has them (extra_biases) and the file too:
+    up's (F,) of act(up); a gated FFN's (2F,), gate's then up's (jina-bert-v2: of its fused ffn_up,
+    gate then up, or of ffn_up beside ffn_gate, then gate's zeros); down's (D,)."""
+    if "ffn_up.bias" not in cfg.architecture.extra_biases:
+        return {}
+    D, name = cfg.n_embd, p + "ffn_up.bias"
+    if not cfg.architecture.ffn_gated:
+        up_b = vec(name, F, required=False)
+    elif p + "ffn_gate.weight" in tensors:
+        b = vec(name, F, required=False)
+        up_b = None if b is None else np.concatenate([np.zeros(F, np.float32), b])
+    else:
+        up_b = vec(name, 2 * F, required=False)
+    return {"up_b": up_b, "down_b": vec(p + "ffn_down.bias", D, required=False)}
+
+
+def _bert_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
+    """The BERT family's embedding tensors (token type 0's row, positions, their LayerNorm) and a
+    reranker's classification head, where the file has one (llama.cpp's bert.cpp)."""
+    D = cfg.n_embd
+    if cfg.n_token_types <= 0:  # as llama.cpp, which refuses such a file
+        raise ModelLoadError(f"{cfg.arch} model needs a positive tokenizer.ggml.token_type_count")
+    types = vec("token_types.weight", (cfg.n_token_types, D), required=False)
+    out: dict[str, Any] = {"token_embd_norm": vec("token_embd_norm.weight", D),
+                           "token_embd_norm_b": vec("token_embd_norm.bias", D),
+                           "token_type": None if types is None else np.ascontiguousarray(types[0])}
+    if cfg.architecture.pos_embd:
+        out["pos_embd"] = get("position_embd.weight", (cfg.n_ctx_train, D))
+    cls = get("cls.weight", None, required=False)  # (D, D) (bert), (1, D) (jina-bert-v2)
+    if cls is not None:
+        if len(cls.shape) != 2 or cls.shape[1] != D:
+            raise ModelLoadError(f"tensor 'cls.weight' has shape {tuple(cls.shape)}, expected (n, {D})")
+        out.update(cls=cls, cls_b=vec("cls.bias", cls.shape[0], required=False))
+    cls_out = get("cls.output.weight", None, required=False)
+    if cls_out is not None:
+        if len(cls_out.shape) != 2 or cls_out.shape[1] != D:
+            raise ModelLoadError(f"tensor 'cls.output.weight' has shape {tuple(cls_out.shape)}, expected (n, {D})")
+        out.update(cls_out=cls_out, cls_out_b=vec("cls.output.bias", cls_out.shape[0], required=False))
+    return out
 
 
 def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
@@ -344,6 +448,13 @@ def _experts(tensors, get, p: str, cfg: ModelConfig) -> dict[str, Any]:
     then its up's (Gemma 4's converter writes it; llama.cpp's views of its product) (views of the
     file; llama.cpp's layout)."""
     D, E, F = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp
+    if not cfg.architecture.ffn_gated:  # act(up) alone (nomic-bert-moe's GELU experts)
+        up, down = get(p + "ffn_up_exps.weight", (E, F, D)), get(p + "ffn_down_exps.weight", (E, D, F))
+        for t in (up, down):
+            if not isinstance(t, QTensor):
+                raise ModelLoadError(f"expert tensors in {type(t).__name__} form are not supported")
+        return {"router": get(p + "ffn_gate_inp.weight", (E, D)),
+                "experts": tuple((None, rows(up, e * F, (e + 1) * F), rows(down, e * D, (e + 1) * D)) for e in range(E))}
     if p + "ffn_gate_up_exps.weight" in tensors:
         gate = up = get(p + "ffn_gate_up_exps.weight", (E, 2 * F, D))
         gate_at, up_at, step = 0, F, 2 * F
@@ -472,7 +583,7 @@ def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:
     if arch.attn_sinks:
         out["sinks"] = vec(p + "attn_sinks.weight", cfg.n_head)
     if "attn_output.bias" in has:
-        out["bo"] = vec(p + "attn_output.bias", D)
+        out["bo"] = vec(p + "attn_output.bias", D, required="attn_output.bias" not in arch.optional_biases)
     if "ffn_gate_inp.bias" in has and moe:
         out["router_bias"] = vec(p + "ffn_gate_inp.bias", E)
     if "exp_probs_b.bias" in has and moe:

@@ -56,11 +56,16 @@ def _layer(a) -> str:
         parts.append("dense, or experts" + (f" with an {shared}" if shared else "") + " where the file has them")
     if a.qk_norm:
         parts.append({"head": "Q/K norms per head", "all": "Q/K norms over the whole projection"}[a.qk_norm])
-    if not a.pre_norms:
+    if a.bert_norms:  # the BERT family's post-norm encoder layer
+        parts.append("LayerNorms with biases after each residual add and of the embeddings")
+        if a.pos_embd:
+            parts.append("absolute position embeddings")
+        parts.append("GELU FFN without a gate" if not a.ffn_gated else "SwiGLU FFN")
+    elif not a.pre_norms:
         parts.append("post-norms only")
     elif a.post_norms:
         parts.append("pre- and post-norms")
-    if a.activation != "silu":
+    if a.activation != "silu" and not a.bert_norms:
         parts.append({"gelu": "GELU", "swiglu_oai": "clamped SwiGLU"}.get(a.activation, a.activation))
     if a.layer_plan_kind:
         parts.append(a.layer_plan_kind)

@@ -63,19 +63,30 @@ def _case(Hq, Hkv, D, Dv, cache, T, S0, seed=0):
     return q, qd, k, v, tables, seq, pos, prompt_end
 
 
-def _run(case, window, softcap, sinks, rows=4, chunked=False):
+def _seq_last(case, causal):
+    """The kernel's seq_last: (0,) causal, else each sequence's last position in the batch."""
+    seq, pos = case[5], case[6]
+    if causal:
+        return np.zeros(0, np.int32)
+    last = np.full(len(case[4]), -1, np.int32)
+    np.maximum.at(last, seq, pos)
+    return last
+
+
+def _run(case, window, softcap, sinks, rows=4, chunked=False, causal=True):
     q, qd, k, v, tables, seq, pos, prompt_end = case
     T, Hq, _ = q.shape
     Dv = v.shape[2] if v.dtype == np.uint16 else v.shape[2] // 34 * 32
     out = np.full((T, Hq, Dv), np.nan, np.float32)
     scores = np.zeros((rows, Hq * (int(pos.max()) + 1)), np.float32)  # room for any grouping
-    attention(q, qd, k, v, tables, seq, pos, prompt_end, BS, window, chunked, np.float32(1 / np.sqrt(q.shape[2])),
-              np.float32(softcap), sinks, 0, out, scores)
+    attention(q, qd, k, v, tables, seq, pos, prompt_end, _seq_last(case, causal), BS, window, chunked,
+              np.float32(1 / np.sqrt(q.shape[2])), np.float32(softcap), sinks, sinks[:0], 0, out, scores)
     return out
 
 
-def _reference(case, window, softcap, sinks, chunked=False):
+def _reference(case, window, softcap, sinks, chunked=False, causal=True):
     q, qd, k, v, tables, seq, pos, _ = case
+    last = _seq_last(case, False)
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     Dv = v.shape[2] if v.dtype == np.uint16 else v.shape[2] // 34 * 32
@@ -87,8 +98,13 @@ def _reference(case, window, softcap, sinks, chunked=False):
     out = np.zeros((T, Hq, Dv))
     for t in range(T):
         rows = (tables[seq[t]][:, None] * BS + np.arange(BS)).reshape(-1)  # pool row of each position
-        lo = (pos[t] // window * window if chunked else max(0, pos[t] - window + 1)) if window else 0
-        Kt, Vt = K[rows[lo:pos[t] + 1]], V[rows[lo:pos[t] + 1]]
+        hi = pos[t]
+        if not causal:  # the whole sequence, within a symmetric window (|q - p| <= window // 2)
+            lo = max(0, pos[t] - window // 2) if window else 0
+            hi = min(last[seq[t]], pos[t] + window // 2) if window else last[seq[t]]
+        else:
+            lo = (pos[t] // window * window if chunked else max(0, pos[t] - window + 1)) if window else 0
+        Kt, Vt = K[rows[lo:hi + 1]], V[rows[lo:hi + 1]]
         for h in range(Hq):
             kh = h // (Hq // Hkv)
             a = Kt[:, kh] @ qs[t, h] / np.sqrt(D)
@@ -107,8 +123,10 @@ def _reference(case, window, softcap, sinks, chunked=False):
 # not a multiple of the vector width (72, 80) take the plain loops for what is left
 SHAPES = [(12, 2, 128, 128), (8, 2, 64, 64), (28, 4, 64, 64), (5, 1, 96, 96), (3, 1, 80, 80), (8, 8, 64, 64),
           (8, 2, 64, 128), (6, 2, 72, 72)]
-# (window, softcap, sinks, chunked): llama4's chunks of 16 cross the prompts' chunk boundaries
-SETTINGS = [(0, 0.0, False, False), (16, 5.0, True, False), (16, 0.0, False, True)]
+# (window, softcap, sinks, chunked, causal): llama4's chunks of 16 cross the prompts' chunk boundaries;
+# non-causal (an encoder's): every key of the sequence, or a symmetric window (9: 4 either side)
+SETTINGS = [(0, 0.0, False, False, True), (16, 5.0, True, False, True), (16, 0.0, False, True, True),
+            (0, 0.0, False, False, False), (9, 0.0, False, False, False)]
 
 
 @pytest.mark.parametrize("cache", ["f16", "q8_0"])
@@ -121,13 +139,13 @@ def test_grouped_heads_are_each_heads_own(Hq, Hkv, D, Dv, cache, T, S0):
     q, qd, k, v, tables, seq, pos, prompt_end = case
     group = Hq // Hkv
     alone = (q, qd, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1), tables, seq, pos, prompt_end)  # one head per KV head
-    for window, softcap, sink, chunked in SETTINGS:
+    for window, softcap, sink, chunked, causal in SETTINGS:
         sinks = np.random.default_rng(1).normal(2, 1, Hq).astype(np.float32) if sink else np.zeros(0, np.float32)
-        ref = _run(alone, window, softcap, sinks, chunked=chunked)
+        ref = _run(alone, window, softcap, sinks, chunked=chunked, causal=causal)
         for rows in (1, 4, 16, 64):  # items of the whole group, and split for more threads
-            got = _run(case, window, softcap, sinks, rows, chunked)
+            got = _run(case, window, softcap, sinks, rows, chunked, causal)
             np.testing.assert_array_equal(got, ref)
-        exact = _reference(case, window, softcap, sinks, chunked)
+        exact = _reference(case, window, softcap, sinks, chunked, causal)
         # f16: a score a float32 step from a half's rounding boundary may round its weight the other way
         np.testing.assert_allclose(ref, exact, rtol=0, atol=1e-3 if cache == "f16" else 1e-4)
 
@@ -137,8 +155,9 @@ def test_scores_scratch_must_hold_a_group_of_rows():
     need = 6 * (int(pos.max()) + 1)  # a whole group of 6 heads at once (few items for 2 rows)
 
     def run(width):
-        attention(q, qd, k, v, tables, seq, pos, prompt_end, BS, 0, False, np.float32(0.125), np.float32(0), np.zeros(0, np.float32), 0,
-                  np.zeros(q.shape, np.float32), np.zeros((2, width), np.float32))
+        attention(q, qd, k, v, tables, seq, pos, prompt_end, np.zeros(0, np.int32), BS, 0, False, np.float32(0.125),
+                  np.float32(0), np.zeros(0, np.float32), np.zeros(0, np.float32), 0, np.zeros(q.shape, np.float32),
+                  np.zeros((2, width), np.float32))
 
     run(need)
     with pytest.raises(ValueError, match="scratch"):

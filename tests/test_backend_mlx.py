@@ -19,7 +19,7 @@ from helpers.engine_runs import alone, cancel_midway, run_all, tiny_prompts
 from helpers.exact_forward import exact_hidden, exact_logits
 from helpers.logits import PROMPT, cpu_logits, mlx_logits
 from helpers.prompts import PROMPTS
-from helpers.tiny_models import GEMMA4_PER_LAYER, write_tiny_gemma4, write_tiny_model
+from helpers.tiny_models import DECODERS, GEMMA4_PER_LAYER, write_tiny_gemma4, write_tiny_model
 from infer.backends.base import BackendError, RunnerOptions
 from infer.backends.batch import Batch
 from infer.backends.mlx import weights as mw
@@ -27,14 +27,13 @@ from infer.backends.mlx.runner import MlxRunner
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
-from infer.models.arch import names
 from infer.models.loader import load_model
 
 # every registered architecture, and granitehybrid with experts (an ungated shared expert), deepseek2
 # as DeepSeek-V2-Lite (no Q compression, softmax gating), gemma4 with E2B's shared-KV layers and with
 # its per-layer embeddings, and as 26B-A4B (experts beside its dense FFN), DeepSeek-V2-Lite in the
 # older attn_kv_b layout (split at load)
-ARCHS = [*names(), "granitehybrid-moe", "deepseek2-lite", "gemma4-shared", "gemma4-ple", "gemma4-moe",
+ARCHS = [*DECODERS, "granitehybrid-moe", "deepseek2-lite", "gemma4-shared", "gemma4-ple", "gemma4-moe",
          "deepseek2-lite-kvb"]
 # each tiny model's seed, fixed: the bounds below were measured on these very models, so registering
 # an architecture must not reseed the others (a new one gets the next free number; llama4's bounds

@@ -7,50 +7,20 @@ import base64
 import numpy as np
 import pytest
 
-from helpers.tiny_models import tiny_seed, write_tiny_model
+from helpers.embeddings import cos_distance, embed, llama_cpp_embed
+from helpers.tiny_models import DECODERS, tiny_seed, write_tiny_model
 from infer.engine.engine import EngineConfig, EngineConfigError
 from infer.engine.llm import LLM
 from infer.engine.pooling import Pooler, choose_pooling, normalize
 from infer.engine.sampler import SamplingParams
-from infer.models.arch import names
 from infer.models.config import ModelConfig
 from infer.models.loader import load_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-POOLING_IDS = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's enum llama_pooling_type
 TEXTS = ["Hello world, this is a test.", "Another sentence",
          "The quick brown fox jumps over the lazy dog. " * 20]  # 202 tokens: several prefill chunks below
 TINY_PROMPT = [1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7]
-
-
-def cos_distance(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(1 - a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def llama_cpp_embed(path, pooling: str, inputs: list, flash_attn: bool = False, n_ctx: int = 1024) -> list[np.ndarray]:
-    """llama.cpp's pooled embeddings (not normalized) of texts (Llama.embed) or of token lists."""
-    ref = llama_cpp.Llama(str(path), embedding=True, pooling_type=POOLING_IDS[pooling], n_ctx=n_ctx, n_threads=2,
-                          flash_attn=flash_attn, verbose=False)
-    try:
-        if isinstance(inputs[0], str):
-            return [np.array(e) for e in ref.embed(inputs)]
-        out = []
-        for tokens in inputs:
-            ref.reset()
-            ref.eval(tokens)  # one llama_decode: these prompts fit one batch, as pooling needs
-            out.append(np.array(llama_cpp.llama_get_embeddings_seq(ref.ctx, 0)[:ref.n_embd()]))
-        return out
-    finally:
-        ref.close()
-
-
-def embed(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
-    """Our embeddings of prompts, submitted together (they share the engine's steps)."""
-    eng = llm.engine
-    rids = [eng.add_embedding(p) for p in prompts]
-    return [list(eng.stream(r))[-1].embedding for r in rids]
 
 
 def check_against_llama_cpp(ours: list[np.ndarray], ref: list[np.ndarray], ref_fa: list[np.ndarray], what: str):
@@ -80,7 +50,7 @@ TIED_AT_SEED_0 = ("deepseek2",)
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("arch", [*names(), "llama-moe", "deepseek2-lite"])
+@pytest.mark.parametrize("arch", [*DECODERS, "llama-moe", "deepseek2-lite"])
 def test_tiny_models_match_llama_cpp(arch, tmp_path):
     seed = tiny_seed(arch) if arch in TIED_AT_SEED_0 else 0
     path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, seed=seed)

@@ -110,8 +110,8 @@ q = rng.normal(0, 1, (T, H, D)).astype(np.float32)
 kv = rng.normal(0, 1, (bs, 1, D)).astype(np.float16).view(np.uint16)
 out, scores = np.zeros((T, H, D), np.float32), np.zeros((2, H * T), np.float32)
 attention(q, np.zeros((T, H * D // 16), np.float32), kv, kv.copy(), np.zeros((1, 1), np.int32),
-          np.zeros(T, np.int32), np.arange(T, dtype=np.int32), np.full(1, T, np.int32), bs, 0, False, np.float32(0.125), np.float32(0),
-          np.zeros(0, np.float32), 0, out, scores)
+          np.zeros(T, np.int32), np.arange(T, dtype=np.int32), np.full(1, T, np.int32), np.zeros(0, np.int32), bs, 0,
+          False, np.float32(0.125), np.float32(0), np.zeros(0, np.float32), np.zeros(0, np.float32), 0, out, scores)
 """
     then = """
 import numpy as np

@@ -16,15 +16,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.tiny_models import tiny_seed, write_tiny_model
+from helpers.tiny_models import DECODERS, tiny_seed, write_tiny_model
 from infer.backends.cpu.runner import CpuRunner
-from infer.models.arch import names
 from infer.models.loader import load_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.reference
 
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe"]
+ARCHS = [*DECODERS, "llama-moe", "granitehybrid-moe"]
 TINY_CTX = 64
 TINY_PROMPT = [1, 5, 77, 300, 12, 260, 9, 9, 140, 201, 33, 318, 4, 100, 250, 7, 19, 45, 200, 201]
 # not products: bit-identical to llama.cpp's from its inputs (norms, embeddings, the activations,

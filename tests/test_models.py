@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 from helpers.logits import N_CTX, PROMPT, LlamaCppRuns, assert_matches_llama_cpp, llama_cpp_logits
-from helpers.tiny_models import tiny_seed, write_tiny_model
+from helpers.tiny_models import DECODERS, tiny_seed, write_tiny_model
 from infer.backends.base import BackendError
 from infer.backends.cpu.runner import CpuRunner
-from infer.models.arch import names
 from infer.models.config import ModelConfig, ModelConfigError
 from infer.models.loader import load_model
 
@@ -18,7 +17,7 @@ from infer.models.loader import load_model
 # and with experts beside its dense FFN (26B-A4B's); DeepSeek-V2-Lite in the older layout (attn_kv_b unsplit, which
 # llama.cpp runs unabsorbed with a K/V cache per head, and infer splits at load; the other deepseek2 in that
 # layout: test_deepseek2_older_layout_matches_llama_cpp)
-ARCHS = [*names(), "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple",
+ARCHS = [*DECODERS, "llama-moe", "granitehybrid-moe", "glm4moe-air", "deepseek2-lite", "gemma4-shared", "gemma4-ple",
          "gemma4-moe", "deepseek2-lite-kvb"]
 
 

@@ -1,5 +1,6 @@
 """Causal (optionally sliding-window or chunked) grouped-query attention over a paged KV cache (written by
-kv_write.py).
+kv_write.py), or an encoder's non-causal attention (every key of the query's sequence, optionally
+within a symmetric window).
 
 The cache is a pool of fixed-size blocks; each sequence's block table says which block holds
 its positions b*bs .. b*bs+bs-1, and the kernel reads keys and values through it in place (no
@@ -416,15 +417,19 @@ def _max(x):
 
 
 @njit(cache=True, inline="always")
-def _softmax(sw, scale, softcap, sink, v_pool):
+def _softmax(sw, scale, softcap, sink, slope, q_pos, lo, v_pool):
     # One head's scores sw (n,) f32 -> its softmax weights in place, as ggml_soft_max_ext forms them:
-    # scaled, soft-capped (softcap > 0), exp(x - max) by ggml's vector exp with the sum in float64;
+    # scaled, plus ALiBi's slope * -|q_pos - p| for key p = lo + j (slope: (1,) or (0,), none),
+    # soft-capped (softcap > 0), exp(x - max) by ggml's vector exp with the sum in float64;
     # sink: (1,) or (0,), a logit in the max and the sum without a value; then rounded as the
     # product with V takes them (round_weights).  Inlined into the parallel loop, whose flags it
     # takes: no fastmath (softmax_exp's sum has ggml's order)
     n = sw.shape[0]
     for j in range(n):
         sw[j] *= scale
+    if slope.shape[0]:  # ggml: the scaled score plus slope times the mask's -|p_q - p_k|, in float32
+        for j in range(n):
+            sw[j] += slope[0] * np.float32(-abs(q_pos - (lo + j)))
     if softcap > 0:
         for j in range(n):
             sw[j] = softcap * np.float32(math.tanh(sw[j] / softcap))
@@ -441,8 +446,8 @@ def _softmax(sw, scale, softcap, sink, v_pool):
 
 
 @njit(cache=True, parallel=True)  # no fastmath: numba would compile softmax_exp with it (vexp.py)
-def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, window, chunked, scale, softcap, sinks,
-              rot_v, out, scores):
+def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, seq_last, bs, window, chunked, scale, softcap,
+              sinks, alibi, rot_v, out, scores):
     # q: (T, Hq, D) f32 and qd: (T, Hq*D // 16) f32 as kv_write.qkv_post left them (prepare_q); scale multiplies q·k
     # k_pool: (n_blocks*bs, Hkv, K row), v_pool: (n_blocks*bs, Hkv, V row): this layer's blocks (kv_pool.py);
     #   a V row may be wider than out's Dv, which is read from its front (MLA: v_pool is k_pool)
@@ -451,10 +456,16 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
     #   keys 0..q_pos[t] of that sequence are visible (causal)
     # prompt_end: (S,) int32 per row of tables: a query at or past it is a generated token, whose
     #   f16 q·k sums in the order llama.cpp gives a token alone in its batch (Batch.prompt_end)
+    # seq_last: (0,): causal; or (S,) int32 per row of tables, the last position of its sequence
+    #   written by this step: non-causal (an encoder, llama.cpp's causal_attn false), keys
+    #   0..seq_last of the sequence are visible, and a window is symmetric (below)
     # window: 0 or the sliding window (key p visible iff q_pos - p < window); chunked: the window is a
-    #   chunk instead (llama4: key p visible iff p >= q_pos // window * window, its chunk's start)
+    #   chunk instead (llama4: key p visible iff p >= q_pos // window * window, its chunk's start);
+    #   non-causal: key p visible iff |q_pos - p| <= window // 2 (LLAMA_SWA_TYPE_SYMMETRIC)
     # sinks: (Hq,) f32 or (0,): a logit per head that joins the softmax without a value (gpt-oss;
     #   ggml_soft_max_ext's sinks: in the max and, as exp(sink - max), in the sum)
+    # alibi: (Hq,) f32 or (0,): ALiBi's slope per head (jina-bert-v2), each score plus slope * -|q_pos - p|
+    #   after the scale (ggml_soft_max_ext's max_bias; llama.cpp's mask holds -|p_q - p_k|)
     # rot_v: 0 or the size of the rotation V was stored with (kv_write.qkv_post), undone on each output head
     # out: (T, Hq, Dv) f32; scores: (n_chunks, >= Hq/Hkv * longest sequence) f32 scratch, a row per
     #   parallel chunk (the workspace has CHUNKS_PER_THREAD per thread)
@@ -474,7 +485,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
     n_work = T * Hkv * nsplit
     n_chunks = min(scores.shape[0], n_work)
     ss = scores.shape[1] // per  # the stride of one head's scores in a chunk's row
-    if T and q_pos.max() >= ss:
+    causal = seq_last.shape[0] == 0
+    if T and (q_pos.max() >= ss or (not causal and seq_last.max() >= ss)):
         raise ValueError("attention: the scores scratch is too short for these positions")
     qflat = q.reshape(T * Hq * D)
     oflat = out.reshape(T * Hq * Dv)
@@ -490,7 +502,13 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
             hi = q_pos[t]
             single = hi >= prompt_end[tok_seq[t]]
             lo = 0
-            if window > 0 and chunked:
+            if not causal:
+                if window > 0:
+                    lo = max(0, hi - window // 2)
+                    hi = min(seq_last[tok_seq[t]], hi + window // 2)
+                else:
+                    hi = seq_last[tok_seq[t]]
+            elif window > 0 and chunked:
                 lo = hi // window * window
             elif window > 0 and hi - window + 1 > 0:
                 lo = hi - window + 1
@@ -501,7 +519,8 @@ def attention(q, qd, k_pool, v_pool, tables, tok_seq, q_pos, prompt_end, bs, win
                 r0 = table[b] * bs + p0 - b * bs  # pool row of position p0
                 qk(qflat, (t * Hq + h0) * D, ng, qd[t], h0 * D // 16, k_pool, kh, r0, m, s, p0 - lo, ss, single)
             for g in range(ng):
-                _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], v_pool)
+                _softmax(s[g * ss:g * ss + n], scale, softcap, sinks[h0 + g:h0 + g + 1], alibi[h0 + g:h0 + g + 1],
+                         q_pos[t], lo, v_pool)
             o0 = (t * Hq + h0) * Dv
             oflat[o0:o0 + ng * Dv] = 0.0
             for b in range(lo // bs, hi // bs + 1):

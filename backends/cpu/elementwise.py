@@ -248,3 +248,48 @@ def sigmoid_gate(a, gate):
     for t in range(a.shape[0]):
         for i in range(a.shape[1]):
             a[t, i] = a[t, i] * (np.float32(1.0) / (np.float32(1.0) + np.float32(math.exp(-gate[t, i]))))
+
+
+@njit(cache=True)
+def _layer_norm_row(x, w, b, eps, out):
+    # x, out: (D,) f32 (out may alias x); w, b: (D,) f32. ggml_norm's arithmetic (the mean and the
+    # variance of x - mean summed in double, float32 otherwise), then times w plus b
+    D = x.shape[0]
+    s = 0.0
+    for i in range(D):
+        s += x[i]
+    mean = np.float32(s / D)
+    v = 0.0
+    for i in range(D):
+        y = np.float32(x[i] - mean)
+        out[i] = y
+        v += np.float32(y * y)
+    scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(np.float32(v / D) + eps)))
+    for i in range(D):
+        out[i] = np.float32(out[i] * scale) * w[i] + b[i]
+
+
+@njit(cache=True, parallel=True)
+def residual_layer_norm(x, o, w, b, eps):
+    # x: (T, D) f32 in place = LayerNorm(x + o) * w + b; o: (T, D) f32 ((0, D): none, x alone);
+    # w, b: (D,) f32 (the BERT family's norms, each with its bias)
+    for t in prange(x.shape[0]):
+        if o.shape[0]:
+            for i in range(x.shape[1]):
+                x[t, i] += o[t, i]
+        _layer_norm_row(x[t], w, b, eps, x[t])
+
+
+@njit(cache=True)
+def add_rows(x, table, rows, row):
+    # x: (T, D) f32 += table[rows[t]] (table: (N, D) f32; rows: (T,) int32; (0, D) table: none) and
+    # += row (D,) f32 ((0,): none): the BERT family's position embeddings and token type 0's row,
+    # added in llama.cpp's order (the type row to the token's, then the position's to that)
+    for t in range(x.shape[0]):
+        if row.shape[0]:
+            for i in range(x.shape[1]):
+                x[t, i] += row[i]
+        if table.shape[0]:
+            r = rows[t]
+            for i in range(x.shape[1]):
+                x[t, i] = table[r, i] + x[t, i]

@@ -71,11 +71,7 @@ def _gelu_slow(g):
 
 
 ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI = 0, 1, 2  # glu's activations (Architecture.activation)
-ACTIVATIONS = {"silu": ACT_SILU, "gelu": ACT_GELU, "swiglu_oai": ACT_SWIGLU_OAI}
-OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oai (llama.cpp's constants)
-
-
-ACT_SILU, ACT_GELU, ACT_SWIGLU_OAI = 0, 1, 2  # glu's activations (Architecture.activation)
+ACT_GELU_UP = 3  # no gate: GELU of the row's first F columns alone (bert's FFN, nomic-bert-moe's experts)
 ACTIVATIONS = {"silu": ACT_SILU, "gelu": ACT_GELU, "swiglu_oai": ACT_SWIGLU_OAI}
 OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oai (llama.cpp's constants)
 
@@ -83,7 +79,10 @@ OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)  # gpt-oss's swiglu_oa
 @njit(cache=True, inline="always", error_model="numpy")
 def _glu_row(row, F, act, out):
     # row: (2F,) f32 gate then up; out: (F,) f32 = act(gate) * up
-    if act == ACT_SWIGLU_OAI:
+    if act == ACT_GELU_UP:
+        for i in range(F):
+            out[i] = _gelu_slow(row[i])
+    elif act == ACT_SWIGLU_OAI:
         for i in range(F):
             x = min(row[i], OAI_LIMIT)
             y = min(max(row[F + i], -OAI_LIMIT), OAI_LIMIT)
@@ -109,7 +108,8 @@ def _glu_row(row, F, act, out):
 def glu(gu, F, act, out):
     # gu: (T, 2F) f32 C-contiguous, gate then up side by side; out: (T, F) f32 = act(gate) * up
     # act: ACT_SILU, ACT_GELU, or ACT_SWIGLU_OAI: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(up, ±7) + 1)
-    # (ggml_swiglu_oai's float arithmetic).  Serial: for one token, or inside another kernel.
+    # (ggml_swiglu_oai's float arithmetic); ACT_GELU_UP: out = GELU(gu[:, :F]), no gate (the other
+    # columns unread).  Serial: for one token, or inside another kernel.
     for t in range(gu.shape[0]):
         _glu_row(gu[t], F, act, out[t])
 
@@ -127,3 +127,11 @@ def gelu_mul(g, m):
     for t in range(g.shape[0]):
         for i in range(g.shape[1]):
             g[t, i] = _gelu_slow(g[t, i]) * m[t, i]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def gelu_rows(y):
+    # y: (T, F) f32 in place = ggml_gelu(y) (an FFN without a gate: bert's), rows split among the threads
+    for t in prange(y.shape[0]):
+        for i in range(y.shape[1]):
+            y[t, i] = _gelu_slow(y[t, i])

@@ -18,8 +18,17 @@ from infer.quant.static_type import static_type
 
 from .attention import attention
 from .delta_net import delta_net
-from .elementwise import embed, residual_norm, rmsnorm, rope_angles, sigmoid_gate, softcap
-from .glu import ACTIVATIONS, gelu_mul, glu, glu_rows
+from .elementwise import (
+    add_rows,
+    embed,
+    residual_layer_norm,
+    residual_norm,
+    rmsnorm,
+    rope_angles,
+    sigmoid_gate,
+    softcap,
+)
+from .glu import ACT_GELU_UP, ACTIVATIONS, gelu_mul, gelu_rows, glu, glu_rows
 from .kv_pool import KVPool, layer_kind
 from .kv_write import q_post, qkv_post
 from .mamba import mamba2
@@ -52,7 +61,9 @@ class CpuPrimitives:
         self.runner, self.cfg = weakref.proxy(runner), cfg
         self.eps = np.float32(cfg.norm_eps)
         self.neox = arch.rope_neox
-        self.act = ACTIVATIONS[arch.activation]
+        self.glu_act = ACTIVATIONS[arch.activation]
+        # the experts' activation: their gate's, or GELU of up alone (nomic-bert-moe's)
+        self.exp_act = self.glu_act if arch.ffn_gated else ACT_GELU_UP
         self.gating = GATING[cfg.moe_gating]
         # a gated delta net's value heads per key head in a row (delta_net.py's k_repeat)
         self.k_repeat = cfg.ssm_dt_rank // cfg.ssm_group_count if arch.ssm_v_heads_grouped else 1
@@ -73,6 +84,7 @@ class CpuPrimitives:
         # Gemma 4's router input: RMSNorm without a weight (a weight of ones), then its own scales
         self.ones = np.ones(cfg.n_embd if arch.shared_expert == "dense" else 0, np.float32)
         self.trace: Callable[[str, np.ndarray], None] | None = None
+        self.causal = np.zeros(0, np.int32)  # the attention kernel's seq_last of a causal model
 
     def begin(self, batch: Batch, pool: KVPool, ws: Any, states: StatePool | None = None) -> None:
         """Point the primitives at a batch: its buffers (views of ws) and its RoPE angles; states:
@@ -83,7 +95,9 @@ class CpuPrimitives:
         self.x, self.xn = ws.x[:T], ws.xn[:T]
         # each kind of attention layer's scratch (Q|K|V products, Q, its q8_0 scales, the output)
         self.kinds = [{name: a[:T] for name, a in kind.items() if name not in ("kf", "vf")} for kind in ws.kinds]
-        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T]}
+        self.out = {"per_layer_proj": ws.o[:T], "attn_wo": ws.o[:T], "ffn_gate_up": ws.gu[:T], "ffn_out": ws.o[:T],
+                    # an FFN without a gate (bert): up's product, activated in place, and down's before its bias
+                    "ffn_up": ws.act[:T], "ffn_down": ws.o[:T]}
         if cfg.n_expert and cfg.architecture.shared_expert == "dense":  # Gemma 4's dense FFN beside the experts
             self.out["ffn_mlp_down"] = ws.mlp[:T]
         if cfg.recurrent_layers and cfg.mamba2:
@@ -103,6 +117,9 @@ class CpuPrimitives:
                 rope_angles(cfg, batch.positions, True, ff if self.swa_ff is None else self.swa_ff, self.cos[1],
                             self.sin[1])
         self.prompt_end = batch.prompt_ends()
+        # non-causal attention (an encoder): each table row's last position this step, the end of
+        # the keys its queries see; (0,): causal (the attention kernel's seq_last)
+        self.seq_last = self.causal if cfg.causal else batch.seq_last()
         # the attention temperature per token, for the layers that take it (cfg.layer_attn_temp)
         self.q_temp = ws.q_temp[:T] if cfg.attn_temp_scale else ws.q_temp
         if cfg.attn_temp_scale:  # positions are below n_ctx (the pool's): clip only spares take a buffer
@@ -129,9 +146,42 @@ class CpuPrimitives:
         self.runner.embd_rows.gather(self.batch.tokens, ws.embd)  # read, not mapped (rows.py)
         embed(static_type(self.runner.token_embd.type_id), ws.embd, ws.rows[:T], np.float32(self.cfg.embed_scale),
               self.x)
+        if self.cfg.architecture.bert_norms:  # token type 0's row, the positions' embeddings, the norm
+            r = self.runner
+            add_rows(self.x, r.pos_embd, self.batch.positions, r.token_type)
+            if self.trace is not None:
+                self._seen("inp_embd", -1, self.x)
+            residual_layer_norm(self.x, self.x[:0], r.embd_norm, r.embd_norm_b, self.eps)
+            name = "inp_norm"
         if self.trace is not None:
             self._seen(name, -1, self.x)
         return self.x
+
+    def add_layer_norm(self, x: np.ndarray, o: np.ndarray, w: np.ndarray, b: np.ndarray, name: str,
+                       il: int) -> np.ndarray:
+        residual_layer_norm(x, o, w, b, self.eps)
+        if self.trace is not None:
+            self._seen(name, il, x)
+        return x
+
+    def qk_layer_norm(self, qkv: np.ndarray, ly: Any, il: int) -> np.ndarray:
+        if not ly.qkv_b.shape[0]:
+            return qkv
+        add_row(qkv, ly.qkv_b)
+        nq, nk = self.cfg.n_head * self.cfg.head_dim, self.cfg.n_head_kv * self.cfg.head_dim
+        for w, b, cols in ((ly.q_layer_norm, ly.q_layer_norm_b, qkv[:, :nq]),
+                           (ly.k_layer_norm, ly.k_layer_norm_b, qkv[:, nq:nq + nk])):
+            if w.shape[0]:
+                residual_layer_norm(cols, cols[:0], w, b, self.eps)
+        if self.trace is not None:
+            self._seen("qkv_normed", il, qkv)
+        return qkv
+
+    def act(self, y: np.ndarray, il: int) -> np.ndarray:
+        gelu_rows(y)
+        if self.trace is not None:
+            self._seen("ffn_act", il, y)
+        return y
 
     def norm(self, x: np.ndarray, w: np.ndarray, name: str, il: int) -> np.ndarray:
         if w.shape[0]:
@@ -175,8 +225,9 @@ class CpuPrimitives:
         else:  # a layer that attends over an earlier layer's K/V (Gemma 4's shared-KV layers): Q alone
             q_post(qkv, ly.bq, q_norm, self.eps, self.cos[rope], self.sin[rope], rot, l2, self.neox, self.q_scale,
                    q_temp, q3, qd, kc, ws.bsum, rot_k)
-        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, rot_v,
+        attention(q3, qd, kc, vc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, rot_v,
                   attn.reshape(T, cfg.n_head, attn.shape[1] // cfg.n_head), ws.scores)
         if self.trace is not None:
             self._seen("kqv_out", il, attn)
@@ -208,8 +259,9 @@ class CpuPrimitives:
             self._seen_heads("q_nope_absorbed", il, q3[:, :, :R])
         mla_prepare_q(q3, qd, ws.bsum, kc)
         lat = scratch["attn"].reshape(T, H, R)
-        attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, pool.block_size,
-                  pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks, 0, lat, ws.scores)
+        attention(q3, qd, kc, kc, batch.tables[g], batch.tok_seq, batch.positions, self.prompt_end, self.seq_last,
+                  pool.block_size, pool.windows[g], pool.chunked[g], self.kq_scale, self.attn_softcap, ly.sinks,
+                  self.runner.alibi, 0, lat, ws.scores)
         if self.trace is not None:
             self._seen_heads("kqv", il, lat)
         out = scratch["mla_out"]
@@ -327,7 +379,7 @@ class CpuPrimitives:
     def glu(self, gu: np.ndarray, il: int) -> np.ndarray:
         F = self.cfg.layer_n_ff(il)
         act = self.ws.act.reshape(-1)[:self.T * F].reshape(self.T, F)
-        (glu_rows if self.T > 1 else glu)(gu, F, self.act, act)
+        (glu_rows if self.T > 1 else glu)(gu, F, self.glu_act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)  # llama.cpp: ffn_geglu / ffn_swiglu
         return act
@@ -358,7 +410,7 @@ class CpuPrimitives:
         if ly.grouped is not None:  # one compiled loop over the used experts
             g, d = ly.grouped
             xq = mm.xi if g.weights[0].int_kernel else mm.xq
-            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.act, g.planes, g.info, d.planes, d.info,
+            experts_ffn(x, ws.order[:T * k], ws.starts, per, self.exp_act, g.planes, g.info, d.planes, d.info,
                         ly.gu_bias, ly.down_bias, xq, mm.dxb, mm.bsum, mm.acc, mm.expanded, ws.ex, ws.egu, ws.eact, ws.ey, ws.slots)
         else:
             self._each_expert(x, per, ly)
@@ -379,7 +431,7 @@ class CpuPrimitives:
             qmatmul(w, h, gu, mm, col)
         if self.trace is not None:  # llama.cpp's build_ffn names the shared expert's as a dense FFN's
             self._seen("ffn_gate_up", il, gu)
-        (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.act, act)
+        (glu_rows if T > 1 else glu)(gu, self.cfg.n_ff_shexp, self.glu_act, act)
         if self.trace is not None:
             self._seen("ffn_act", il, act)
         for w, col in ly.shexp_down:
@@ -411,7 +463,7 @@ class CpuPrimitives:
                 qmatmul(w, x, gu, mm, col)
             if ly.gu_bias.shape[0]:
                 add_row(gu, ly.gu_bias[e])
-            glu(gu, self.cfg.n_ff_exp, self.act, act)
+            glu(gu, self.cfg.n_ff_exp, self.exp_act, act)
             for w, col in down:
                 qmatmul(w, act, y, mm, col)
             if ly.down_bias.shape[0]:

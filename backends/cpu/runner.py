@@ -116,7 +116,8 @@ def _experts(experts, mmap: bool) -> tuple[list, tuple | None]:
     products as PackedExperts (run by one compiled loop, moe.experts_ffn), else None.  All of a
     layer's packed experts share one arena: an expert's matrices alone are too small for huge
     pages, and a decode step reads ~8 of them per token per layer at scattered places."""
-    ups, downs = [(g, u) for g, u, _ in experts], [(d,) for _, _, d in experts]
+    ups = [tuple(w for w in (g, u) if w is not None) for g, u, _ in experts]  # up alone: act(up) (bert's)
+    downs = [(d,) for _, _, d in experts]
     shapes = [PackedExperts.shapes(ups), PackedExperts.shapes(downs)]
     if None not in shapes:
         arena = HugeArena(sum(HugeArena.span(*sd) for sh in shapes for sd in sh))
@@ -220,10 +221,25 @@ class _Layer:
     v_b_heads: PackedExperts | None
     q_a_norm: np.ndarray
     kv_a_norm: np.ndarray
+    # the BERT family (models/weights.py; (0,) when absent): the LayerNorms after the residual adds,
+    # weight and bias (D,); the FFN's biases, up's (F,) (its product is act(up): gate_up holds up
+    # alone) and down's (D,)
+    attn_out_norm: np.ndarray
+    attn_out_norm_b: np.ndarray
+    layer_out_norm: np.ndarray
+    layer_out_norm_b: np.ndarray
+    up_b: np.ndarray
+    down_b: np.ndarray
+    # jina-bert-v2's LayerNorms of Q and K, weight and bias, and the Q|K|V biases added before them
+    q_layer_norm: np.ndarray
+    q_layer_norm_b: np.ndarray
+    k_layer_norm: np.ndarray
+    k_layer_norm_b: np.ndarray
+    qkv_b: np.ndarray
 
     @classmethod
     def prepare(cls, lw, mmap: bool) -> "_Layer":
-        dense = lw.w_gate is not None
+        dense = lw.w_up is not None
         experts, grouped = _experts(lw.experts, mmap) if lw.experts else ([], None)
         mla = lw.kv_a is not None
         k_b, k_b_heads = _heads(lw.k_b, mmap)
@@ -236,7 +252,7 @@ class _Layer:
                           + ((lw.attn_gate,) if lw.attn_gate is not None else ()), mmap)
             if lw.wq is not None and not mla else [],
             wo=[(_pack(lw.wo, mmap), 0)] if lw.wo is not None else [],
-            gate_up=_products((lw.w_gate, lw.w_up), mmap) if dense else [],
+            gate_up=_products(tuple(w for w in (lw.w_gate, lw.w_up) if w is not None), mmap) if dense else [],
             down=[(_pack(lw.w_down, mmap), 0)] if dense else [],
             router=[(_pack(lw.router, mmap), 0)] if lw.router is not None else [],
             router_scale=_vec(lw.router_scale), expert_scale=_vec(lw.expert_scale),
@@ -270,6 +286,11 @@ class _Layer:
             kv_a=[(_pack(lw.kv_a, mmap), 0)] if mla else [],
             k_b=k_b, v_b=v_b, k_b_heads=k_b_heads, v_b_heads=v_b_heads,
             q_a_norm=_vec(lw.q_a_norm), kv_a_norm=_vec(lw.kv_a_norm),
+            attn_out_norm=_vec(lw.attn_out_norm), attn_out_norm_b=_vec(lw.attn_out_norm_b),
+            layer_out_norm=_vec(lw.layer_out_norm), layer_out_norm_b=_vec(lw.layer_out_norm_b),
+            up_b=_vec(lw.up_b), down_b=_vec(lw.down_b),
+            q_layer_norm=_vec(lw.q_layer_norm), q_layer_norm_b=_vec(lw.q_layer_norm_b),
+            k_layer_norm=_vec(lw.k_layer_norm), k_layer_norm_b=_vec(lw.k_layer_norm_b), qkv_b=_vec(lw.qkv_b),
         )
 
 
@@ -468,6 +489,15 @@ class CpuRunner:
         self.ple_rows = RowReader(self.ple_embd) if self.ple_embd is not None else None
         self.ple_model_proj = [(_ple_model_proj(weights.ple_model_proj, mmap), 0)] if weights.ple_model_proj is not None else []
         self.ple_proj_norm = _vec(weights.ple_proj_norm)
+        # the BERT family's embeddings (models/weights.py): the position embeddings as float32 (a few
+        # MB: position_embd is n_ctx_train rows), token type 0's row, their LayerNorm; empty where none
+        D = config.n_embd
+        self.pos_embd = (weights.pos_embd.dequantize().reshape(-1, D) if weights.pos_embd is not None
+                         else np.zeros((0, D), np.float32))
+        self.token_type = _vec(weights.token_type)
+        self.embd_norm, self.embd_norm_b = _vec(weights.token_embd_norm), _vec(weights.token_embd_norm_b)
+        # ALiBi's slope per head (jina-bert-v2; the attention kernel's alibi), (0,) where none
+        self.alibi = config.alibi_slopes()
         self._ws: Workspace | None = None
         self.logits = np.zeros((max_tokens, config.n_vocab), np.float32)
         # Debugging: trace(name, array) sees each intermediate (T, n) f32 under llama.cpp's tensor

@@ -71,7 +71,7 @@ class MlxPrimitives:
         self.step_plan = DeltaPlan(batch) if cfg.recurrent_layers and ("delta" in shapes or "ssm" in shapes) else None
         self.dt = runner.dtype
         self.T = len(batch.tokens)
-        self.plans = [AttentionPlan(batch, g, pool.block_size, w, c) for g, (w, c) in
+        self.plans = [AttentionPlan(batch, g, pool.block_size, w, c, cfg.causal) for g, (w, c) in
                       enumerate(zip(pool.windows, pool.chunked))]
         self.slots = [mx.array(s) for s in batch.slots]
         # the batch's RoPE angles; none where attention has no positions (granitehybrid's NoPE)
@@ -103,7 +103,33 @@ class MlxPrimitives:
 
     def embed(self, name: str) -> mx.array:
         x = self.runner.embed.take(mx.array(self.batch.tokens)).astype(mx.float32)
-        return x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
+        x = x * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else x
+        if self.cfg.architecture.bert_norms:  # token type 0's row, the positions' embeddings, the norm
+            r = self.runner
+            if r.token_type is not None:
+                x = x + r.token_type
+            if r.pos_embd is not None:
+                x = r.pos_embd[mx.array(self.batch.positions)] + x
+            x = mx.fast.layer_norm(x, r.embd_norm, r.embd_norm_b, self.cfg.norm_eps)
+        return x
+
+    def add_layer_norm(self, x: mx.array, o: mx.array, w: mx.array, b: mx.array, name: str, il: int) -> mx.array:
+        return mx.fast.layer_norm(x + o, w, b, self.cfg.norm_eps)
+
+    def qk_layer_norm(self, qkv: mx.array, ly: Any, il: int) -> mx.array:
+        if ly.qkv_b is None:
+            return qkv
+        qkv = qkv + ly.qkv_b
+        nq, nk = self.cfg.n_head * self.cfg.head_dim, self.cfg.n_head_kv * self.cfg.head_dim
+        q, k = qkv[:, :nq], qkv[:, nq:nq + nk]
+        if ly.q_layer_norm is not None:
+            q = mx.fast.layer_norm(q, ly.q_layer_norm, ly.q_layer_norm_b, self.cfg.norm_eps)
+        if ly.k_layer_norm is not None:
+            k = mx.fast.layer_norm(k, ly.k_layer_norm, ly.k_layer_norm_b, self.cfg.norm_eps)
+        return mx.concatenate([q, k, qkv[:, nq + nk:]], axis=-1)
+
+    def act(self, y: mx.array, il: int) -> mx.array:
+        return gelu_ggml(y)
 
     def norm(self, x: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
         return as_dtype(self._norm(x, w), self.dt)
@@ -152,7 +178,8 @@ class MlxPrimitives:
         if own_kv:
             kc[self.slots[g]] = k.astype(KV_DTYPE)  # in place: the pool's arrays now include this batch
             vc[self.slots[g]] = v.astype(KV_DTYPE)
-        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks)
+        return self.plans[g].attend(as_dtype(q, self.dt), kc, vc, self.kq_scale, cfg.attn_logit_softcap, ly.sinks,
+                                    self.runner.alibi)
 
     def rms_norm(self, y: mx.array, w: mx.array | None, name: str, il: int) -> mx.array:
         return self._norm(y, w)
@@ -257,7 +284,8 @@ class MlxPrimitives:
             gu = self.linear(gate_up, x, "ffn_gate_up", il)
             if ly.expert_biases is not None:  # gpt-oss: (gate|up, down) biases of each expert
                 gu = gu + ly.expert_biases[0][e]
-            y = self.linear(down, self.glu(gu, il), "ffn_out", il)
+            act = self.glu(gu, il) if cfg.architecture.ffn_gated else self.act(gu, il)  # nomic-bert-moe: GELU(up)
+            y = self.linear(down, act, "ffn_out", il)
             if ly.expert_biases is not None:
                 y = y + ly.expert_biases[1][e]
             if ly.expert_scale is not None:  # Gemma 4: each expert's output times its ffn_down_exps.scale

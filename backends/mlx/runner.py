@@ -104,6 +104,20 @@ class _Layer:
     pre_ffn_norm_2: mx.array | None = None
     post_ffn_norm_1: mx.array | None = None
     post_ffn_norm_2: mx.array | None = None
+    # the BERT family (models/weights.py; None where absent): the LayerNorms after the residual adds,
+    # weight and bias; the FFN's biases (up's: its product is act(up), gate_up holds up alone)
+    attn_out_norm: mx.array | None = None
+    attn_out_norm_b: mx.array | None = None
+    layer_out_norm: mx.array | None = None
+    layer_out_norm_b: mx.array | None = None
+    up_b: mx.array | None = None
+    down_b: mx.array | None = None
+    # jina-bert-v2's LayerNorms of Q and K, weight and bias, and the Q|K|V biases added before them
+    q_layer_norm: mx.array | None = None
+    q_layer_norm_b: mx.array | None = None
+    k_layer_norm: mx.array | None = None
+    k_layer_norm_b: mx.array | None = None
+    qkv_b: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         experts = [m for gu, d in self.experts for m in (*gu, *d)]
@@ -164,7 +178,7 @@ class MlxRunner:
                          config.n_head_kv * config.head_dim_v)
                 bqkv = mx.array(np.concatenate([np.zeros(n, np.float32) if b is None else np.asarray(b, np.float32)
                                                 for b, n in zip(biases, sizes)]))
-            dense = lw.w_gate is not None
+            dense = lw.w_up is not None
             conv = lw.shortconv_in is not None
             delta = lw.ssm_qkv is not None
             mamba = lw.ssm_in is not None
@@ -179,10 +193,10 @@ class MlxRunner:
             self.layers.append(_Layer(
                 qkv=[] if recurrent or mla else _products([up(t) for t in attn]),
                 wo=[] if recurrent else [up(lw.wo)],
-                gate_up=_products([up(lw.w_gate), up(lw.w_up)]) if dense else [],
+                gate_up=_products([up(w) for w in (lw.w_gate, lw.w_up) if w is not None]) if dense else [],
                 down=[up(lw.w_down)] if dense else [],
                 router=[up(lw.router)] if lw.router is not None else [],
-                experts=[(_products([up(g), up(u)]), [up(d)]) for g, u, d in lw.experts],
+                experts=[(_products([up(w) for w in (g, u) if w is not None]), [up(d)]) for g, u, d in lw.experts],
                 attn_norm=_vec(lw.attn_norm), ffn_norm=_vec(lw.ffn_norm),
                 post_attn_norm=_vec(lw.post_attn_norm), post_ffn_norm=_vec(lw.post_ffn_norm),
                 bqkv=bqkv, q_norm=_vec(lw.q_norm), k_norm=_vec(lw.k_norm),
@@ -213,6 +227,11 @@ class MlxRunner:
                 expert_scale=None if lw.expert_scale is None else np.array(lw.expert_scale, np.float32),
                 pre_ffn_norm_2=_vec(lw.pre_ffn_norm_2), post_ffn_norm_1=_vec(lw.post_ffn_norm_1),
                 post_ffn_norm_2=_vec(lw.post_ffn_norm_2),
+                attn_out_norm=_vec(lw.attn_out_norm), attn_out_norm_b=_vec(lw.attn_out_norm_b),
+                layer_out_norm=_vec(lw.layer_out_norm), layer_out_norm_b=_vec(lw.layer_out_norm_b),
+                up_b=_vec(lw.up_b), down_b=_vec(lw.down_b),
+                q_layer_norm=_vec(lw.q_layer_norm), q_layer_norm_b=_vec(lw.q_layer_norm_b),
+                k_layer_norm=_vec(lw.k_layer_norm), k_layer_norm_b=_vec(lw.k_layer_norm_b), qkv_b=_vec(lw.qkv_b),
             ))
             # Evaluated layer by layer: the stacked copies replace the separate uploads at once (no
             # second copy of the model at the peak), and nothing stays lazy: a lazy array belongs to
@@ -220,8 +239,17 @@ class MlxRunner:
             mx.eval(self.layers[-1].arrays())
         self.embed = up(weights.token_embd)
         self.output = self.embed if weights.output is weights.token_embd else up(weights.output)  # tied: once
-        self.output_norm = _vec(weights.output_norm)
-        mx.eval(self.embed.arrays(), self.output.arrays(), self.output_norm)
+        self.output_norm = _vec(weights.output_norm) if weights.output_norm.size else None  # none: bert
+        # the BERT family's embeddings (models/weights.py): the position embeddings, token type 0's
+        # row, their LayerNorm; None where none
+        self.pos_embd = None if weights.pos_embd is None else mx.array(
+            np.asarray(weights.pos_embd.dequantize(), np.float32).reshape(-1, config.n_embd))
+        self.token_type = _vec(weights.token_type)
+        self.embd_norm, self.embd_norm_b = _vec(weights.token_embd_norm), _vec(weights.token_embd_norm_b)
+        self.alibi = _vec(config.alibi_slopes()) if config.architecture.alibi else None  # jina-bert-v2's slopes
+        mx.eval(self.embed.arrays(), self.output.arrays(),
+                [a for a in (self.output_norm, self.pos_embd, self.token_type, self.embd_norm, self.embd_norm_b)
+                 if a is not None])
         # Gemma 4 E2B/E4B's per-layer token embeddings stay in the file (E2B's: 262144 tokens x 35
         # layers x 256, 2.3 billion weights, of which a batch reads a few rows): the batch's rows are
         # dequantized on the host (primitives.per_layer_inputs); their projection from the embedding

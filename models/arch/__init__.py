@@ -66,6 +66,7 @@ from infer.quant.errors import InferError
 
 from ..hf_files import ConvertError
 from . import (
+    bert,
     deepseek2,
     gemma2,
     gemma3,
@@ -74,11 +75,14 @@ from . import (
     gpt_oss,
     granite,
     granitehybrid,
+    jina_bert_v2,
     lfm2,
     lfm2moe,
     llama,
     llama4,
     mistral3,
+    nomic_bert,
+    nomic_bert_moe,
     olmo2,
     phi3,
     qwen2,
@@ -94,7 +98,8 @@ from .spec import Architecture
 __all__ = ["Architecture", "UnknownArchitecture", "architecture", "names", "for_hf_model_type", "hf_model_types"]
 
 _MODULES = (llama, qwen2, qwen3, gemma3, gemma2, olmo2, granite, phi3, qwen3moe, gpt_oss, lfm2, qwen35, lfm2moe,
-            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4)
+            granitehybrid, qwen35moe, qwen3next, smollm3, mistral3, glm4moe, deepseek2, llama4, gemma4,
+            bert, nomic_bert, nomic_bert_moe, jina_bert_v2)
 _BY_NAME = MappingProxyType({m.ARCHITECTURE.name: m.ARCHITECTURE for m in _MODULES})
 
 

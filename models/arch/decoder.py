@@ -28,7 +28,9 @@ class Primitives(Protocol[A]):
     whatever the backend makes of an absent tensor (None, an empty array)."""
 
     def embed(self, name: str) -> A:
-        """x: the batch's token embeddings times config.embed_scale."""
+        """x: the batch's token embeddings times config.embed_scale; in the BERT family
+        (Architecture.bert_norms) plus token type 0's row and the position embeddings where the
+        model has them ("inp_embd"), then LayerNorm'd by token_embd_norm ("inp_norm")."""
 
     def norm(self, x: A, w: Any, name: str, il: int) -> A:
         """h: RMSNorm(x) * w, or x itself where w is absent."""
@@ -60,6 +62,18 @@ class Primitives(Protocol[A]):
                        next_il: int) -> tuple[A, A]:
         """add_norm's (x, h) ending a layer ("l_out"), x times s (the layer's output scale, (1,):
         Gemma 4's layer_output_scale) before the norm that follows where the layer has one."""
+
+    def add_layer_norm(self, x: A, o: A, w: Any, b: Any, name: str, il: int) -> A:
+        """x: LayerNorm(x + o) * w + b (ggml_norm, then the weight and the bias: the BERT family's
+        attn_output_norm and layer_output_norm after a residual add), under name."""
+
+    def qk_layer_norm(self, qkv: A, ly: Any, il: int) -> A:
+        """The Q|K|V products with Q and K each LayerNorm'd over its whole projection, times the
+        weight plus the bias, where the layer has those norms (jina-bert-v2's attn_q_norm and
+        attn_k_norm with their biases); else qkv as it is."""
+
+    def act(self, y: A, il: int) -> A:
+        """The FFN's activation of a product without a gate (bert's GELU(ffn_up + bias)) ("ffn_act")."""
 
     def glu(self, gu: A, il: int) -> A:
         """act(gate) * up of the two halves of gu ("ffn_act")."""

@@ -96,7 +96,17 @@ class Architecture:
     extra_biases: tuple[str, ...] = ()
     optional_biases: tuple[str, ...] = ()  # those of extra_biases a file may lack (deepseek2's exp_probs_b)
     ffn_norm_tensor: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
-    output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm)
+    output_norm_tensor: str = "output_norm"  # the final norm's tensor (lfm2: token_embd_norm); "": none (bert)
+    # the BERT family (bert.py): LayerNorms with biases (ggml_norm) after each residual add
+    # (attn_output_norm, layer_output_norm) and of the embeddings (token_embd_norm), token type 0's
+    # row (token_types) added to every token, Q/K/V, attn_output and the FFN's products with biases
+    # where the file has them, and no output norm
+    bert_norms: bool = False
+    pos_embd: bool = False  # absolute position embeddings added to the token's (bert: position_embd)
+    ffn_gated: bool = True  # act(gate) * up; False: act(up) alone (bert's GELU FFN)
+    # ALiBi instead of positions (jina-bert-v2): each head's scores plus -slope_h * |p_q - p_k|, the
+    # slopes llama.cpp's for a maximum bias of 8 (ggml_soft_max_ext's max_bias); no RoPE
+    alibi: bool = False
     # hybrid models: (raw get, n_layer) -> the ModelConfig fields of the layers that are recurrent
     # (layer_recurrent, shortconv_l_cache, n_head_kv); None: every layer is attention. raw get reads
     # "<arch>.<key>" as it is, per-layer arrays included.
@@ -165,6 +175,10 @@ class Architecture:
     hf_config: Callable[[Any, bool], dict[str, Any]] | None = None
     hf_bfloat16: bool = False  # trained in bfloat16, overflows float16: exported in bfloat16
     chat_template: str = ""  # built-in template family for files without one ("chatml", "gemma", "llama")
+    # False: an encoder, whose tokens attend over their whole sequence (llama.cpp's hparams.causal_attn
+    # false: gemma-embedding, BERT); its sliding windows are symmetric (LLAMA_SWA_TYPE_SYMMETRIC), and
+    # it embeds and does not generate (ModelConfig.causal)
+    causal: bool = True
     # the layer recipe (decoder.py): (ops, layer, il, x, h, nxt) -> (x, h)
     layer: Callable[..., Any] = field(default=dense_layer, compare=False)
 

@@ -5,7 +5,10 @@ no test module imports another.
   wait_idle), the embedded Gemma's served name (MODEL) and a short chat (HELLO).
 - cli: `infer` in a subprocess (infer) and the one-line error every user-facing failure must be.
 - engine_runs: requests through an engine all at once, each alone, one cancelled midway.
-- tiny_models: tiny random-weight GGUF models of every architecture (write_tiny_model).
+- tiny_models: tiny random-weight GGUF models of every architecture that generates
+  (write_tiny_model; DECODERS).
+- tiny_encoders: tiny random-weight BERT-family encoders with llama.cpp's real vocabularies.
+- embeddings: embeddings through the engine and through llama.cpp, their cosine distance.
 - hf_models: tiny Hugging Face checkpoints (safetensors, config.json, tokenizer) and their
   float reference forward passes.
 - vocab_gguf: GGUF files that carry only a vocabulary, and llama.cpp's tokenizer as the reference.

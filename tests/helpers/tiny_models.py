@@ -7,9 +7,16 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as GT
 
+from infer.models.arch import architecture, names
+
 # Weights are drawn like HF initializes these architectures (initializer_range 0.02); wider random
 # weights amplify 1-ulp differences through Q8 activation rounding until llama.cpp disagrees with itself.
 WEIGHT_STD = 0.02
+
+# The architectures that generate (Architecture.causal): the ones write_tiny_model writes and the
+# per-architecture logits tests run. An encoder (an embedding model, causal False: the BERT
+# family) has no logits to compare; tests/test_encoders.py checks its embeddings.
+DECODERS = tuple(a for a in names() if architecture(a).causal)
 
 # Where each K-quant block keeps its f16 scales (byte offsets) and a scale that keeps weights within ~±0.04.
 _KQUANT_SCALES = {

@@ -254,6 +254,12 @@ def model_file(name: str, qtype: str, threads: int) -> Path:
     if not src.exists():
         print(f"writing {src} ...", file=sys.stderr, flush=True)
         write_f16(SHAPES[name], src)
+    quantize(src, out, qtype, threads)
+    return out
+
+
+def quantize(src: Path, out: Path, qtype: str, threads: int) -> None:
+    """src (F16) quantized to qtype by llama.cpp's llama_model_quantize, written to out whole or not at all."""
     import llama_cpp
 
     print(f"quantizing {out.name} with llama_model_quantize ...", file=sys.stderr, flush=True)
@@ -264,7 +270,6 @@ def model_file(name: str, qtype: str, threads: int) -> Path:
     if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
         raise SystemExit(f"llama_model_quantize failed for {out.name}")
     tmp.rename(out)
-    return out
 
 
 # Runs argv[1:] as its child and reports the child's peak RSS alone on stderr (RUSAGE_CHILDREN of a

@@ -316,6 +316,44 @@ def test_an_encoder_is_served_for_embeddings_and_refuses_to_generate(models):
         assert r.status_code == 400 and "is an embedding model" in r.json()["error"]
 
 
+def test_an_embeddings_request_counts_once_against_the_queue(models):
+    """--max-queue counts requests: the inputs of an embeddings request wait in the engine as
+    sequences of their own, yet the request is one (4 clients of 32 inputs each are not 128
+    requests); one request past the queue is still a 503."""
+    import asyncio
+
+    from infer.cli.server.embeddings_api import EmbeddingsAPI
+    from infer.cli.server.ollama_api import OllamaAPI
+    from infer.cli.server.openai_request import APIError
+    from infer.cli.server.service import EngineService, ServerConfig
+
+    llm = LLM.load(models["embedder"], EngineConfig(n_ctx=256, n_threads=2, max_seqs=1))
+    service = EngineService(llm, ServerConfig(model_id="tiny-embedder", max_queue=1))
+    api = EmbeddingsAPI(service, OllamaAPI(service))
+    prompts = [llm.encode_raw(t) for t in DOCS]
+
+    class Staying:  # a client that stays connected
+        async def receive(self):
+            await asyncio.Event().wait()
+
+    async def run():  # the engine is not started: every input waits
+        first = asyncio.ensure_future(api.vectors(Staying(), prompts))
+        await asyncio.sleep(0.05)
+        assert llm.engine.num_waiting() == len(DOCS)
+        second = asyncio.ensure_future(api.vectors(Staying(), prompts))  # the queue's one, beside the free slot's
+        await asyncio.sleep(0.05)
+        assert not second.done() and llm.engine.num_waiting() == 2 * len(DOCS)
+        with pytest.raises(APIError) as refused:
+            await api.vectors(Staying(), prompts)
+        assert refused.value.status == 503
+        for task in (first, second):
+            task.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+        assert api.extra_inputs == 0
+
+    asyncio.run(run())
+
+
 def test_an_embedding_model_and_a_reranker_served_together(models, tmp_path, monkeypatch):
     """Several models (`infer serve` without MODEL): each request runs on the model it names, an
     encoder's and a reranker's beside a chat model's."""

@@ -32,6 +32,9 @@ MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 class EmbeddingsAPI:
     def __init__(self, service: Service, ollama: OllamaAPI):
         self.service, self.ollama = service, ollama  # ollama: its model names (resolve)
+        # the inputs of the requests in flight beyond one each: the queue counts requests, and an
+        # input running already is counted too (at most max_seqs more admitted, never fewer)
+        self.extra_inputs = 0
 
     @property
     def llm(self):
@@ -47,7 +50,14 @@ class EmbeddingsAPI:
         """The finish event of each prompt's embedding, in order; all run at once."""
         if not prompts:
             return []
-        self.service.admit()
+        self.service.admit(self.extra_inputs)
+        self.extra_inputs += len(prompts) - 1
+        try:
+            return await self._run(request, prompts)
+        finally:
+            self.extra_inputs -= len(prompts) - 1
+
+    async def _run(self, request: Request, prompts: list[list[int]]) -> list[Event]:
         engine = self.llm.engine
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in prompts]

@@ -120,8 +120,10 @@ class Service(Protocol):
     async def encode(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """fn(arg) off the event loop, a template's or tokenizer's error as a 400."""
 
-    def admit(self) -> None:
-        """A 503 when one more request would wait beyond --max-queue."""
+    def admit(self, inputs: int = 0) -> None:
+        """A 503 when one more request would wait beyond --max-queue. inputs: the engine's waiting
+        sequences that are the inputs of embeddings requests in flight, less those requests: a
+        request of many inputs counts once, as a generation does."""
 
     async def start(self, request: Request, gen: Generation) -> Stream:
         """The generation admitted and running; APIError when it cannot be, ClientGone when its
@@ -181,10 +183,10 @@ class EngineService:
         except InferError as e:  # a chat template's or the tokenizer's
             raise APIError(400, str(e).splitlines()[0], e.field, "invalid_value") from None
 
-    def admit(self) -> None:
+    def admit(self, inputs: int = 0) -> None:
         eng = self.engine
         free_slots = max(0, eng.scheduler.max_seqs - eng.num_running())
-        if eng.num_waiting() + 1 > self.config.max_queue + free_slots:
+        if eng.num_waiting() - inputs + 1 > self.config.max_queue + free_slots:
             raise APIError(503, f"the server is overloaded ({self.config.max_queue} requests already waiting); "
                            "retry shortly", None, "server_overloaded", "server_error", {"Retry-After": "1"})
 

@@ -6,10 +6,13 @@ Modules, by what they are for:
 - GGUF files: `gguf_file.py` (the reader: metadata, tensors as views of the memory map, split
   files), `gguf_write.py` (the streaming writer: one tensor at a time, renamed when complete).
 - A model to run: `loader.py` (GGUF metadata to config, tensors checked against the architecture),
-  `config.py` (ModelConfig: the hyperparameters), `weights.py` (the weights as the backends take
-  them), `limits.py` (bounds that refuse corrupt or hostile files), `mlx_folder.py` (an MLX-format
-  folder loaded as a model), `arch/` (one module per architecture and the shared decoder; its
-  checklist for adding one: arch/__init__.py).
+  `config.py` (ModelConfig: the hyperparameters; the keys read through more than a lookup
+  and their bounds in `config_keys.py`), `weights.py` (the weights as the backends take
+  them; the BERT family's own tensors in `encoder_weights.py`, MLA's, gated attention's and the
+  recurrent layers' in `mixer_weights.py`, what they share in `matrix.py`), `limits.py` (bounds
+  that refuse corrupt or hostile files), `mlx_folder.py` (an MLX-format folder loaded as a
+  model), `arch/` (one module per architecture and the shared decoder; its checklist for adding
+  one: arch/__init__.py).
 - Hugging Face folders: `convert_hf.py` (a checkpoint read as llama.cpp's converter would write
   it), `hf_files.py` (the folder's files: JSON, safetensors), `hf_vocab.py` (its tokenizer as GGUF
   vocabulary keys).

@@ -7,53 +7,19 @@ from typing import Any
 
 import numpy as np
 
-from infer.quant.errors import InferError
-
 from .arch import Architecture, UnknownArchitecture, architecture
-from .limits import MAX_HEAD_DIM, MAX_LAYERS, MAX_WIDTH
-
-
-class ModelConfigError(InferError, ValueError):
-    """Metadata that does not describe a model infer can run."""
-
-
-def _rope_scale(get) -> float:
-    """The RoPE position multiplier: 1 / the scaling factor of linear or YaRN scaling (others are
-    refused). As llama.cpp: an absent rope.scaling.type is linear, and "none" never scales."""
-    scaling = str(get("rope.scaling.type", "linear"))
-    factor = float(get("rope.scaling.factor", 0.0) or 0.0)
-    if scaling not in ("none", "linear", "yarn") and factor not in (0.0, 1.0):
-        raise ModelConfigError(f"RoPE scaling {scaling!r} is not supported (linear, yarn)")
-    if not (math.isfinite(factor) and factor >= 0):
-        raise ModelConfigError(f"rope.scaling.factor must be a positive number, got {factor}")
-    return 1.0 / factor if factor > 0 and scaling != "none" else 1.0
-
-
-def _yarn_attn_factor(scale: float, attn_factor: float, log_mul: float = 0.0) -> float:
-    """The magnitude llama.cpp hands its YaRN RoPE (llama_context's yarn_attn_factor, float32 as
-    there): YaRN's 0.1 ln(factor) + 1 (over 0.1 log_mul ln(factor) + 1 where the architecture
-    reads rope.scaling.yarn_log_multiplier: mistral3), divided by the same term that ggml's rope
-    multiplies in again, times rope.scaling.attn_factor."""
-    f32 = np.float32
-    factor = f32(1.0) / f32(scale)
-
-    def mscale_of(m: float) -> np.float32:
-        return f32(f32(0.1) * f32(m)) * np.log(factor) + f32(1.0) if factor > 1 else f32(1.0)
-
-    mscale = mscale_of(1.0) / mscale_of(log_mul) if log_mul else mscale_of(1.0)
-    return float(f32(mscale * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))) * f32(attn_factor))
-
-
-def _swa_layers(pattern: Any, default: int, n_layer: int) -> tuple[bool, ...]:
-    """Which layers are sliding-window, as llama.cpp reads attention.sliding_window_pattern: a flag per
-    layer, or every n-th layer global (the last of each group of n; 0: none global); absent, the
-    architecture's n."""
-    if hasattr(pattern, "__len__") and not isinstance(pattern, str):
-        if len(pattern) != n_layer:
-            raise ModelConfigError(f"sliding_window_pattern has {len(pattern)} flags for {n_layer} layers")
-        return tuple(bool(v) for v in pattern)
-    n = int(pattern) if pattern is not None else default
-    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+from .config_keys import (
+    POOLING_TYPES,
+    ModelConfigError,
+    check_sizes,
+    check_widths,
+    pooling_cls,
+    read_rope_scale,
+    shared_count,
+    swa_layers,
+    yarn_attn_factor,
+)
+from .limits import MAX_LAYERS
 
 
 @dataclass(frozen=True)
@@ -66,18 +32,6 @@ class KVGroup:
     # positions only. Those keys lie within the last `window` positions, so the blocks out of a
     # sliding window of that size are out of every chunk too and are dropped alike.
     chunked: bool = False
-
-
-# llama.cpp's enum llama_pooling_type as <arch>.pooling_type writes it: the poolings infer runs
-# (none and -1 unspecified are not an embedding's; 4 rank is a reranker's: its classification
-# head, models/pooling_head.py, on the pooled row)
-POOLING_TYPES = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
-
-
-def _pooling_cls(value: int, spec: Any) -> str:
-    """Rank pooling's row from <arch>.classifier.pooling_type (llama.cpp's pooling_type_cls): "mean"
-    where it says mean (1), the architecture's default where absent, else "" (the CLS row)."""
-    return "mean" if value == 1 else spec.classifier_pooling if value == -1 else ""
 
 
 @dataclass(frozen=True)
@@ -374,14 +328,14 @@ class ModelConfig:
         if n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelConfigError(f"head counts {n_head}/{n_head_kv} are not a valid grouped-query layout")
         n_rot = int(get("rope.dimension_count", head_dim))
-        rope_scale = _rope_scale(get)
+        rope_scale = read_rope_scale(get)
         yarn = str(get("rope.scaling.type", "linear")) == "yarn"
         attn_factor = float(get("rope.scaling.attn_factor", 1.0))
         rope_base = float(get("rope.freq_base", 10000.0))
         n_ctx_train = int(get("context_length", 2048))
-        _check_sizes(arch, n_layer, head_dim, head_dim_v, n_rot, n_ctx_train)
+        check_sizes(arch, n_layer, head_dim, head_dim_v, n_rot, n_ctx_train)
         sliding_window = int(get("attention.sliding_window", spec.default_sliding_window)) if spec.swa_pattern else 0
-        layer_swa = (_swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
+        layer_swa = (swa_layers(meta.get(f"{arch}.attention.sliding_window_pattern"), spec.swa_pattern, n_layer)
                      if sliding_window > 0 else (False,) * n_layer)
 
         if n_vocab is None:
@@ -401,8 +355,8 @@ class ModelConfig:
         shexp_key = int(get("expert_shared_feed_forward_length", 0))
         n_ff_shexp = (shexp_key or n_ff if spec.shared_expert == "sigmoid" else
                       shexp_key if spec.shared_expert == "plain" and n_expert else
-                      _shared_count(arch, get) * n_ff_exp if spec.shared_expert == "counted" else 0)
-        _check_widths(arch, n_embd, n_ff, n_ff_exp, n_ff_shexp)
+                      shared_count(arch, get) * n_ff_exp if spec.shared_expert == "counted" else 0)
+        check_widths(arch, n_embd, n_ff, n_ff_exp, n_ff_shexp)
         if n_expert and not n_ff_exp or spec.shared_expert == "sigmoid" and not n_ff_shexp:
             raise ModelConfigError(f"{arch}: no expert width (expert_feed_forward_length, "
                                    f"expert_shared_feed_forward_length or feed_forward_length)")
@@ -458,7 +412,7 @@ class ModelConfig:
                            else get("attention.layer_norm_rms_epsilon", 1e-5)),
             n_rot=n_rot,
             rope_base=rope_base,
-            rope_attn_factor=_yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
+            rope_attn_factor=yarn_attn_factor(rope_scale, attn_factor, own.get("yarn_log_mul", 0.0)) if yarn else attn_factor,
             rope_ext_factor=1.0 if yarn else 0.0,
             n_ctx_orig=int(get("rope.scaling.original_context_length", n_ctx_train)),
             rope_scale=rope_scale,
@@ -479,7 +433,7 @@ class ModelConfig:
             moe_weights_scale=weights_scale,
             pooling=POOLING_TYPES.get(int(get("pooling_type", -1)), ""),
             causal=spec.causal and bool(get("attention.causal", True)),
-            pooling_cls=_pooling_cls(int(get("classifier.pooling_type", -1)), spec),
+            pooling_cls=pooling_cls(int(get("classifier.pooling_type", -1)), spec),
             n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 0) or 0),
             # absolute position embeddings (bert) or ALiBi (jina-bert-v2) instead
             **({"rope": False} if spec.pos_embd or spec.alibi else {}),
@@ -489,32 +443,3 @@ class ModelConfig:
         )
         fields.update(own)
         return cls(**fields)
-
-
-def _shared_count(arch: str, get) -> int:
-    """expert_shared_count: how many shared experts (Architecture.shared_expert "counted") run as one."""
-    n = int(get("expert_shared_count", 0))
-    if not 0 <= n <= 64:
-        raise ModelConfigError(f"{arch}: expert_shared_count {n} is out of range (0..64)")
-    return n
-
-
-def _check_sizes(arch: str, n_layer: int, head_dim: int, head_dim_v: int, n_rot: int, n_ctx_train: int) -> None:
-    """Bounds a hostile file could otherwise push into huge or empty buffers before any tensor is checked."""
-    if not 1 <= n_layer <= MAX_LAYERS:
-        raise ModelConfigError(f"{arch}: block_count {n_layer} is out of range (1..{MAX_LAYERS})")
-    if not (1 <= head_dim <= MAX_HEAD_DIM and 1 <= head_dim_v <= MAX_HEAD_DIM):
-        raise ModelConfigError(f"{arch}: head sizes {head_dim}/{head_dim_v} are out of range (1..{MAX_HEAD_DIM})")
-    if not 2 <= n_rot <= head_dim or n_rot % 2:
-        raise ModelConfigError(f"{arch}: rope.dimension_count {n_rot} must be even and in 2..{head_dim} (the head size)")
-    if n_ctx_train < 1:
-        raise ModelConfigError(f"{arch}: context_length {n_ctx_train} must be positive")
-
-
-def _check_widths(arch: str, n_embd: int, n_ff: int, n_ff_exp: int, n_ff_shexp: int) -> None:
-    """Widths the runner sizes buffers by, some of them (a mixture of experts' dense n_ff) checked
-    against no tensor."""
-    for name, v in (("embedding_length", n_embd), ("feed_forward_length", n_ff),
-                    ("expert_feed_forward_length", n_ff_exp), ("expert_shared_feed_forward_length", n_ff_shexp)):
-        if not 0 <= v <= MAX_WIDTH:
-            raise ModelConfigError(f"{arch}: {name} {v} is out of range (0..{MAX_WIDTH})")

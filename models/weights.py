@@ -9,21 +9,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from infer.quant.affine import AffineTensor
-from infer.quant.errors import InferError
 from infer.quant.tensor import QTensor, StackedRows
 from infer.quant.types import BF16, F16, F32
 
 from .config import ModelConfig
+from .encoder_weights import bert_embd, bert_layer
+from .matrix import Matrix, ModelLoadError, rows
+from .mixer_weights import gated_delta_net, mamba2, mla, q_and_gate, shortconv
 from .pooling_head import HEAD_BIASES, PoolingHead, PoolingHeadError, load_head
-
-
-class ModelLoadError(InferError, ValueError):
-    """A model file that cannot be run; the message names the file and the problem."""
-
-
-# A weight matrix: GGML blocks (GGUF files; F16/F32/BF16 for dense MLX-folder matrices) or MLX's
-# affine format (quantized MLX folders).
-Matrix = QTensor | AffineTensor
 
 
 @dataclass(frozen=True)
@@ -246,15 +239,15 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         moe = cfg.layer_experts(i)
         if recurrent:
             wq = wk = wv = wo = bq = bk = bv = None
-            own = (_mamba2(get, vec, p, cfg) if cfg.mamba2 else _gated_delta_net(get, vec, p, cfg)
-                   if cfg.ssm_state_size else _shortconv(get, vec, p, cfg))
+            own = (mamba2(get, vec, p, cfg) if cfg.mamba2 else gated_delta_net(get, vec, p, cfg)
+                   if cfg.ssm_state_size else shortconv(get, vec, p, cfg))
         elif cfg.kv_v_in_k:
             wk = wv = bq = bk = bv = None
-            own = _mla(get, vec, p, cfg)
+            own = mla(get, vec, p, cfg)
             wq = own.pop("wq")
             wo = get(p + "attn_output.weight", (D, cfg.n_head * cfg.head_dim_v_mla))
         elif arch.attn_output_gate:
-            wq, gate = _q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
+            wq, gate = q_and_gate(get(p + "attn_q.weight", (2 * q_dim, D)), cfg.n_head, path, p)
             wk, wv = get(p + "attn_k.weight", (kv_dim, D)), get(p + "attn_v.weight", (v_dim, D))
             bq = bk = bv = None
             wo = get(p + "attn_output.weight", (D, cfg.n_head * head_dim_v))
@@ -284,7 +277,7 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
             own.update(ple_gate=get(p + "inp_gate.weight", (P, D)), ple_proj=get(p + "proj.weight", (D, P)),
                        ple_norm=vec(p + "post_norm.weight", D))
         if arch.bert_norms:
-            lw = _bert_layer(tensors, vec, p, cfg, F, moe)
+            lw = bert_layer(tensors, vec, p, cfg, F, moe)
             if lw["q_layer_norm"] is not None or lw["k_layer_norm"] is not None:  # biases before the norms
                 lw["qkv_b"] = np.concatenate([np.zeros(n, np.float32) if b is None else b
                                               for b, n in zip((bq, bk, bv), (q_dim, kv_dim, v_dim))])
@@ -324,63 +317,10 @@ def collect_weights(tensors: Mapping[str, Matrix | np.ndarray], path: Path | str
         rope_freqs_long=vec("rope_factors_long.weight", cfg.n_rot // 2, required=False),
         layers=tuple(layers),
         **(_per_layer_embd(get, vec, cfg) if cfg.n_embd_per_layer else {}),
-        **(_bert_embd(get, vec, cfg) if arch.bert_norms else {}),
+        **(bert_embd(get, vec, cfg) if arch.bert_norms else {}),
         **({"token_embd_norm": vec("token_embd_norm.weight", D)} if arch.layer_norms else {}),
         head=head,
     )
-
-
-
-def _bert_layer(tensors, vec, p: str, cfg: ModelConfig, F: int, moe: bool) -> dict[str, Any]:
-    """A BERT-family layer's LayerNorms, Q/K LayerNorms and FFN biases (llama.cpp's bert.cpp: the
-    norms' biases required, the others optional; nomic-bert's gated FFN runs without biases, and a
-    file with them is refused as having biases its architecture has no place for)."""
-    D = cfg.n_embd
-    out = {"attn_out_norm": vec(p + "attn_output_norm.weight", D),
-           "attn_norm_2": vec(p + "attn_norm_2.weight", D, required=False),
-           "attn_norm_2_b": vec(p + "attn_norm_2.bias", D, required=False), "attn_out_norm_b": vec(p + "attn_output_norm.bias", D),
-            "layer_out_norm": vec(p + "layer_output_norm.weight", D),
-            "layer_out_norm_b": vec(p + "layer_output_norm.bias", D),
-            **({} if moe else _ffn_biases(tensors, vec, p, cfg, F)),
-            **{f"{n}_layer_norm{b}": vec(f"{p}attn_{n}_norm.{w}", dim, required=False)
-               for n, dim in (("q", cfg.n_head * cfg.head_dim), ("k", cfg.n_head_kv * cfg.head_dim))
-               for b, w in (("", "weight"), ("_b", "bias"))}}
-    for n in ("q_layer_norm", "k_layer_norm", "attn_norm_2"):  # a norm without its bias: a bias of zeros
-        if out[n] is not None and out[n + "_b"] is None:
-            out[n + "_b"] = np.zeros_like(out[n])
-    return out
-
-
-def _ffn_biases(tensors, vec, p: str, cfg: ModelConfig, F: int) -> dict[str, Any]:
-    """A BERT-family FFN's biases, where its architecture has them (extra_biases) and the file too:
-    up's (F,) of act(up); a gated FFN's (2F,), gate's then up's (jina-bert-v2: of its fused ffn_up,
-    gate then up, or of ffn_up beside ffn_gate, then gate's zeros); down's (D,)."""
-    if "ffn_up.bias" not in cfg.architecture.extra_biases:
-        return {}
-    D, name = cfg.n_embd, p + "ffn_up.bias"
-    if not cfg.architecture.ffn_gated:
-        up_b = vec(name, F, required=False)
-    elif p + "ffn_gate.weight" in tensors:
-        b = vec(name, F, required=False)
-        up_b = None if b is None else np.concatenate([np.zeros(F, np.float32), b])
-    else:
-        up_b = vec(name, 2 * F, required=False)
-    return {"up_b": up_b, "down_b": vec(p + "ffn_down.bias", D, required=False)}
-
-
-def _bert_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
-    """The BERT family's embedding tensors (token type 0's row, positions, their LayerNorm) and a
-    reranker's classification head, where the file has one (llama.cpp's bert.cpp)."""
-    D = cfg.n_embd
-    if cfg.n_token_types <= 0:  # as llama.cpp, which refuses such a file
-        raise ModelLoadError(f"{cfg.arch} model needs a positive tokenizer.ggml.token_type_count")
-    types = vec("token_types.weight", (cfg.n_token_types, D), required=False)
-    out: dict[str, Any] = {"token_embd_norm": vec("token_embd_norm.weight", D),
-                           "token_embd_norm_b": vec("token_embd_norm.bias", D),
-                           "token_type": None if types is None else np.ascontiguousarray(types[0])}
-    if cfg.architecture.pos_embd:
-        out["pos_embd"] = get("position_embd.weight", (cfg.n_ctx_train, D))
-    return out
 
 
 def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
@@ -392,15 +332,6 @@ def _per_layer_embd(get, vec, cfg: ModelConfig) -> dict[str, Any]:
         raise ModelLoadError(f"per_layer_token_embd in {type(embd).__name__} form is not supported")
     return {"ple_embd": embd, "ple_model_proj": get("per_layer_model_proj.weight", (n, cfg.n_embd)),
             "ple_proj_norm": vec("per_layer_proj_norm.weight", cfg.n_embd_per_layer)}
-
-
-def rows(t: Matrix | np.ndarray, lo: int, hi: int) -> Matrix | np.ndarray:
-    """Rows lo:hi of a matrix (a view: each row of a block-quantized matrix is whole blocks) or of a vector."""
-    if isinstance(t, QTensor):
-        return QTensor(t.type_id, (hi - lo, t.shape[-1]), t.raw[lo:hi])
-    if isinstance(t, AffineTensor):
-        raise ModelLoadError("a fused matrix (Q/K/V or gate/up) in MLX's affine format is not supported")
-    return t[lo:hi]
 
 
 def _qkv(tensors, get, p: str, D: int, dims: tuple[int, int, int], path,
@@ -485,94 +416,6 @@ def _row(t: Matrix, D: int, name: str) -> QTensor:
     if not isinstance(t, QTensor) or t.shape not in ((D,), (1, D)):
         raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, expected ({D},) in GGML blocks")
     return QTensor(t.type_id, (1, D), t.raw.reshape(1, -1))
-
-
-def _mla(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """A multi-head latent attention's tensors (deepseek2; llama.cpp's load_arch_tensors for is_mla):
-    attn_k_b (n_head, n_lora_kv, nope) and attn_v_b (n_head, head_dim_v_mla, n_lora_kv) as a
-    matrix per head."""
-    D, H, R, dk = cfg.n_embd, cfg.n_head, cfg.n_lora_kv, cfg.head_dim_k_mla
-    nope, dv = dk - cfg.n_rot, cfg.head_dim_v_mla
-    if cfg.n_lora_q:
-        out = {"q_a": get(p + "attn_q_a.weight", (cfg.n_lora_q, D)),
-               "q_a_norm": vec(p + "attn_q_a_norm.weight", cfg.n_lora_q),
-               "wq": get(p + "attn_q_b.weight", (H * dk, cfg.n_lora_q))}
-    else:
-        out = {"wq": get(p + "attn_q.weight", (H * dk, D))}
-    k_b, v_b = get(p + "attn_k_b.weight", (H, R, nope)), get(p + "attn_v_b.weight", (H, dv, R))
-    for name, t in (("attn_k_b", k_b), ("attn_v_b", v_b)):
-        if not isinstance(t, QTensor):
-            raise ModelLoadError(f"{p}{name}.weight in {type(t).__name__} form is not supported")
-    out.update(kv_a=get(p + "attn_kv_a_mqa.weight", (R + cfg.n_rot, D)),
-               kv_a_norm=vec(p + "attn_kv_a_norm.weight", R),
-               k_b=tuple(rows(k_b, h * R, (h + 1) * R) for h in range(H)),
-               v_b=tuple(rows(v_b, h * dv, (h + 1) * dv) for h in range(H)))
-    return out
-
-
-def _shortconv(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """A short-convolution layer's tensors (LFM2; llama.cpp's LLM_TENSOR_SHORTCONV_*)."""
-    D = cfg.n_embd
-    return {"shortconv_in": get(p + "shortconv.in_proj.weight", (3 * D, D)),
-            "shortconv": vec(p + "shortconv.conv.weight", (D, cfg.shortconv_l_cache)),
-            "shortconv_out": get(p + "shortconv.out_proj.weight", (D, D))}
-
-
-def _q_and_gate(wq: Matrix, n_head: int, path, p: str) -> tuple[StackedRows, StackedRows]:
-    """Q's rows and the gate's rows of a gated attention's attn_q, whose rows are per head Q's
-    head_dim then the gate's (llama.cpp's views of Qcur_full): two matrices of per-head views of
-    the file, copied only by a backend that needs them whole (quant.tensor.StackedRows)."""
-    if not isinstance(wq, QTensor):
-        raise ModelLoadError(f"{path}: {p}attn_q.weight in {type(wq).__name__} form cannot be split into Q and gate")
-    hd = wq.shape[0] // (2 * n_head)
-    return (StackedRows(tuple(rows(wq, 2 * h * hd, (2 * h + 1) * hd) for h in range(n_head))),
-            StackedRows(tuple(rows(wq, (2 * h + 1) * hd, (2 * h + 2) * hd) for h in range(n_head))))
-
-
-def _gated_delta_net(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """A gated delta net layer's tensors (Qwen3.5, Qwen3-Next; llama.cpp's load_block_trunk for is_recr)."""
-    D, C, inner, hv = cfg.n_embd, cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_dt_rank
-    if get(p + "ssm_ba.weight", None, required=False) is not None:  # Qwen3-Next: beta and alpha in one
-        beta, alpha = _beta_alpha(get(p + "ssm_ba.weight", (2 * hv, D)), cfg.ssm_group_count, p)
-    else:
-        beta, alpha = get(p + "ssm_beta.weight", (hv, D)), get(p + "ssm_alpha.weight", (hv, D))
-    return {"ssm_qkv": get(p + "attn_qkv.weight", (C, D)), "ssm_z": get(p + "attn_gate.weight", (inner, D)),
-            "ssm_beta": beta, "ssm_alpha": alpha,
-            "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
-            "ssm_dt": vec(p + "ssm_dt.bias", hv), "ssm_a": vec(p + "ssm_a", hv),
-            "ssm_norm": vec(p + "ssm_norm.weight", cfg.ssm_state_size),
-            "ssm_out": get(p + "ssm_out.weight", (D, inner))}
-
-
-def _mamba2(get, vec, p: str, cfg: ModelConfig) -> dict[str, Any]:
-    """A Mamba-2 mixer's tensors (granitehybrid; llama.cpp's load_arch_tensors for is_recr): A and
-    D stored (H, 1), the grouped norm's weight (G, I / G), both flattened here."""
-    D, C, inner, H, G = cfg.n_embd, cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_dt_rank, cfg.ssm_group_count
-    return {"ssm_in": get(p + "ssm_in.weight", (inner + C + H, D)),
-            "ssm_conv": vec(p + "ssm_conv1d.weight", (C, cfg.ssm_conv_kernel)),
-            "ssm_conv_b": vec(p + "ssm_conv1d.bias", C),
-            "ssm_dt": vec(p + "ssm_dt.bias", H), "ssm_a": vec(p + "ssm_a", (H, 1)).reshape(H),
-            "ssm_d": vec(p + "ssm_d", (H, 1)).reshape(H),
-            "ssm_norm": vec(p + "ssm_norm.weight", (G, inner // G)).reshape(inner),
-            "ssm_out": get(p + "ssm_out.weight", (D, inner))}
-
-
-def _beta_alpha(ba: Matrix, n_k_heads: int, p: str) -> tuple[Matrix, Matrix]:
-    """Beta's and alpha's rows of Qwen3-Next's ssm_ba, whose rows are per key head its value heads'
-    beta logits, then their alpha logits (llama.cpp's views of mixed_ba): two matrices, in value
-    head order, rows copied once."""
-    if not isinstance(ba, QTensor):
-        raise ModelLoadError(f"{p}ssm_ba.weight in {type(ba).__name__} form cannot be split into beta and alpha")
-    per_k = ba.shape[0] // (2 * n_k_heads)
-    grouped = ba.raw.reshape(n_k_heads, 2, per_k, -1)
-    shape = (n_k_heads * per_k, ba.shape[1])
-
-    def part(i: int) -> QTensor:
-        return QTensor(ba.type_id, shape, np.ascontiguousarray(grouped[:, i]).reshape(shape[0], -1))
-
-    beta, alpha = part(0), part(1)
-    ba.release()  # the file pages copied from are not read again
-    return beta, alpha
 
 
 def _extras(vec, p: str, cfg: ModelConfig, moe: bool) -> dict[str, Any]:

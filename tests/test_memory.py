@@ -106,7 +106,7 @@ def _present_bytes(addr: int, nbytes: int) -> int:
 @linux
 def test_split_attn_q_is_not_copied(tmp_path):
     """Qwen3.5's attn_q holds per head Q's rows then the gate's: loading splits it into per-head
-    views of the file (models/weights.py), not copies, and the cpu backend packs Q and the gate
+    views of the file (models/mixer_weights.py), not copies, and the cpu backend packs Q and the gate
     from them and releases the file's pages: one copy of attn_q in memory, the packed one (a copy
     and its file pages beside it cost Qwen3.5-4B 180 MiB)."""
     path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", seed=tiny_seed("qwen35"))

@@ -2,11 +2,12 @@
 
 Modules, by what they are for:
 
-- The runner: `runner.py` (CpuRunner: weights prepared for the kernels, buffers, the
-  Runner protocol of backends/base.py), `primitives.py` (the decoder's primitives, the layer recipe
-  being models/arch/decoder.py), `kv_pool.py` (the paged KV cache's arrays), `hugepages.py`
-  (transparent huge pages for the packed weights), `memlock.py` (`--mlock`), `rows.py` (token
-  embeddings read with pread).
+- The runner: `runner.py` (CpuRunner: weights prepared for the kernels, the Runner protocol of
+  backends/base.py), `workspace.py` (the buffers a forward pass writes, sized once),
+  `primitives.py` (the decoder's primitives, the layer recipe being models/arch/decoder.py; a
+  mixture of experts' in `expert_primitives.py`), `kv_pool.py` (the paged KV cache's arrays),
+  `hugepages.py` (transparent huge pages for the packed weights), `memlock.py` (`--mlock`),
+  `rows.py` (token embeddings read with pread).
 - Products: `repack.py` (weights repacked at load into row tiles), `qdot.py` (products with the
   packed weights, integer block dots), `activations.py` (activations rounded as llama.cpp rounds
   them before each product), `matmul.py` (products with every weight type, the float types

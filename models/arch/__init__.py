@@ -39,8 +39,9 @@ Adding an architecture, step by step:
    cache and speculation: engine/state_slots.py; a new kind of state is copied with the rest by
    StatePoolLike.copy); the spec's `recurrent`
    reads which layers are recurrent (lfm2.py: its short convolutions and shortconv primitive).
-   models/weights.py collects the layer's tensors (a new kind of tensor goes there); a bias it has
-   no place for is refused unless the spec's `extra_biases` names it.
+   models/weights.py collects the layer's tensors (a new kind of tensor goes there; a new mechanism's
+   own tensors in models/mixer_weights.py, the BERT family's in models/encoder_weights.py); a bias
+   weights.py has no place for is refused unless the spec's `extra_biases` names it.
 6. The tests, most of them parametrized over `names()` already, so step 2 enrols the module; add
    a tiny random GGUF of it to the tests' `tiny_models.py` helper (ARCH_TYPES: a mix of storage
    types no other architecture's test covers; `write_tiny_model` writes its tensors and keys):

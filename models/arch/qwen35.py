@@ -11,7 +11,7 @@ last width - 1 inputs the sequence's "conv" state), SiLU; Q and K L2-normalized 
 gated delta rule per value head (its key head: value head % key heads, ggml's tiling) over a
 (S x S) state matrix, the sequence's "delta" state (backends/cpu/delta_net.py); RMSNorm of each
 head's output times `ssm_norm`, times SiLU(z); `ssm_out`. A full-attention layer: Q and a gate per
-head interleaved in one `attn_q` product (split apart at load: models/weights.py), Q/K RMSNorm per
+head interleaved in one `attn_q` product (split apart at load: models/mixer_weights.py), Q/K RMSNorm per
 head, RoPE over the first rope.dimension_count dims of each head, attention, times sigmoid(gate),
 `attn_output`. llama.cpp rotates with its interleaved multi-section RoPE (IMROPE); a text token's
 positions are equal in every section, which makes it NeoX RoPE wherever every rotated pair falls

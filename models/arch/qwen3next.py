@@ -4,7 +4,7 @@ of experts with a sigmoid-gated shared expert), with what differs in its files a
 - a delta net's value heads are grouped by key head (value head h reads key head h // (Hv / Hk):
   llama.cpp's repeat-interleave), where Qwen3.5's converter tiles them (h % Hk);
 - beta's and alpha's products are one `ssm_ba` matrix, per key head its value heads' beta rows
-  then their alpha rows (split apart at load: models/weights.py); Q|K|V and z are `attn_qkv` and
+  then their alpha rows (split apart at load: models/mixer_weights.py); Q|K|V and z are `attn_qkv` and
   `attn_gate` as in Qwen3.5 (the files of llama.cpp's converter before it split in_proj_qkvz, with
   one `ssm_in`, are refused as missing attn_qkv);
 - RoPE is plain NeoX over rope.dimension_count dims of each head (no multi-section positions).

@@ -84,7 +84,7 @@ def exact_hidden(cfg, w, seqs: list[np.ndarray]) -> list[np.ndarray]:
         q = h @ _dense(lw.wq).T
         # Gemma 4's shared-KV layers have Q alone (their K/V: an earlier layer's, kv_of); none here
         k, v = (h @ _dense(lw.wk).T, h @ _dense(lw.wv).T) if own_kv else (np.zeros((len(x), 0)),) * 2
-        # Qwen3.5's gated attention: the gate's rows of attn_q (models/weights.py split them out)
+        # Qwen3.5's gated attention: the gate's rows of attn_q (models/mixer_weights.py split them out)
         gate = None if lw.attn_gate is None else h @ _dense(lw.attn_gate).T
         if lw.bq is not None:
             q, k, v = q + lw.bq, k + lw.bk, v + lw.bv

@@ -222,7 +222,6 @@ def test_infer_embed_ubatch_size(tiny_encoder):
     """`infer embed` on an encoder: an input longer than one pass (-ub, llama.cpp's physical batch)
     is a one-line error that names the flag; with a pass that holds it, the engine's vector."""
     from helpers.cli import assert_one_line_error, infer
-
     from infer.engine.pooling import normalize
 
     text = "a tiny encoder embeds this"

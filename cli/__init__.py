@@ -6,7 +6,8 @@ Modules, by what they are for:
 - The application: `main.py` (the entry point: imports every command module, Ctrl-C as exit 130),
   `__main__.py` (`python -m infer.cli`), `app.py` (the Typer app each command registers on).
 - One module per command, named for it: `run.py`, `chat.py`, `bench.py`, `serve.py`, `pull.py`,
-  `quantize.py`, `kernels.py`, `backends.py`, `ps.py`, `store.py` (list, show, rm).
+  `quantize.py`, `kernels.py`, `backends.py`, `ps.py`, `store.py` (list, show, rm), `launch.py` (a
+  coding agent on `infer serve`).
 - Shared by the commands: `options.py` (the flags several commands take, declared once, and
   LoadOptions: the loading flags turned into one EngineConfig), `load.py` (loading a model with a
   status line and the backend's warnings), `errors.py` (expected errors as one line and exit 1),

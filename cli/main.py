@@ -20,7 +20,7 @@ def _configure_numba_cache() -> None:
 
 def register_commands() -> None:
     """Import every command module: each registers its commands on the Typer app as it loads."""
-    from . import backends, bench, chat, embed, kernels, ps, pull, quantize, run, serve, store  # noqa: F401
+    from . import backends, bench, chat, embed, kernels, launch, ps, pull, quantize, run, serve, store  # noqa: F401
 
 
 def main() -> None:

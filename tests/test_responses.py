@@ -154,6 +154,10 @@ def test_function_call_round_trip(client):
         {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 25 C"}],
         tools=[{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}])
     assert r2.usage.input_tokens == chat.usage.prompt_tokens
+    # the agents' loop: only the call's output, after the response that made the call
+    r3 = client.responses.create(model=MODEL, input=items[2:], previous_response_id=r.id, tools=[WEATHER],
+                                 max_output_tokens=40, temperature=0)
+    assert (r3.usage.input_tokens, r3.output_text) == (r2.usage.input_tokens, r2.output_text)
 
 
 def test_previous_response_id(client, server):
@@ -312,3 +316,28 @@ def test_reasoning_items(thinking):
     again = c.responses.create(model=model, input="and?", previous_response_id=r.id, max_output_tokens=60,
                                extra_body={"seed": 4, "grammar": THOUGHT})
     assert again.output_text == "yes" and again.usage.input_tokens > r.usage.input_tokens
+
+
+@pytest.mark.e2e
+def test_several_models_server(tmp_path):
+    """Without MODEL (model_router.py): the request goes to the model it names, previous_response_id
+    continues there, and GET / DELETE /v1/responses/{id} find the response among the loaded models."""
+    pytest.importorskip("schemathesis")  # helpers.api_fuzz's import; its serve() stands a tiny model in
+    from helpers.api_fuzz import serve
+
+    server, name = serve(tmp_path, several=True)
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0, timeout=120)
+        first = c.responses.create(model=name, input="Hi", max_output_tokens=3, temperature=0)
+        second = c.responses.create(model=name, input="Again", previous_response_id=first.id, max_output_tokens=3,
+                                    temperature=0)
+        assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert c.responses.retrieve(first.id).output_text == first.output_text
+        c.responses.delete(first.id)
+        for rid in (first.id, "resp_unknown"):
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(rid)
+        with pytest.raises(openai.BadRequestError):
+            c.responses.create(model=name, input="Hi", previous_response_id=first.id)
+    finally:
+        assert server.stop() == 0, server.output()

@@ -31,6 +31,42 @@ def client(server):
     return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0, timeout=120)
 
 
+def test_input_items_become_chat_messages():
+    """The conversion itself (no server): an earlier turn's reasoning, text and calls join one
+    assistant message, as llama.cpp's server-chat.cpp joins them; outputs are tool messages; a
+    reasoning item without text is skipped; instructions go first, not into the conversation."""
+    from infer.cli.server.responses_input import chat_request
+
+    items = [{"role": "user", "content": "q"},
+             {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"},
+                                                                   {"type": "refusal", "refusal": "b"}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"x\": 1}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "one"},
+             {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}], "encrypted_content": "zz"},
+             {"role": "developer", "content": [{"type": "input_text", "text": "d"}]}]
+    earlier = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "reply"}]
+    req = chat_request({"input": items, "instructions": "sys", "max_output_tokens": 7, "text": {"format": {
+        "type": "json_object"}}, "reasoning": {"effort": "minimal"}, "tools": [WEATHER],
+        "tool_choice": {"type": "function", "name": "get_weather"}}, earlier)
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"x": 1}'}}]
+    assert req.conversation == [*earlier, {"role": "user", "content": "q"},
+                                {"role": "assistant", "content": "a\nb", "reasoning_content": "think", "tool_calls": calls},
+                                {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                                {"role": "tool", "tool_call_id": "c2", "content": "two"},
+                                {"role": "developer", "content": "d"}]
+    f = req.fields
+    assert f["messages"] == [{"role": "system", "content": "sys"}, *req.conversation]
+    assert (f["max_tokens"], f["response_format"], f["reasoning_effort"]) == (7, {"type": "json_object"}, "low")
+    assert f["tools"] == [{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description",
+                                                                                     "parameters")}}]
+    assert f["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}} and not req.no_thinking
+    assert chat_request({"input": "x", "reasoning": {"effort": "none"}}, []).no_thinking
+
+
 def post(server, body: dict):
     return raw(server.port, "POST", "/v1/responses", json.dumps(body).encode())
 

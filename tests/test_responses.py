@@ -7,12 +7,15 @@ grammar forces what it writes).  llama.cpp's own checks (tools/server/tests/unit
 test_compat_oai_responses.py) are in test_llama_cpp_checks."""
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import socket
+import time
 
 import pytest
 
-from helpers.server import MODEL, Server, raw
+from helpers.server import MODEL, Server, metrics, raw, wait_idle
 
 openai = pytest.importorskip("openai")
 
@@ -227,6 +230,29 @@ def test_previous_response_id(client, server):
         client.responses.retrieve(first.id)
     status, _, err = raw(server.port, "DELETE", f"/v1/responses/{first.id}")
     assert status == 404 and err["error"]["message"].startswith("Response with id")
+
+
+def test_disconnect_frees_blocks(server):
+    """A streamed or a whole response whose client hangs up is cancelled at once (its KV blocks freed)."""
+    body = {"model": MODEL, "input": "Write a long story about a dragon.", "max_output_tokens": 800, "temperature": 0}
+    for stream in (True, False):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/responses", json.dumps({**body, "stream": stream}))
+        if stream:
+            resp = conn.getresponse()
+            assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+            lines = [resp.readline() for _ in range(15)]  # event, data, blank: five events
+            assert lines[0] == b"event: response.created\n" and lines[1].startswith(b"data: {")
+        else:
+            deadline = time.time() + 10
+            while metrics(server.port)["infer_kv_blocks_used"] == 0 and time.time() < deadline:
+                time.sleep(0.02)
+        assert metrics(server.port)["infer_requests_running"] == 1
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        t0 = time.time()
+        after = wait_idle(server.port, timeout=5)
+        assert after["infer_kv_blocks_used"] == 0 and time.time() - t0 < 3  # 800 tokens would take far longer
 
 
 BAD = {

@@ -20,12 +20,15 @@ The modules:
   route needs); APIError, the error every route raises, its param from InferError.field.
 - openai_chat.py: a chat's tools and reasoning: the plan of its prompt and the split of its reply.
 - openai_logprobs.py: logprobs in OpenAI's shapes.
+- responses_api.py, responses_input.py: OpenAI's Responses API (/v1/responses): a request read as
+  the chat request it amounts to, the reply as output items or their events; the responses each
+  model's service remembers (previous_response_id, GET / DELETE /v1/responses/{id}).
 - ollama_api.py: ollama's routes (/api/chat, /api/generate over the service; /api/tags, /api/show,
   /api/pull, ...).
 - embeddings_api.py, tokenize_api.py: /v1/embeddings and /api/embed(dings); /tokenize, /detokenize.
 - model_router.py, model_pool.py: several models from one server, each loaded when a request
   names it and unloaded when idle.
-- openapi.py: the OpenAPI document at /openapi.json.
+- openapi.py: the OpenAPI document at /openapi.json (openapi_responses.py: the Responses API's part).
 - server_metrics.py: the Prometheus text at /metrics.
 - http_protocol.py: uvicorn's HTTP/1.1 protocol with a deadline on each request (--timeout).
 - webui.py and webui/: the chat page a browser gets at GET /.

@@ -31,6 +31,7 @@ from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
 from .rerank_api import ROUTES as RERANK_ROUTES
+from .responses_api import stored
 from .server_metrics import Metrics
 from .service import PARSED_BODY
 from .webui import page_routes
@@ -38,7 +39,8 @@ from .webui import page_routes
 # the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
 # none: they go to the loaded model, else the default one)
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
-                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES})
+                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES,
+                          "/v1/responses"})
 
 
 def _iso(t: float) -> str:
@@ -109,6 +111,7 @@ class ModelRouter:
             Route("/api/pull", self.pull, methods=["POST"]),
             Route("/api/delete", self.delete, methods=["DELETE"]),
             Route("/openapi.json", openapi.endpoint, methods=["GET"]),
+            Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]),
         ])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -254,6 +257,9 @@ class ModelRouter:
 
     async def root(self, request: Request) -> Response:
         return PlainTextResponse("Ollama is running")
+
+    async def stored_response(self, request: Request) -> Response:
+        return await stored([m.app.state.responses for m in list(self.pool.loaded.values())], request)
 
     async def version(self, request: Request) -> Response:
         return JSONResponse({"version": API_VERSION})

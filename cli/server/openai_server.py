@@ -35,6 +35,7 @@ from .openai_logprobs import chat_logprobs, completion_logprobs
 from .openai_request import APIError, ClientGone, bool_field, chat_messages, int_field, parse_job, text_field
 from .rerank_api import ROUTES as RERANK_ROUTES
 from .rerank_api import RerankAPI
+from .responses_api import ResponsesAPI
 from .server_metrics import Metrics
 from .service import ChatPrompt, EngineService, Generation, ServerConfig, Service, Stream, TextPrompt, TokenPrompt
 from .tokenize_api import TokenizeAPI
@@ -304,6 +305,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     ollama = OllamaAPI(service)
     embeddings = EmbeddingsAPI(service, ollama)
     rerank = RerankAPI(service, embeddings)
+    responses = ResponsesAPI(service)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -324,6 +326,9 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
@@ -336,6 +341,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     middleware.append(Middleware(FrontDoor, api_key=config.api_key, metrics=service.metrics))
     app = Starlette(routes=routes, middleware=middleware if own_lifespan else [], lifespan=lifespan if own_lifespan else None,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.state.responses = responses  # the router finds a stored response's model here
     return app
 
 

@@ -89,7 +89,8 @@ def test_stop_reasons(client):
     kw = dict(model=MODEL, extra_body=GREEDY, messages=HELLO)
     whole = client.messages.create(max_tokens=24, **kw).content[0].text
     stop = whole[len(whole) // 2:len(whole) // 2 + 3]
-    r = client.messages.create(max_tokens=24, stop_sequences=["@@never@@", stop], **kw)
+    # max_tokens past the context (1024) ends there rather than a 400, as llama-server's
+    r = client.messages.create(max_tokens=32000, stop_sequences=["@@never@@", stop], **kw)
     assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
     assert r.content[0].text == whole[:whole.index(stop)]
     end = events_of(client, max_tokens=24, stop_sequences=[stop], **kw)[-2]
@@ -135,7 +136,7 @@ def test_errors_in_anthropics_envelope(client, server):
     with pytest.raises(anthropic.BadRequestError, match="image input is not supported"):
         client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [image]}])
     with pytest.raises(anthropic.BadRequestError, match="context"):
-        client.messages.create(model=MODEL, max_tokens=5000, messages=HELLO)
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "colour " * 1100}])
     stranger = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as e:
         stranger.messages.create(model=MODEL, max_tokens=4, messages=HELLO)

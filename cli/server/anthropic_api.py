@@ -121,7 +121,9 @@ class AnthropicAPI:
             job = anthropic_request.job(body)
             self.service.check_model({"model": req.model})
             prompt = ChatPrompt(req.messages, req.fields, think=req.think)
-            stream = await self.service.start(request, Generation(prompt, job))
+            # max_tokens past the context stops at its end (llama-server's rule): Claude Code asks for
+            # 32000 whatever the model, which a refusal would make unusable on a smaller context
+            stream = await self.service.start(request, Generation(prompt, job, clip=True))
         except (APIError, ClientGone) as e:
             return error_response(e)
         head = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": req.model}

@@ -107,7 +107,8 @@ def _requests() -> dict:
         "AnthropicTextBlock": text,
         "AnthropicMessagesRequest": obj({
             **conversation, **sampling,
-            "max_tokens": number(1, kind="integer", description="The prompt and this together must fit the context."),
+            "max_tokens": number(1, kind="integer", description="Past the context, the reply stops at its end "
+                                                                 "(llama-server's rule)."),
             "stop_sequences": nullable({"type": "array", "maxItems": MAX_STOP, "items": {"type": "string", "minLength": 1}}),
             "stream": nullable(BOOLEAN, default=False),
         }, ("model", "max_tokens", "messages"), "Images and documents are refused (a 400): text only."),

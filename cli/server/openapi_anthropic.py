@@ -1,5 +1,5 @@
 """The OpenAPI paths and schemas of Anthropic's Messages routes (anthropic_api.py), merged into
-openapi.document() (which imports this module: so this one builds its own small pieces rather than
+openapi.document() (which imports this module, so this one builds its own small pieces rather than
 importing openapi.py's).  The request schemas say what anthropic_request.py accepts; errors take
 Anthropic's envelope."""
 from __future__ import annotations

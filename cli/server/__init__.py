@@ -1,4 +1,4 @@
-"""The HTTP server of `infer serve`: OpenAI's and ollama's APIs (and llama.cpp's /tokenize) over
+"""The HTTP server of `infer serve`: OpenAI's, Anthropic's and ollama's APIs (and llama.cpp's /tokenize) over
 one engine per model.  cli/serve.py, the Typer command, builds the app from here and runs it on
 uvicorn; nothing here knows the terminal.
 
@@ -25,6 +25,9 @@ The modules:
   model's service remembers (previous_response_id, GET / DELETE /v1/responses/{id}).
 - ollama_api.py: ollama's routes (/api/chat, /api/generate over the service; /api/tags, /api/show,
   /api/pull, ...).
+- anthropic_api.py, anthropic_request.py: Anthropic's Messages API (/v1/messages, count_tokens):
+  its request as the OpenAI chat route's ChatPrompt, the same ChatReply as content blocks, its
+  event stream and error envelope; openapi_anthropic.py their OpenAPI paths and schemas.
 - embeddings_api.py, tokenize_api.py: /v1/embeddings and /api/embed(dings); /tokenize, /detokenize.
 - model_router.py, model_pool.py: several models from one server, each loaded when a request
   names it and unloaded when idle.

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from . import openapi
+from . import anthropic_api, openapi
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
@@ -40,7 +40,7 @@ from .webui import page_routes
 # none: they go to the loaded model, else the default one)
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
                           "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES,
-                          "/v1/responses"})
+                          "/v1/responses", *anthropic_api.ROUTES})
 
 
 def _iso(t: float) -> str:
@@ -250,7 +250,8 @@ class ModelRouter:
 
     @staticmethod
     async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
-        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama else e.response()
+        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama else \
+            anthropic_api.error_response(e) if scope["path"].startswith(anthropic_api.PREFIX) else e.response()
         await r(scope, receive, send)
 
     # -- about every model ---------------------------------------------------------------------------

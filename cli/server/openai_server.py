@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from infer.engine.request import Event
 from infer.engine.sampler import MAX_LOGPROBS, TokenLogprob
 
-from . import openai_chat, openapi
+from . import anthropic_api, openai_chat, openapi
 from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
@@ -62,10 +62,11 @@ class FrontDoor:
             await send(message)
 
         if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize", "/rerank")) and not self._authorized(scope):
-            err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+            err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
-                if path.startswith("/api/") else err.response()  # ollama's error shape, or OpenAI's
+                if path.startswith("/api/") else anthropic_api.error_response(err) \
+                if path.startswith(anthropic_api.PREFIX) else err.response()  # ollama's, Anthropic's or OpenAI's shape
             return await response(scope, receive, counted)
         try:
             await self.app(scope, receive, counted)
@@ -74,9 +75,12 @@ class FrontDoor:
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
+            if name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key.encode()):
+                return True  # Anthropic's clients send the key so
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key.encode())
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key.encode()):
+                    return True
         return False
 
 
@@ -286,14 +290,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     msg = f"{request.method} {request.url.path}: {exc.detail}"
     if request.url.path.startswith("/api/"):  # ollama's error shape
         return JSONResponse({"error": msg[:300]}, status_code=exc.status_code, headers=exc.headers)
-    return APIError(exc.status_code, msg[:300], None, code, headers=exc.headers).response()
+    err = APIError(exc.status_code, msg[:300], None, code, headers=exc.headers)
+    return anthropic_api.error_response(err) if request.url.path.startswith(anthropic_api.PREFIX) else err.response()
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     # A bug of ours: the client still gets its API's error shape, and the server keeps serving.
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
-    return APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error").response()
+    err = APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error")
+    return anthropic_api.error_response(err) if request.url.path.startswith(anthropic_api.PREFIX) else err.response()
 
 
 def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_lifespan: bool = True) -> Starlette:
@@ -306,6 +312,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     embeddings = EmbeddingsAPI(service, ollama)
     rerank = RerankAPI(service, embeddings)
     responses = ResponsesAPI(service)
+    anthropic = anthropic_api.AnthropicAPI(service)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -329,6 +336,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
         Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        *anthropic_api.routes(anthropic),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),

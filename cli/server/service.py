@@ -132,6 +132,10 @@ class Service(Protocol):
     async def collect(self, stream: Stream) -> tuple[str, list[TokenLogprob], Event]:
         """A whole reply: (text, logprobs, the finish event)."""
 
+    async def chat_tokens(self, prompt: ChatPrompt) -> list[int]:
+        """The token ids start would give a chat's prompt, its tools and thinking included, without
+        generating (Anthropic's count_tokens)."""
+
 
 # -- the service ------------------------------------------------------------------------------------
 
@@ -222,6 +226,11 @@ class EngineService:
             if ev.finish_reason is not None:
                 return "".join(parts), lps, ev
             ev = await anext(stream.events)
+
+    async def chat_tokens(self, prompt: ChatPrompt) -> list[int]:
+        plan, _ = self._plan(prompt, Job(SamplingParams(), None, False, False, False))
+        ids, _ = await self.encode(lambda c: openai_chat.encode(self.llm, c), plan)
+        return ids
 
     # -- the steps ----------------------------------------------------------------------------------
 

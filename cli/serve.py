@@ -33,7 +33,7 @@ def serve(
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory",
                                             help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFER_API_KEY", show_default=False,
-                                          help="Require 'Authorization: Bearer KEY' on every /v1 route."),
+                                          help="Require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every /v1 route."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a free slot; more get 503."),
     cors: List[str] = typer.Option([], "--cors", "--cors-origins",
                                    help="Browser origins allowed: an origin, '*' (any) or 'localhost' (loopback "

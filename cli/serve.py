@@ -33,9 +33,18 @@ def serve(
     kv_memory: Optional[str] = typer.Option(None, "--kv-memory",
                                             help="KV pool size, e.g. 512M (default: --parallel full contexts)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFER_API_KEY", show_default=False,
-                                          help="Require 'Authorization: Bearer KEY' on every /v1 route."),
+                                          help="Require 'Authorization: Bearer KEY' (or 'X-Api-Key: KEY') on every /v1 route."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests that may wait for a free slot; more get 503."),
-    cors: List[str] = typer.Option([], "--cors", help="Allow this browser origin ('*': any; repeatable)."),
+    cors: List[str] = typer.Option([], "--cors", "--cors-origins",
+                                   help="Browser origins allowed: an origin, '*' (any) or 'localhost' (loopback "
+                                        "origins, the default); repeatable or comma-separated."),
+    alias: List[str] = typer.Option([], "--alias", "-a", help="The model's name in /v1/models and replies (MODEL "
+                                    "only; repeatable or comma-separated: the first is its id, all are its names)."),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template", show_default=False,
+                                                help="Chat template instead of the model's: a name (chatml, llama2, "
+                                                     "llama3, llama4, gemma, phi3) or Jinja source (MODEL only)."),
+    chat_template_file: Optional[str] = typer.Option(None, "--chat-template-file", show_default=False,
+                                                     help="Chat template instead of the model's, from a Jinja file."),
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
@@ -79,6 +88,11 @@ def serve(
     if not timeout > 0:
         raise typer.BadParameter(f"--timeout must be > 0 seconds, got {timeout}")
     body_limit = parse_size(max_body)
+    cors = [o.strip() for value in cors for o in value.split(",") if o.strip()]
+    aliases = tuple(dict.fromkeys(a.strip() for value in alias for a in value.split(",") if a.strip()))
+    template = _template(chat_template, chat_template_file)
+    if (aliases or template is not None) and (model is None or models == "all"):
+        raise typer.BadParameter("--alias and --chat-template(-file) name one model's: give MODEL")
     if models not in (None, "all"):
         raise typer.BadParameter(f"--models takes 'all', got {models!r}")
     if max_models < 1:
@@ -106,11 +120,31 @@ def serve(
             return _run(app, host, port, sock, shutdown_timeout, timeout)
         server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                      cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui)
-        _serve_one(model, config, server_config, host, sock, shutdown_timeout, timeout)
+        _serve_one(model, config, server_config, host, sock, shutdown_timeout, timeout, aliases, template)
+
+
+def _template(name_or_jinja: str | None, path: str | None) -> str | None:
+    """--chat-template's or --chat-template-file's Jinja source (a bad one fails when the model loads)."""
+    from infer.engine.chat_template import template_source
+
+    if name_or_jinja is not None and path is not None:
+        raise typer.BadParameter("give --chat-template or --chat-template-file, not both")
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"--chat-template-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if name_or_jinja is None:
+        return None
+    try:
+        return template_source(name_or_jinja)
+    except ValueError as e:
+        raise typer.BadParameter(f"--chat-template: {e}") from None
 
 
 def _serve_one(model: str, config, server_config, host: str, sock: socket.socket, shutdown_timeout: int,
-               timeout: float) -> None:
+               timeout: float, aliases: tuple[str, ...] = (), template: str | None = None) -> None:
     """One model, loaded now (a bad file fails before the server answers anything)."""
     from dataclasses import replace
 
@@ -118,13 +152,18 @@ def _serve_one(model: str, config, server_config, host: str, sock: socket.socket
     from .server.openai_server import create_app
 
     llm = load_llm(model, config, quiet=not sys.stderr.isatty())
+    if template is not None:
+        llm.override_template(template)  # a template that fails: a one-line error, exit 1
     path = llm.model.path
-    aliases = tuple({path.name, str(path), llm.model.config.name or path.stem} - {path.stem})
-    server_config = replace(server_config, model_id=path.stem, model_aliases=aliases)
+    # --alias: the id of /v1/models and of replies, the first of them (llama-server's --alias)
+    model_id = aliases[0] if aliases else path.stem
+    others = (*aliases[1:], *sorted({path.name, str(path), path.stem, llm.model.config.name or path.stem}))
+    server_config = replace(server_config, model_id=model_id,
+                            model_aliases=tuple(dict.fromkeys(a for a in others if a != model_id)))
     kv = llm.engine.usage()
     port = sock.getsockname()[1]
     sys.stderr.write(
-        f"infer serve: {path.stem} on http://{host}:{port}/v1 · parallel {config.max_seqs} · "
+        f"infer serve: {model_id} on http://{host}:{port}/v1 · parallel {config.max_seqs} · "
         f"ctx {llm.engine.n_ctx} · "
         f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
         f"{' · API key required' if server_config.api_key else ''}\n"

@@ -230,6 +230,22 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
 
 
+# llama.cpp's names for its built-in formats (llm_chat_template_from_str) that infer has as Jinja:
+# what --chat-template NAME picks
+NAMED_TEMPLATES = MappingProxyType({"chatml": CHATML_TEMPLATE, "llama2": LLAMA2_TEMPLATE, "llama3": LLAMA3_TEMPLATE,
+                                    "llama4": LLAMA4_TEMPLATE, "gemma": GEMMA_TEMPLATE, "phi3": PHI3_TEMPLATE})
+
+
+def template_source(name_or_jinja: str) -> str:
+    """A chat template given by name (NAMED_TEMPLATES) or as Jinja source (it has a {{ or {%)."""
+    if name_or_jinja in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[name_or_jinja]
+    if "{{" in name_or_jinja or "{%" in name_or_jinja:
+        return name_or_jinja
+    raise ChatTemplateError(f"unknown chat template {name_or_jinja[:60]!r}: give one of {', '.join(NAMED_TEMPLATES)} "
+                            "or a Jinja template")
+
+
 def load_chat_template(
     metadata_template: str | None,
     arch: str,

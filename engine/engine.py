@@ -27,7 +27,7 @@ from .grammar import CompiledGrammar, GrammarCompiler, GrammarError
 from .kv_sizing import kv_pool_bytes, pool_blocks, state_slots_needed, state_snapshots
 from .pooling import Pooler, PoolingError, apply_head, choose_pooling, row_pooling
 from .request import Event, EventSink, Request, Usage
-from .sampler import SamplingParams, TokenLogprob, token_logprob
+from .sampler import InvalidSamplingParams, SamplingParams, TokenLogprob, token_logprob
 from .scheduler import ScheduledStep, Scheduler, Sequence
 from .speculative import SpeculationError, ngram_draft
 from .state_slots import StateSlots, StateSnapshots
@@ -134,6 +134,10 @@ class Engine:
         self.check_prompt(prompt)
         if not self.causal:
             raise PromptError(f"{self.model_name} is an embedding model: use `infer embed` or /v1/embeddings")
+        bad = [t for t, _ in params.logit_bias if t >= self.tokenizer.vocab_size]
+        if bad:
+            raise InvalidSamplingParams(f"logit_bias names token {bad[0]}, past the vocabulary "
+                                        f"({self.tokenizer.vocab_size} tokens)", field="logit_bias")
         if params.grammar is not None and compiled is None:
             compiled = self.grammars.compile(params.grammar)
         grammar = compiled.matcher() if params.grammar is not None else None
@@ -379,6 +383,8 @@ class Engine:
         (finish reason, flush) when the request ends here; the caller finishes it)."""
         seq = req.seq
         n = seq.num_tokens
+        for tok_id, bias in req.params.logit_bias:  # in place on the row: nothing allocated per token
+            logits[tok_id] += bias
         allowed = None if req.grammar is None else req.grammar.restrict(logits, req.logprobs is not None)
         if allowed is not None and allowed.size == 0:
             return None, ("stop", True)  # the grammar allows nothing more, not even the end

@@ -10,7 +10,7 @@ from infer.backends.registry import choose_backend, create_runner, probe_all
 from infer.models.loader import load_model
 from infer.models.weights import Model
 
-from .chat_template import load_chat_template
+from .chat_template import ChatTemplate, load_chat_template
 from .engine import Engine, EngineConfig, Event
 from .hf_tokenizer import HFTokenizer
 from .rerank import rerank_prompt, rerank_template
@@ -43,6 +43,13 @@ class LLM:
             tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
             tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
         )
+
+    def override_template(self, source: str) -> None:
+        """Render chats with source, not the model's template (serve's --chat-template); one that
+        does not compile, or fails on a one-message chat, is a ChatTemplateError and changes nothing."""
+        template = ChatTemplate(source, self.template.bos_token, self.template.eos_token)
+        template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        self.template = template
 
     @classmethod
     def load(cls, path: str | Path, config: EngineConfig = EngineConfig()) -> "LLM":

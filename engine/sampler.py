@@ -74,6 +74,9 @@ class SamplingParams:
     # whitespace); from there on the grammar holds, starting at that text
     grammar_triggers: tuple[str, ...] = ()
     thinking: bool = False  # the reply starts inside a <think> the prompt opened (lazy grammars wait past it)
+    # (token id, bias) pairs added to the raw logits before every stage (OpenAI's and llama.cpp's
+    # logit_bias); -inf bans the token.  An id repeated adds up, as llama.cpp's sampler does.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if _number("temperature", self.temperature) < 0:
@@ -116,8 +119,28 @@ class SamplingParams:
                 isinstance(t, str) and t.lstrip("^") for t in self.grammar_triggers)):
             raise InvalidSamplingParams("grammar_triggers need a grammar and non-empty texts", field="grammar_triggers")
         object.__setattr__(self, "grammar_triggers", tuple(self.grammar_triggers))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         # Lists are accepted for convenience but stored as a tuple so the params stay hashable.
         object.__setattr__(self, "stop", stop)
+
+
+def _logit_bias(pairs: object) -> tuple[tuple[int, float], ...]:
+    try:
+        items = list(pairs)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidSamplingParams(f"logit_bias must be a sequence of (token id, bias) pairs, got {pairs!r}"[:200],
+                                    field="logit_bias") from None
+    out = []
+    for pair in items:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidSamplingParams(f"logit_bias items must be (token id, bias) pairs, got {pair!r}"[:200],
+                                        field="logit_bias")
+        tok = _integer("logit_bias", pair[0])
+        if tok < 0:
+            raise InvalidSamplingParams(f"logit_bias token ids must be >= 0, got {tok}", field="logit_bias")
+        never = isinstance(pair[1], (float, np.floating)) and pair[1] == -math.inf
+        out.append((tok, -math.inf if never else _number("logit_bias", pair[1])))
+    return tuple(out)
 
 
 def make_rng(seed: int | None) -> np.random.Generator:

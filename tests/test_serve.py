@@ -215,7 +215,6 @@ BAD = {
     "max_tokens a string": (CHAT, j(messages=OK_MSGS, max_tokens="10"), 400),
     "max_tokens negative": (CHAT, j(messages=OK_MSGS, max_tokens=-5), 400),
     "max_tokens zero": (CHAT, j(messages=OK_MSGS, max_completion_tokens=0), 400),
-    "huge max_tokens": (CHAT, j(messages=OK_MSGS, max_tokens=10**12), 400),
     "negative temperature": (CHAT, j(messages=OK_MSGS, temperature=-1), 400),
     "temperature a string": (CHAT, j(messages=OK_MSGS, temperature="hot"), 400),
     "NaN temperature": (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400),
@@ -225,13 +224,14 @@ BAD = {
     "frequency_penalty a list": (CHAT, j(messages=OK_MSGS, frequency_penalty=[1]), 400),
     "stop a number": (CHAT, j(messages=OK_MSGS, stop=42), 400),
     "stop list of ints": (CHAT, j(messages=OK_MSGS, stop=[1, 2]), 400),
-    "n=2": (CHAT, j(messages=OK_MSGS, n=2), 400),
+    "n past its bound": (CHAT, j(messages=OK_MSGS, n=17), 400),
+    "n zero": (CHAT, j(messages=OK_MSGS, n=0), 400),
+    "logit_bias past the vocabulary": (CHAT, j(messages=OK_MSGS, logit_bias={"99999999": 5}), 400),
     "stream not a bool": (CHAT, j(messages=OK_MSGS, stream="yes"), 400),
     "stream_options without stream": (CHAT, j(messages=OK_MSGS, stream_options={"include_usage": True}), 400),
     "top_logprobs without logprobs": (CHAT, j(messages=OK_MSGS, top_logprobs=2), 400),
     "top_logprobs too many": (CHAT, j(messages=OK_MSGS, logprobs=True, top_logprobs=50), 400),
     "negative seed": (CHAT, j(messages=OK_MSGS, seed=-1), 400),
-    "unknown model": (CHAT, j(model="gpt-5", messages=OK_MSGS), 404),
     "model not a string": (CHAT, j(model=5, messages=OK_MSGS), 400),
     "invalid UTF-8": (CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe bad"}]}', 400),
     "lone surrogate": (CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400),
@@ -239,12 +239,11 @@ BAD = {
     "deeply nested": (CHAT, b"[" * 30_000 + b"]" * 30_000, 400),
     "oversize body": (CHAT, j(messages=[{"role": "user", "content": "x" * 100_000}]), 413),
     "completion prompt an object": (COMP, j(prompt={"text": "hi"}), 400),
-    "two prompts": (COMP, j(prompt=["a", "b"]), 400),
+    "prompts times n past the bound": (COMP, j(prompt=["a", "b"], n=9), 400),
     "token id out of range": (COMP, j(prompt=[1, 10**9]), 400),
     "completion logprobs too many": (COMP, j(prompt="hi", logprobs=100), 400),
     "echo": (COMP, j(prompt="hi", echo=True), 400),
     "prompt over the context": (COMP, j(prompt="hello " * 2000), 400),
-    "prompt + max_tokens over the context": (COMP, j(prompt="hello", max_tokens=CTX), 400),
     "response_format unknown type": (CHAT, j(messages=OK_MSGS, response_format={"type": "yaml"}), 400),
     "response_format a string": (CHAT, j(messages=OK_MSGS, response_format="json"), 400),
     "json_schema without an object": (CHAT, j(messages=OK_MSGS, response_format={"type": "json_schema",
@@ -308,8 +307,7 @@ def test_context_errors_give_token_counts(server):
     _, _, resp = raw(server.port, "POST", COMP, j(prompt="hello " * 2000), auth)
     assert re.search(r"the prompt has \d{4} tokens but the context holds 1024", resp["error"]["message"])
     assert resp["error"]["code"] == "context_length_exceeded"
-    _, _, resp = raw(server.port, "POST", COMP, j(prompt="hello", max_tokens=CTX), auth)
-    assert f"max_tokens asks for {CTX} more, {CTX + 2} in all" in resp["error"]["message"]
+    # max_tokens past the context ends at the context, as llama-server does (tests/test_server_compat.py)
 
 
 def test_more_hostile_requests(server):

@@ -336,11 +336,10 @@ class ModelRouter:
 def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cors: tuple[str, ...],
                  reasoning_format: str, max_models: int, memory: int, keep_alive: float, webui: bool = True):
     """The ASGI app of a several-models server: the router behind the API key and CORS."""
-    from starlette.middleware.cors import CORSMiddleware
-
     from infer.models.resolve import default_model
 
     from ..load import load_llm
+    from .cors import Cors
     from .openai_server import FrontDoor, create_app
     from .service import ServerConfig
 
@@ -354,10 +353,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
     app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model().path), metrics, max_body, config.n_ctx, webui), api_key, metrics)
-    if cors:
-        app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
-                             allow_headers=["*"])
-    return app
+    return Cors(app, cors)
 
 
 def estimate_bytes(path: Path, config) -> int:

@@ -21,6 +21,9 @@ from infer.engine.sampler import InvalidSamplingParams, SamplingParams
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 16  # stop strings one request may give (OpenAI allows 4; llama.cpp's server any number)
 MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI reports impossible tokens as -9999
+# the choices one request may get (n, times the prompts of a /v1/completions request): they run
+# at once, each its own sequence, so they are bounded (llama-server bounds n by --parallel)
+MAX_CHOICES = 16
 
 
 
@@ -194,17 +197,22 @@ class Job:
     include_usage: bool
     logprobs: bool
     grammar_param: str | None = None  # the field params.grammar came from (for errors)
+    n: int = 1  # choices for each prompt, each its own sequence (its seed params.seed + its index)
 
 
-def parse_job(body: dict, logprobs_k: int | None) -> Job:
-    """The fields chat and completions share, checked and turned into SamplingParams."""
+def parse_job(body: dict, logprobs_k: int | None, tokenizer: Any = None) -> Job:
+    """The fields chat and completions share, checked and turned into SamplingParams; tokenizer: the
+    model's, for logit_bias (without one, a logit_bias is refused)."""
     n = int_field(body, "n")
-    if n is not None and n != 1:
-        raise APIError(400, f"'n' must be 1: this server returns one choice per request, got {n}", "n", "invalid_value")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n", "invalid_value")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise APIError(400, f"'user' must be a string, got {kind(body['user'])}", "user", "invalid_type")
+    bias: tuple = ()
     if body.get("logit_bias"):
-        raise APIError(400, "'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
+        if tokenizer is None:
+            raise APIError(400, "'logit_bias' is not supported", "logit_bias", "unsupported_parameter")
+        bias = logit_bias_field(body["logit_bias"], tokenizer)
     stream = bool_field(body, "stream")
     opts = body.get("stream_options")
     include_usage = False
@@ -230,7 +238,7 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
     if len(stop) > MAX_STOP:
         raise APIError(400, f"'stop' takes at most {MAX_STOP} strings, got {len(stop)}", "stop", "invalid_value")
     kw: dict[str, Any] = {"stop": stop, "seed": seed, "logprobs": logprobs_k,
-                          "ignore_eos": bool_field(body, "ignore_eos")}
+                          "ignore_eos": bool_field(body, "ignore_eos"), "logit_bias": bias}
     kw["grammar"], grammar_param = grammar_field(body)
     for f in SAMPLING_FIELDS:
         v = (int_field if f.type == "integer" else number_field)(body, f.name)
@@ -240,7 +248,49 @@ def parse_job(body: dict, logprobs_k: int | None) -> Job:
         params = SamplingParams(**kw)
     except InvalidSamplingParams as e:
         raise APIError(400, str(e), e.field, "invalid_value") from None
-    return Job(params, max_tokens, stream, include_usage, logprobs_k is not None, grammar_param)
+    return Job(params, max_tokens, stream, include_usage, logprobs_k is not None, grammar_param, n or 1)
+
+
+def logit_bias_field(value: Any, tokenizer: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias in OpenAI's form ({"<token id>": bias}) or llama-server's ([[id, bias], ["text",
+    bias], [id, false]], and {"text": bias}): false bans the token; a text biases each token of its
+    tokenization (no BOS, special tokens as plain text), as llama-server does.  The (id, bias) pairs
+    for SamplingParams.  Unlike llama-server, which skips them, an id outside the vocabulary or a bias
+    that is neither a number nor false is a 400."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = []
+        for i, el in enumerate(value):
+            if not (isinstance(el, list) and len(el) == 2 and isinstance(el[0], (str, int)) and not isinstance(
+                    el[0], bool)):
+                raise APIError(400, f"'logit_bias[{i}]' must be a [token id or text, bias] pair, got {kind(el)}",
+                               "logit_bias", "invalid_value")
+            items.append((el[0], el[1]))
+    else:
+        raise APIError(400, f"'logit_bias' must be an object or an array of [token, bias] pairs, got {kind(value)}",
+                       "logit_bias", "invalid_type")
+    vocab = tokenizer.vocab_size
+    out: list[tuple[int, float]] = []
+    for key, b in items:
+        if b is False:
+            bias = float("-inf")
+        elif isinstance(b, (int, float)) and not isinstance(b, bool):
+            bias = b
+        else:
+            raise APIError(400, f"a logit bias must be a number or false (never), got {kind(b)} for {str(key)[:50]!r}",
+                           "logit_bias", "invalid_value")
+        if isinstance(key, str) and key.lstrip("-").isdigit() and key.isascii():
+            key = int(key)  # OpenAI's keys are token ids written as strings
+        if isinstance(key, int):
+            if not 0 <= key < vocab:
+                raise APIError(400, f"'logit_bias' token ids must be in [0, {vocab}), got {key}", "logit_bias",
+                               "invalid_value")
+            out.append((key, bias))
+        else:
+            ids = tokenizer.encode(text_field(key, "logit_bias"), add_special=False, parse_special=False)
+            out += [(t, bias) for t in ids]
+    return tuple(out)
 
 
 def chat_messages(body: dict) -> list[dict]:

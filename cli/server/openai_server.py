@@ -8,17 +8,18 @@ which frees its KV blocks.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -28,11 +29,22 @@ from infer.engine.request import Event
 from infer.engine.sampler import MAX_LOGPROBS, TokenLogprob
 
 from . import anthropic_api, openai_chat, openapi
+from .cors import Cors
 from .embeddings_api import EmbeddingsAPI
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
-from .openai_request import APIError, ClientGone, bool_field, chat_messages, int_field, parse_job, text_field
+from .openai_request import (
+    MAX_CHOICES,
+    APIError,
+    ClientGone,
+    Job,
+    bool_field,
+    chat_messages,
+    int_field,
+    parse_job,
+    text_field,
+)
 from .rerank_api import ROUTES as RERANK_ROUTES
 from .rerank_api import RerankAPI
 from .responses_api import ResponsesAPI
@@ -74,13 +86,16 @@ class FrontDoor:
             pass  # the client left (or hit --timeout) before its request body was whole: nobody to answer
 
     def _authorized(self, scope: Scope) -> bool:
+        """'Authorization: Bearer <key>' (OpenAI's clients) or 'X-Api-Key: <key>' (Anthropic's, as
+        llama-server also takes it)."""
+        key = self.api_key.encode()
         for name, value in scope["headers"]:
-            if name == b"x-api-key" and hmac.compare_digest(value.strip(), self.api_key.encode()):
-                return True  # Anthropic's clients send the key so
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key.encode()):
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key):
                     return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key):
+                return True
         return False
 
 
@@ -130,35 +145,81 @@ class OpenAIAPI:
                                "invalid_value")
             if body.get("functions"):
                 raise APIError(400, "'functions' is not supported: send 'tools'", "functions", "unsupported_parameter")
-            job = parse_job(body, (top or 0) if want else None)
-            stream = await self.service.start(request, Generation(ChatPrompt(messages, openai_chat.plan_fields(body)), job))
+            job = parse_job(body, (top or 0) if want else None, self.tokenizer)
+            prompt = ChatPrompt(messages, openai_chat.plan_fields(body))
+            streams = await self._start(request, [prompt], job)
         except (APIError, ClientGone) as e:
             return _refused(e)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                 "system_fingerprint": self.fingerprint}
         if job.stream:
-            return self._sse(self._chat_chunks(head, stream))
+            return self._sse(self._choices_chunks(head, streams, job, self._chat_chunks))
         try:
-            text, lps, ev = await self.service.collect(stream)
+            whole = await self._collect(streams)
         except (APIError, ClientGone) as e:
             return _refused(e)
-        r1, c1 = stream.reply.feed(text)
-        r2, c2, calls = stream.reply.finish()
-        choice = {"index": 0, "message": openai_chat.message(r1 + r2, c1 + c2, calls),
-                  "logprobs": {"content": chat_logprobs(self.tokenizer, lps), "refusal": None} if job.logprobs else None,
-                  "finish_reason": "tool_calls" if calls else ev.finish_reason}
-        return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
+        choices = []
+        for i, (stream, (text, lps, ev)) in enumerate(zip(streams, whole)):
+            r1, c1 = stream.reply.feed(text)
+            r2, c2, calls = stream.reply.finish()
+            choices.append({"index": i, "message": openai_chat.message(r1 + r2, c1 + c2, calls),
+                            "logprobs": {"content": chat_logprobs(self.tokenizer, lps), "refusal": None}
+                            if job.logprobs else None,
+                            "finish_reason": "tool_calls" if calls else ev.finish_reason})
+        return JSONResponse({**head, "choices": choices, "usage": _usage([ev for _, _, ev in whole], job.n)})
 
-    async def _chat_chunks(self, head: dict, stream: Stream):
+    async def _start(self, request: Request, prompts: list, job: Job) -> list[Stream]:
+        """n generations of each prompt (prompt-major, as OpenAI indexes the choices), each its own
+        sequence: started one after another, so that the later ones find the prompt in the engine's
+        prefix cache.  A choice's seed is the request's plus its index (the same seed n times would
+        give n equal choices).  Past the context, max_tokens ends at the context (finish_reason
+        "length"), as llama-server does.  If one cannot start, those started are cancelled."""
+        if len(prompts) * job.n > MAX_CHOICES:
+            raise APIError(400, f"{len(prompts)} prompts times n = {job.n} is {len(prompts) * job.n} choices; at most "
+                           f"{MAX_CHOICES} in one request", "n", "invalid_value")
+        streams: list[Stream] = []
+        try:
+            for prompt in prompts:
+                for j in range(job.n):
+                    seed = job.params.seed
+                    jj = job if seed is None or j == 0 else \
+                        replace(job, params=replace(job.params, seed=(seed + j) % 2**64))
+                    streams.append(await self.service.start(request, Generation(prompt, jj, clip=True)))
+        except BaseException:
+            for s in streams:
+                await s.events.aclose()
+            raise
+        return streams
+
+    async def _collect(self, streams: list[Stream]) -> list:
+        """Every choice whole; if one fails, the others are cancelled."""
+        tasks = [asyncio.ensure_future(self.service.collect(s)) for s in streams]
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()  # a no-op for those done
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for s in streams:
+                await s.events.aclose()  # cancels the request of any choice still running
+
+    async def _choices_chunks(self, head: dict, streams: list[Stream], job: Job, chunks) -> AsyncIterator[dict]:
+        """The chunks of every choice, as they come (each carries its index), then the usage of all."""
+        finals: list[Event | None] = [None] * len(streams)
+        async for c in _merged([chunks(head, s, i, finals) for i, s in enumerate(streams)]):
+            yield {**c, "usage": None} if job.include_usage else c  # OpenAI's chunks but the last: a null usage
+        if job.include_usage:
+            yield {**head, "object": "chat.completion.chunk" if chunks == self._chat_chunks else head["object"],
+                   "choices": [], "usage": _usage(finals, job.n)}
+
+    async def _chat_chunks(self, head: dict, stream: Stream, index: int, finals: list):
         head = {**head, "object": "chat.completion.chunk"}
         job, reply, events = stream.job, stream.reply, stream.events
-        tail = {"usage": None} if job.include_usage else {}  # OpenAI's chunks but the last have a null usage
 
         def chunk(delta: dict, finish: str | None = None, lps: list[TokenLogprob] | None = None) -> dict:
             logprobs = {"content": chat_logprobs(self.tokenizer, lps or []), "refusal": None} if job.logprobs and lps else None
-            return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-                    **tail}
+            return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
         def deltas(reasoning: str, content: str, lps=None):
             if reasoning:
@@ -182,9 +243,8 @@ class OpenAIAPI:
                 yield c
             for d in openai_chat.call_deltas(calls):
                 yield chunk(d)
+            finals[index] = ev
             yield chunk({}, "tool_calls" if calls else ev.finish_reason)
-            if job.include_usage:
-                yield {**head, "choices": [], "usage": _usage(ev)}
         finally:
             await events.aclose()  # cancels the request if the stream stopped early
 
@@ -192,7 +252,7 @@ class OpenAIAPI:
         try:
             body = await self.service.body(request)
             model = self.service.check_model(body)
-            prompt = self._prompt(body.get("prompt"))
+            prompts = self._prompts(body.get("prompt"))
             k = int_field(body, "logprobs")
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise APIError(400, f"'logprobs' must be between 0 and {MAX_LOGPROBS}, got {k}", "logprobs",
@@ -204,55 +264,57 @@ class OpenAIAPI:
                 raise APIError(400, f"'best_of' must be 1, got {best_of}", "best_of", "invalid_value")
             if body.get("suffix"):
                 raise APIError(400, "'suffix' is not supported", "suffix", "unsupported_parameter")
-            job = parse_job(body, k)
-            stream = await self.service.start(request, Generation(prompt, job))
+            job = parse_job(body, k, self.tokenizer)
+            streams = await self._start(request, prompts, job)
         except (APIError, ClientGone) as e:
             return _refused(e)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": model, "system_fingerprint": self.fingerprint}
         if job.stream:
-            return self._sse(self._completion_chunks(head, stream))
+            return self._sse(self._choices_chunks(head, streams, job, self._completion_chunks))
         try:
-            text, lps, ev = await self.service.collect(stream)
+            whole = await self._collect(streams)
         except (APIError, ClientGone) as e:
             return _refused(e)
-        choice = {"text": text, "index": 0,
-                  "logprobs": completion_logprobs(self.tokenizer, lps, 0) if job.logprobs else None,
-                  "finish_reason": ev.finish_reason}
-        return JSONResponse({**head, "choices": [choice], "usage": _usage(ev)})
+        choices = [{"text": text, "index": i,
+                    "logprobs": completion_logprobs(self.tokenizer, lps, 0) if job.logprobs else None,
+                    "finish_reason": ev.finish_reason} for i, (text, lps, ev) in enumerate(whole)]
+        return JSONResponse({**head, "choices": choices, "usage": _usage([ev for _, _, ev in whole], job.n)})
 
-    def _prompt(self, prompt_in) -> TextPrompt | TokenPrompt:
-        """A completion's prompt: a string or token ids (a batch of one of either)."""
-        if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
-            prompt_in = prompt_in[0]  # a batch of one
+    def _prompts(self, prompt_in) -> list[TextPrompt | TokenPrompt]:
+        """A completion's prompts: a string or token ids, or an array of them (several prompts)."""
+        if isinstance(prompt_in, list) and prompt_in and all(isinstance(p, (str, list)) for p in prompt_in):
+            return [self._prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt_in)]
+        return [self._prompt(prompt_in, "prompt")]
+
+    def _prompt(self, prompt_in, param: str) -> TextPrompt | TokenPrompt:
         if isinstance(prompt_in, str):
-            return TextPrompt(text_field(prompt_in, "prompt"))
+            return TextPrompt(text_field(prompt_in, param))
         if isinstance(prompt_in, list) and prompt_in and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt_in):
             if not all(0 <= t < self.tokenizer.vocab_size for t in prompt_in):
-                raise APIError(400, f"'prompt' token ids must be in [0, {self.tokenizer.vocab_size})", "prompt",
+                raise APIError(400, f"'{param}' token ids must be in [0, {self.tokenizer.vocab_size})", param,
                                "invalid_value")
             return TokenPrompt(prompt_in)
-        raise APIError(400, "'prompt' must be a string or an array of token ids (one prompt per request)",
-                       "prompt", "invalid_type" if not isinstance(prompt_in, list) else "invalid_value")
+        raise APIError(400, f"'{param}' must be a string or a non-empty array of token ids (or 'prompt' an array "
+                       "of them)", param, "invalid_type" if not isinstance(prompt_in, list) else "invalid_value")
 
-    async def _completion_chunks(self, head: dict, stream: Stream):
+    async def _completion_chunks(self, head: dict, stream: Stream, index: int, finals: list):
         job, events = stream.job, stream.events
-        tail = {"usage": None} if job.include_usage else {}
         offset = 0
         try:
             ev = stream.first
             while True:
+                if ev.finish_reason is not None:
+                    finals[index] = ev
                 if ev.text or ev.logprobs or ev.finish_reason is not None:
                     lps = completion_logprobs(self.tokenizer, ev.logprobs or [], offset) if job.logprobs else None
                     offset += len(ev.text)
-                    yield {**head, "choices": [{"text": ev.text, "index": 0, "logprobs": lps,
-                                                "finish_reason": ev.finish_reason}], **tail}
+                    yield {**head, "choices": [{"text": ev.text, "index": index, "logprobs": lps,
+                                                "finish_reason": ev.finish_reason}]}
                 if ev.finish_reason is not None:
                     break
                 ev = await anext(events)
-            if job.include_usage:
-                yield {**head, "choices": [], "usage": _usage(ev)}
         finally:
             await events.aclose()  # cancels the request if the stream stopped early
 
@@ -277,11 +339,52 @@ class OpenAIAPI:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _usage(ev: Event) -> dict:
-    u = ev.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+def _usage(finals: list, n: int) -> dict:
+    """The usage of a request's choices (prompt-major, n to a prompt), as OpenAI counts it: each
+    prompt once (its first choice's count, cached tokens included), the completions of every choice."""
+    firsts = [ev.usage for ev in finals[::n]]
+    prompt = sum(u.prompt_tokens for u in firsts)
+    completion = sum(ev.usage.completion_tokens for ev in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in firsts)}}
+
+
+async def _merged(gens: list) -> AsyncIterator[dict]:
+    """The items of several async generators as each comes; all of them closed however this ends."""
+    if len(gens) == 1:
+        try:
+            async for item in gens[0]:
+                yield item
+        finally:
+            await gens[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(g) -> None:
+        try:
+            async for item in g:
+                queue.put_nowait((item, None))
+            queue.put_nowait((None, None))
+        except Exception as e:  # APIError, ClientGone: the whole stream's
+            queue.put_nowait((None, e))
+
+    tasks = [asyncio.ensure_future(pump(g)) for g in gens]
+    try:
+        left = len(gens)
+        while left:
+            item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is None:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for g in gens:
+            await g.aclose()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -342,11 +445,8 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]
-    middleware = []
-    if config.cors_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                     allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"], allow_headers=["*"]))
-    middleware.append(Middleware(FrontDoor, api_key=config.api_key, metrics=service.metrics))
+    middleware = [Middleware(Cors, origins=config.cors_origins),
+                  Middleware(FrontDoor, api_key=config.api_key, metrics=service.metrics)]
     app = Starlette(routes=routes, middleware=middleware if own_lifespan else [], lifespan=lifespan if own_lifespan else None,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
     app.state.responses = responses  # the router finds a stored response's model here

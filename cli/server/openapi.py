@@ -28,7 +28,7 @@ from . import openapi_anthropic, openapi_responses
 from .embeddings_api import MAX_INPUTS
 from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
-from .openai_request import MAX_STOP, SAMPLING_FIELDS, NumberField
+from .openai_request import MAX_CHOICES, MAX_STOP, SAMPLING_FIELDS, NumberField
 from .rerank_api import ROUTES as RERANK_ROUTES
 
 NULL = MappingProxyType({"type": "null"})
@@ -128,6 +128,7 @@ def _shared() -> dict:
 def _generation() -> dict:
     """What /v1/chat/completions and /v1/completions share (openai_request.parse_job)."""
     sampling = {f.name: field_schema(f) for f in SAMPLING_FIELDS}  # checked by SamplingParams
+    bias = {"anyOf": [{"type": "number"}, {"const": False}]}
     fmt = {"anyOf": [
         obj({"type": {"const": "text"}}, ("type",)),
         obj({"type": {"const": "json_object"}, "schema": nullable(ref("JsonSchema"))}, ("type",),
@@ -137,21 +138,28 @@ def _generation() -> dict:
     return {"GenerationOptions": obj({
         "model": nullable({"type": "string", "description": "A name the server has for its model (GET /v1/models); "
                                                             "absent: the model loaded, else the default one."}),
-        "max_tokens": nullable(number(1, kind="integer", description="Default: the rest of the context. The prompt "
-                                      "and this together must fit the context.")),
+        "max_tokens": nullable(number(1, kind="integer", description="Default: the rest of the context; past it, "
+                                      "the reply ends at the context (finish_reason length).")),
         "max_completion_tokens": nullable(number(1, kind="integer", description="Read before max_tokens.")),
         **{name: nullable(schema, default=sampling_default(name)) for name, schema in sampling.items()},
         "seed": nullable(number(0, 2**64 - 1, kind="integer")),
         "stop": nullable(ref("Stop")),
         "stream": nullable(BOOLEAN, default=False),
         "stream_options": nullable(obj({"include_usage": nullable(BOOLEAN)}, description="Only with stream: true.")),
-        "n": {"enum": [1, None], "description": "One choice per request."},
+        "n": nullable(number(1, MAX_CHOICES, kind="integer", description="Choices per prompt; the request's "
+                             f"choices (prompts times n) at most {MAX_CHOICES}.")),
         "user": nullable(STRING),
         "ignore_eos": nullable({"type": "boolean", "description": "Generate past end-of-generation tokens."}),
         "response_format": nullable(fmt),
         "grammar": nullable({"type": "string", "description": "A GBNF grammar (llama.cpp's syntax)."}),
         "json_schema": nullable(ref("JsonSchema")),
-        "logit_bias": ref("Unset"),
+        "logit_bias": nullable({"anyOf": [
+            {"type": "object", "additionalProperties": bias},
+            {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                                        "prefixItems": [{"anyOf": [number(0, kind="integer"), STRING]}, bias]}}],
+            "description": "{\"<token id or text>\": bias} (OpenAI's form) or [[id or text, bias], ...] "
+                           "(llama.cpp's); false bans the token; a text biases each of its tokens; ids below the "
+                           "vocabulary's size."}),
     }, description="At most one of response_format (other than text), grammar and json_schema.")}
 
 
@@ -175,10 +183,11 @@ def _openai_requests() -> dict:
             "functions": ref("Unset"),
         }, ("messages",), "The chat template must accept the conversation.")]},
         "CompletionRequest": {"allOf": [ref("GenerationOptions"), obj({
-            "prompt": {"anyOf": [STRING, ids, {"type": "array", "minItems": 1, "maxItems": 1,
+            "prompt": {"anyOf": [STRING, ids, {"type": "array", "minItems": 1, "maxItems": MAX_CHOICES,
                                                "items": {"anyOf": [STRING, ids]}}],
-                       "description": "A text or token ids; an array of one of them is the same (one prompt "
-                                      "per request)."},
+                       "description": "A text or token ids, or an array of them: several prompts, their choices "
+                                      "indexed prompt by prompt (prompts times n at most "
+                                      f"{MAX_CHOICES})."},
             "logprobs": nullable(number(0, MAX_LOGPROBS, kind="integer")),
             "echo": {"enum": [False, None]},
             "best_of": {"enum": [1, None]},

@@ -34,7 +34,7 @@ PARSED_BODY = "infer.body"
 @dataclass(frozen=True)
 class ServerConfig:
     model_id: str
-    model_aliases: tuple[str, ...] = ()  # other names a request may use for the model
+    model_aliases: tuple[str, ...] = ()  # other names of the model (ollama's routes take them)
     api_key: str | None = None
     max_queue: int = 64  # requests that would wait for a running slot beyond this many get 503
     max_body: int = 8 * 2**20
@@ -115,7 +115,7 @@ class Service(Protocol):
         """The request's JSON object (parsed once: by the router, when there is one)."""
 
     def check_model(self, body: dict) -> str:
-        """The served model's id when the body's "model" names it (or names none); 404 otherwise."""
+        """The served model's id, whatever model the body names (a 400 if "model" is not a string)."""
 
     async def encode(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """fn(arg) off the event loop, a template's or tokenizer's error as a 400."""
@@ -176,9 +176,8 @@ class EngineService:
             return self.config.model_id
         if not isinstance(model, str):
             raise APIError(400, f"'model' must be a string, got {kind(model)}", "model", "invalid_type")
-        if model != self.config.model_id and model not in self.config.model_aliases and not self.config.any_name:
-            raise APIError(404, f"the model {model[:200]!r} does not exist; this server has {self.config.model_id!r}",
-                           "model", "model_not_found")
+        # one model served: any name is it, as llama-server and llama-cpp-python take it (clients
+        # hard-code "gpt-3.5-turbo"); with several, model_router.py has resolved the name already
         return self.config.model_id
 
     async def encode(self, fn, arg):

@@ -27,6 +27,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from . import openapi
+from .llama_api import LLAMA_PATHS, llama_error
+from .llama_props import router_props_routes
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
@@ -38,7 +40,8 @@ from .webui import page_routes
 # the routes whose body names the model they run on (llama.cpp's /tokenize and /detokenize name
 # none: they go to the loaded model, else the default one)
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
-                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES})
+                          "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES,
+                          "/completion", "/completions", "/infill", "/apply-template"})
 
 
 def _iso(t: float) -> str:
@@ -105,15 +108,21 @@ class ModelRouter:
             Route("/api/tags", self.tags, methods=["GET"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/api/pull", self.pull, methods=["POST"]),
             Route("/api/delete", self.delete, methods=["DELETE"]),
             Route("/openapi.json", openapi.endpoint, methods=["GET"]),
+            *router_props_routes(),
         ])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in MODEL_ROUTES:
             return await self.forward(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] in ("/props", "/slots"):
+            name = Request(scope).query_params.get("model")
+            if name:  # llama-server's router: a model's own /props and /slots, named in the query
+                return await self.forward_get(name, scope, receive, send)
         await self.app(scope, receive, send)
 
     # -- requests on a model -------------------------------------------------------------------------
@@ -149,6 +158,18 @@ class ModelRouter:
             await m.app(scope, receive, send)
         finally:
             self.pool.release(m, keep_alive)
+
+    async def forward_get(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            m = await self._lease(*await self._target({"model": name}, False), receive)
+        except APIError as e:
+            return await llama_error(e)(scope, receive, send)
+        except _Gone:
+            return
+        try:
+            await m.app(scope, receive, send)
+        finally:
+            self.pool.release(m)
 
     async def _lease(self, name: str, path: Path, receive: Receive) -> Loaded:
         """The loaded model (waiting while it loads); _Gone when the client leaves first (the load
@@ -247,7 +268,8 @@ class ModelRouter:
 
     @staticmethod
     async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
-        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama else e.response()
+        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama \
+            else llama_error(e) if scope["path"].startswith(LLAMA_PATHS) else e.response()
         await r(scope, receive, send)
 
     # -- about every model ---------------------------------------------------------------------------

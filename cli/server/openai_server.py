@@ -29,6 +29,8 @@ from infer.engine.sampler import MAX_LOGPROBS, TokenLogprob
 
 from . import openai_chat, openapi
 from .embeddings_api import EmbeddingsAPI
+from .llama_api import LLAMA_PATHS, LlamaAPI, SlotBook, llama_error
+from .llama_props import LlamaProps, set_props, slot_action
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
@@ -41,6 +43,11 @@ from .tokenize_api import TokenizeAPI
 from .webui import page_routes
 
 __all__ = ["FrontDoor", "OpenAIAPI", "ServerConfig", "create_app"]
+
+
+# the paths behind --api-key: llama-server's are all but /health and /v1/health (and the web UI's)
+PROTECTED = ("/v1", "/api/", "/tokenize", "/detokenize", "/rerank", *LLAMA_PATHS)
+PUBLIC = frozenset({"/v1/health"})
 
 
 class FrontDoor:
@@ -60,11 +67,12 @@ class FrontDoor:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize", "/rerank")) and not self._authorized(scope):
+        if self.api_key and path.startswith(PROTECTED) and path not in PUBLIC and not self._authorized(scope):
             err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
-                if path.startswith("/api/") else err.response()  # ollama's error shape, or OpenAI's
+                if path.startswith("/api/") else llama_error(err) if path.startswith(LLAMA_PATHS) \
+                else err.response()  # ollama's error shape, llama-server's or OpenAI's
             return await response(scope, receive, counted)
         try:
             await self.app(scope, receive, counted)
@@ -304,6 +312,8 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     ollama = OllamaAPI(service)
     embeddings = EmbeddingsAPI(service, ollama)
     rerank = RerankAPI(service, embeddings)
+    slots = SlotBook(llm.engine)
+    llama, props = LlamaAPI(service, slots), LlamaProps(service, slots)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -326,6 +336,14 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/v1/health", server.health, methods=["GET"]),
+        *(Route(path, llama.completion, methods=["POST"]) for path in ("/completion", "/completions")),
+        Route("/infill", llama.infill, methods=["POST"]),
+        Route("/props", props.props, methods=["GET"]),
+        Route("/props", set_props, methods=["POST"]),
+        Route("/slots", props.get_slots, methods=["GET"]),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/apply-template", props.apply_template, methods=["POST"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]

@@ -472,8 +472,10 @@ def _version() -> str:
 def document() -> dict:
     """The whole OpenAPI 3.1 document, plain dicts and lists made afresh each call (the caller may
     change it; the shared pieces above are read-only)."""
+    from . import openapi_llama  # it builds on this module's pieces
+
     schemas = {**_shared(), **_generation(), **_openai_requests(), **_ollama_requests(), **_openai_responses(),
-               **_ollama_responses()}
+               **_ollama_responses(), **openapi_llama.schemas()}
     return _plain({
         "openapi": "3.1.0",
         "info": {"title": "infer serve", "version": _version(),
@@ -481,7 +483,7 @@ def document() -> dict:
                                 "llama.cpp's /tokenize and /detokenize. Fields the server does not read are ignored."},
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}, {}],
-        "paths": {**_other_paths(), **_openai_paths(), **_ollama_paths()},
+        "paths": {**_other_paths(), **_openai_paths(), **_ollama_paths(), **openapi_llama.paths()},
         "components": {"schemas": schemas, "securitySchemes": {"bearer": {
             "type": "http", "scheme": "bearer",
             "description": "Only when the server runs with --api-key (or INFER_API_KEY): then every /v1, /api, "

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from helpers.server import Server, raw
-from helpers.tiny_models import write_tiny_model
+from helpers.tiny_models import add_fim_ids, write_tiny_model
 from infer.cli.server.model_router import MODEL_ROUTES
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -60,7 +60,7 @@ def serve(folder: Path, several: bool, *args: str) -> tuple[Server, str]:
     name requests give its model).  Sandboxed: its own INFER_HOME and HF_HOME, offline, so a
     fuzzed /api/pull fetches nothing and a fuzzed /api/delete can only touch the sandbox."""
     folder.mkdir(parents=True, exist_ok=True)
-    tiny = write_tiny_model(folder / "tiny.gguf", "qwen2")
+    tiny = write_tiny_model(folder / "tiny.gguf", "qwen2", extra=add_fim_ids)  # FIM tokens: /infill runs
     env = {"INFER_HOME": str(folder / "infer"), "HF_HOME": str(folder / "hf"), "HF_HUB_OFFLINE": "1"}
     common = ("--ctx", "256", "--parallel", "2", "--threads", "2", *args)
     if not several:

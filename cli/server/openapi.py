@@ -24,6 +24,7 @@ from infer.engine.reasoning import EFFORTS
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams
 from infer.engine.tool_calls import TOOL_NAME
 
+from . import openapi_llama
 from .embeddings_api import MAX_INPUTS
 from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
@@ -472,8 +473,6 @@ def _version() -> str:
 def document() -> dict:
     """The whole OpenAPI 3.1 document, plain dicts and lists made afresh each call (the caller may
     change it; the shared pieces above are read-only)."""
-    from . import openapi_llama  # it builds on this module's pieces
-
     schemas = {**_shared(), **_generation(), **_openai_requests(), **_ollama_requests(), **_openai_responses(),
                **_ollama_responses(), **openapi_llama.schemas()}
     return _plain({

@@ -1,5 +1,6 @@
 """The OpenAPI paths and schemas of llama-server's native routes (llama_api.py, llama_props.py),
-merged into openapi.document()."""
+merged into openapi.document(); it refers to that document's shared schemas (GenerationOptions,
+ChatMessage, Tool, ToolChoice, Health) by name."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,10 +8,48 @@ from typing import Any
 from infer.engine.sampler import MAX_LOGPROBS
 
 from .llama_api import NEGATIVE_OFF, OFF_SAMPLERS
-from .openapi import BOOLEAN, INTEGER, SSE, STRING, WHY, nullable, number, obj, ref
 
-_WHY = {**WHY, 501: "Not supported here: a model without fill-in-the-middle tokens (/infill), changing properties "
-                    "or saving slots.", 503: "The queue is full (--max-queue), or fail_on_no_slot and no idle slot."}
+STRING = {"type": "string"}
+BOOLEAN = {"type": "boolean"}
+INTEGER = {"type": "integer"}
+# a stream, described as schemathesis reads text/event-stream: its events
+SSE = {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
+    "data": {"type": "string", "description": "A chunk as JSON, the last one the final object (stop: true), no "
+                                              "[DONE]; an error after the first chunk is an {\"error\": {...}} chunk."}}}}}
+_WHY = {400: "A request the server refuses: bad JSON, a wrong field, a prompt over the context.",
+        401: "--api-key is set and the request's key is missing or wrong.",
+        404: "The model named is not served here.",
+        413: "The body is larger than --max-body.",
+        501: "Not supported here: a model without fill-in-the-middle tokens (/infill), changing properties or "
+             "saving slots.",
+        503: "The queue is full (--max-queue), or fail_on_no_slot and no idle slot."}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema: dict, **extra) -> dict:
+    return {"anyOf": [schema, {"type": "null"}], **extra}
+
+
+def number(minimum: float, maximum: float | None = None, kind: str = "number", description: str | None = None) -> dict:
+    s: dict[str, Any] = {"type": kind, "minimum": minimum}
+    if maximum is not None:
+        s["maximum"] = maximum
+    if description:
+        s["description"] = description
+    return s
+
+
+def obj(properties: dict, required: tuple[str, ...] = (), description: str | None = None) -> dict:
+    """An object schema; other properties are allowed (the server ignores fields it does not read)."""
+    s: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        s["required"] = list(required)
+    if description:
+        s["description"] = description
+    return s
 
 
 def _json(schema: Any) -> dict:

@@ -89,8 +89,11 @@ def _stand_in_for_default(tiny: Path, home: Path) -> str:
 
 def load(base_url: str) -> schemathesis.BaseSchema:
     """The server's own document, as a client would get it.  Failures are reported with the
-    request as sent: schemathesis would otherwise mask fields named like secrets (max_tokens)."""
-    config = schemathesis.Config.from_dict({"output": {"sanitization": {"enabled": False}}})
+    request as sent: schemathesis would otherwise mask fields named like secrets (max_tokens).
+    A 501 is an answer, not a server error (llama-server's for what it was not started to do:
+    POST /props, saving slots); status_code_conformance still fails it where it is not documented."""
+    config = schemathesis.Config.from_dict({"output": {"sanitization": {"enabled": False}}, "checks": {
+        "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "501"]}}})
     return schemathesis.openapi.from_url(f"{base_url}/openapi.json", config=config)
 
 

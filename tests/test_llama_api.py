@@ -191,9 +191,11 @@ def test_n_predict_zero_fills_the_cache(gemma):
 def test_n_predict_minus_one_runs_to_the_context(tiny, fim_llm):
     b = tiny.post("/completion", json={"prompt": "ab cd", "n_predict": -1, "ignore_eos": True}).json()
     n = len(fim_llm.encode_raw("ab cd"))
-    assert b["tokens_predicted"] == 256 - n and b["stop_type"] == "limit"
+    assert b["tokens_predicted"] == 256 - n and b["stop_type"] == "limit" and b["truncated"] is True
     far = tiny.post("/completion", json={"prompt": "ab cd", "n_predict": 100000, "ignore_eos": True}).json()
-    assert far["tokens_predicted"] == 256 - n  # ends at the context, as llama-server, rather than a 400
+    assert far["tokens_predicted"] == 256 - n and far["truncated"] is True  # ends at the context, as llama-server
+    exact = tiny.post("/completion", json={"prompt": "ab cd", "n_predict": 256 - n, "ignore_eos": True}).json()
+    assert exact["tokens_predicted"] == 256 - n and exact["truncated"] is False  # n_predict's limit, not the context
 
 
 @pytest.mark.parametrize("body,param", [
@@ -334,6 +336,8 @@ def test_apply_template(gemma, gemma_llm):
     assert "Hi there" in prompt and prompt.endswith("<start_of_turn>model\n")
     ids = gemma_llm.tokenizer.encode(prompt, add_special=False, parse_special=True)
     assert ids == gemma_llm.encode_chat(messages)  # what /v1/chat/completions feeds the model
+    bare = gemma.post("/apply-template", json={"messages": messages, "add_generation_prompt": False}).json()["prompt"]
+    assert prompt.startswith(bare) and "<start_of_turn>model" not in bare
     bad = gemma.post("/apply-template", json={"messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == 400
 

@@ -351,6 +351,10 @@ class LlamaAPI:
         try:
             results = await asyncio.gather(*(self._final(native, t) for t in tasks))
         except (APIError, ClientGone) as e:
+            for t in tasks:  # the other prompts' requests cancelled, their slots freed
+                await t.stream.events.aclose()
+                if t.slot in self.slots.held:
+                    self.slots.give(t.slot, {})
             return refused(e)
         return JSONResponse(results[0] if len(results) == 1 else results)
 
@@ -380,7 +384,7 @@ class LlamaAPI:
                "tokens_predicted": len(tokens), "tokens_evaluated": len(t.prompt),
                "generation_settings": settings(native, t.stream.job.params, n_predict),
                "prompt": self.tok.decode(t.prompt, special=True), "has_new_line": "\n" in text and not dropped,
-               "truncated": False, "stop_type": "limit" if dropped else stop_type(ev),
+               "truncated": self._truncated(t, ev) and not dropped, "stop_type": "limit" if dropped else stop_type(ev),
                "stopping_word": ev.stop_word or "", "tokens_cached": ev.usage.prompt_tokens + len(tokens),
                "timings": {**timings(ev), **({"predicted_n": 0} if dropped else {})}}
         if native.n_probs and not streamed and not dropped:
@@ -390,6 +394,13 @@ class LlamaAPI:
                                  "n_prompt_tokens": len(t.prompt), "n_decoded": len(tokens),
                                  "n_cached": ev.usage.cached_tokens})
         return pick(native.response_fields, res)
+
+    def _truncated(self, t: Task, ev: Event) -> bool:
+        """llama-server's truncated: the reply ended at the end of the context, not at n_predict (the
+        prompt itself is never cut: one past the context is a 400)."""
+        n = ev.usage.completion_tokens
+        return ev.finish_reason == "length" and len(t.prompt) + n >= self.llm.engine.n_ctx and \
+            (t.n_predict < 0 or n < t.n_predict)
 
     async def _final(self, native: Native, t: Task) -> dict:
         try:

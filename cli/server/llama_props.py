@@ -96,8 +96,9 @@ class LlamaProps:
         return JSONResponse(out)
 
     async def apply_template(self, request: Request) -> Response:
-        """{"messages", "tools"?, "tool_choice"?, ...} -> {"prompt"}: the text the chat template makes
-        of them (with the generation prompt), as /v1/chat/completions would feed the model."""
+        """{"messages", "tools"?, "tool_choice"?, "chat_template_kwargs"?, "add_generation_prompt"?
+        (true)} -> {"prompt"}: the text the chat template makes of them, as /v1/chat/completions would
+        feed the model."""
         try:
             body = await self.service.body(request)
             self.service.check_model(body)
@@ -105,8 +106,12 @@ class LlamaProps:
             job = parse_job({}, None)
             plan, _ = openai_chat.plan(openai_chat.plan_fields(body), messages, self.llm.template.source,
                                        self.service.config.reasoning_format, job, self.llm.tokenizer.token_id)
+            gen = body.get("add_generation_prompt", True)
+            if not isinstance(gen, bool):
+                raise APIError(400, "'add_generation_prompt' must be true or false", "add_generation_prompt",
+                               "invalid_type")
             prompt = await self.service.encode(
-                lambda p: self.llm.template.render(p.messages, add_generation_prompt=True, **p.variables), plan)
+                lambda p: self.llm.template.render(p.messages, add_generation_prompt=gen, **p.variables), plan)
         except ChatTemplateError as e:
             return llama_error(APIError(400, str(e).splitlines()[0], None, "invalid_value"))
         except APIError as e:

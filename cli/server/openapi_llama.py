@@ -124,7 +124,11 @@ def schemas() -> dict:
         "LlamaCompletion": obj(completion, description="Only the response_fields asked for, when some are."),
         "LlamaApplyTemplateRequest": obj({"messages": {"type": "array", "minItems": 1, "items": ref("ChatMessage")},
                                           "tools": nullable({"type": "array", "items": ref("Tool")}),
-                                          "tool_choice": nullable(ref("ToolChoice"))}, ("messages",)),
+                                          "tool_choice": nullable(ref("ToolChoice")),
+                                          "add_generation_prompt": BOOLEAN,
+                                          "chat_template_kwargs": nullable({"type": "object", "not": {"anyOf": [
+                                              {"required": ["messages"]}, {"required": ["add_generation_prompt"]}]}})},
+                                         ("messages",)),
         "LlamaProps": obj({"default_generation_settings": {"type": "object"}, "total_slots": INTEGER,
                            "model_path": STRING, "chat_template": STRING, "bos_token": STRING, "eos_token": STRING,
                            "build_info": STRING, "modalities": {"type": "object"}, "is_sleeping": BOOLEAN},

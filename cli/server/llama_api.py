@@ -12,6 +12,7 @@ temperature) are accepted at their "off" values and refused otherwise.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -174,6 +175,7 @@ class SlotBook:
 
     def __init__(self, engine):
         self.engine = engine
+        self.tasks = itertools.count()  # llama-server's task ids, one per prompt
         self.held: set[int] = set()
         self.last: dict[int, dict] = {}  # slot -> its last task's /slots fields
 
@@ -232,7 +234,7 @@ def settings(n: Native, params, n_predict: int) -> dict:
             "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
             "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+            "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
             "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
             "max_tokens": n_predict, "n_predict": n_predict, "n_keep": n.n_keep, "n_discard": n.n_discard,
             "ignore_eos": p.ignore_eos, "stream": n.job.stream, "n_probs": n.n_probs, "min_keep": 0,
@@ -240,7 +242,9 @@ def settings(n: Native, params, n_predict: int) -> dict:
             "generation_prompt": "", "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
             "speculative.types": "none", "timings_per_token": False, "post_sampling_probs": n.post_sampling,
             "backend_sampling": False, "lora": [], "stop": list(p.stop),
-            "grammar": p.grammar.source if p.grammar is not None else ""}
+            "grammar": p.grammar.source if p.grammar is not None else "", "grammar_lazy": bool(p.grammar_triggers),
+            "grammar_triggers": [], "preserved_tokens": [], "logit_bias": [],
+            "dry_sequence_breakers": ["\n", ":", "\"", "*"]}
 
 
 def timings(ev: Event) -> dict:
@@ -385,12 +389,14 @@ class LlamaAPI:
                "generation_settings": settings(native, t.stream.job.params, n_predict),
                "prompt": self.tok.decode(t.prompt, special=True), "has_new_line": "\n" in text and not dropped,
                "truncated": self._truncated(t, ev) and not dropped, "stop_type": "limit" if dropped else stop_type(ev),
-               "stopping_word": ev.stop_word or "", "tokens_cached": ev.usage.prompt_tokens + len(tokens),
+               "stopping_word": ev.stop_word or "",
+               # what the cache holds after: the prompt and the reply but its last token, never fed back
+               "tokens_cached": len(t.prompt) + max(len(tokens) - 1, 0),
                "timings": {**timings(ev), **({"predicted_n": 0} if dropped else {})}}
         if native.n_probs and not streamed and not dropped:
             res["completion_probabilities"] = probabilities(self.tok, lps, native.post_sampling)
         self.slots.give(t.slot, {"n_ctx": self.llm.engine.n_ctx, "params": res["generation_settings"],
-                                 "prompt": res["prompt"], "generated": "" if dropped else text, "id_task": t.index,
+                                 "generated": "" if dropped else text, "id_task": next(self.slots.tasks),
                                  "n_prompt_tokens": len(t.prompt), "n_decoded": len(tokens),
                                  "n_cached": ev.usage.cached_tokens})
         return pick(native.response_fields, res)

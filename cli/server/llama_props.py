@@ -69,7 +69,9 @@ class LlamaProps:
             "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
             "ui": self.service.config.webui,
             "chat_template": src,
-            "chat_template_caps": {"supports_tools": "tools" in src, "supports_system_role": "system" in src},
+            # read off the template's text (llama-server renders probes): what a client checks first
+            "chat_template_caps": {"supports_tools": "tools" in src, "supports_tool_calls": "tool_calls" in src,
+                                   "supports_system_role": "system" in src, "supports_string_content": True},
             "bos_token": self._tok_text(self.llm.tokenizer.bos_id),
             "eos_token": self._tok_text(self.llm.tokenizer.eos_id),
             "build_info": BUILD_INFO,
@@ -90,8 +92,7 @@ class LlamaProps:
                           "n_prompt_tokens_processed": last["n_prompt_tokens"] - last["n_cached"],
                           "n_prompt_tokens_cache": last["n_cached"], "params": last["params"],
                           "next_token": [{"has_next_token": processing, "has_new_line": "\n" in last["generated"],
-                                          "n_remain": -1, "n_decoded": last["n_decoded"]}],
-                          "prompt": last["prompt"], "generated": last["generated"]})
+                                          "n_remain": -1, "n_decoded": last["n_decoded"]}]})
             out.append(s)
         return JSONResponse(out)
 

@@ -354,3 +354,34 @@ def test_api_key_and_public_health(tiny):
         assert r.json()["error"]["type"] == "authentication_error" and r.json()["error"]["code"] == 401
     assert tiny.get("/v1/health", headers=bare).json()["status"] == "ok"
     assert tiny.get("/health", headers=bare).status_code == 200
+
+
+# -- several models ---------------------------------------------------------------------------------
+
+
+def test_several_models(tmp_path):
+    """Without MODEL (model_router.py): /completion names its model in the body, /props and /slots in
+    the query (llama-server's router); without one, /props is the router's and /slots a 400."""
+    from helpers.api_fuzz import serve
+    from helpers.server import raw
+
+    server, name = serve(tmp_path, several=True)
+    try:
+        port = server.port
+        status, _, props = raw(port, "GET", "/props")
+        assert status == 200 and props["role"] == "router"
+        status, _, props = raw(port, "GET", f"/props?model={name}")
+        assert status == 200 and props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
+        status, _, slots = raw(port, "GET", f"/slots?model={name}")
+        assert status == 200 and [s["id"] for s in slots] == [0, 1]
+        status, _, err = raw(port, "GET", "/slots")
+        assert status == 400 and err["error"]["code"] == 400
+        body = {"model": name, "prompt": "ab cd", "n_predict": 3, "ignore_eos": True}
+        status, _, done = raw(port, "POST", "/completion", json.dumps(body).encode())
+        assert status == 200 and done["tokens_predicted"] == 3 and done["stop_type"] == "limit"
+        status, _, err = raw(port, "POST", "/completion", json.dumps({**body, "model": "nope"}).encode())
+        assert status == 404 and err["error"]["type"] == "not_found_error"
+        status, _, err = raw(port, "POST", "/infill", b"{not json")
+        assert status == 400 and err["error"]["type"] == "invalid_request_error"
+    finally:
+        assert server.stop() == 0, server.output()

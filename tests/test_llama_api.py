@@ -17,7 +17,7 @@ import uvicorn
 
 from helpers.server import free_port
 from helpers.tiny_models import FIM_IDS, add_fim_ids, write_tiny_model
-from infer.cli.server.llama_api import FIM_BATCH, infill_prompt
+from infer.cli.server.llama_infill import FIM_BATCH, infill_prompt
 from infer.cli.server.openai_server import ServerConfig, create_app
 from infer.engine.engine import EngineConfig
 from infer.engine.llm import LLM

@@ -23,8 +23,8 @@ The modules:
 - ollama_api.py: ollama's routes (/api/chat, /api/generate over the service; /api/tags, /api/show,
   /api/pull, ...).
 - embeddings_api.py, tokenize_api.py: /v1/embeddings and /api/embed(dings); /tokenize, /detokenize.
-- llama_api.py, llama_props.py: llama-server's native routes: /completion(s) and /infill;
-  /props, /slots, /apply-template (openapi_llama.py: their part of the OpenAPI document).
+- llama_api.py, llama_infill.py, llama_props.py: llama-server's native routes: /completion(s) and
+  /infill (its FIM prompt); /props, /slots, /apply-template (openapi_llama.py: their OpenAPI part).
 - model_router.py, model_pool.py: several models from one server, each loaded when a request
   names it and unloaded when idle.
 - openapi.py: the OpenAPI document at /openapi.json.

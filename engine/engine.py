@@ -438,7 +438,8 @@ class Engine:
             u.prefill_tok_s = (seq.num_prompt - seq.num_cached) / max(req.t_first - req.t_admitted, 1e-9)
             if len(out) > 1:
                 u.decode_tok_s = (len(out) - 1) / max(t_end - req.t_first, 1e-9)
-        events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req), embedding))
+        events.append(Event(seq.id, tail, None, reason, u, list(out), self._take_logprobs(req), embedding,
+                            req.stop.word))
 
     @staticmethod
     def _take_logprobs(req: Request) -> list[TokenLogprob] | None:

@@ -207,6 +207,10 @@ class HFTokenizer:
     def pad_id(self) -> int | None:
         return None
 
+    def special(self, name: str) -> int | None:
+        """Tokenizer.special's: BOS, EOS, EOT and EOM; a tokenizer.json names no FIM tokens."""
+        return {"bos": self.bos_id, "eos": self.eos_id, "eot": self.eot_id, "eom": self.eom_id}.get(name)
+
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 

@@ -44,6 +44,7 @@ class Event:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     embedding: np.ndarray | None = None  # (n_embd,) float32
+    stop_word: str | None = None  # the finish event's, when a stop string ended the reply (llama-server's stopping_word)
 
 
 EventSink = Callable[[Event], None]

@@ -26,6 +26,7 @@ class StopMatcher:
         self.stops = tuple(dict.fromkeys(stops))
         self._held = ""
         self._stopped = False
+        self.word: str | None = None  # the stop string that ended the text, once one has
 
     @property
     def stopped(self) -> bool:
@@ -61,7 +62,7 @@ class StopMatcher:
             if i >= 0:
                 key = (i + len(s), -len(s))
                 if best is None or key < best:
-                    best, start = key, i
+                    best, start, self.word = key, i, s
         return start
 
     def _partial_suffix(self, text: str) -> int:

@@ -371,6 +371,11 @@ class Tokenizer:
     def pad_id(self) -> int | None:
         return self._ids["pad"]
 
+    def special(self, name: str) -> int | None:
+        """The id of a special token by llama.cpp's name for it ("fim_pre", "fim_suf", "fim_mid",
+        "fim_rep", "fim_sep", "fim_pad", ...), or None when the vocabulary has none."""
+        return self._ids.get(name)
+
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 

@@ -2,9 +2,10 @@
 naming exactly the routes both apps have (so the two cannot drift apart), served without the API
 key, and true enough to fuzz from: schemathesis sends requests that fit it and requests that break
 it to a real server over HTTP (tests/helpers/api_fuzz.py), one-model and several-models, and every one
-must get a 2xx or a documented 4xx in its route's error shape, never a 5xx, a dropped connection
-or a hang; afterwards the server still answers.  A bounded budget here; scripts/fuzz_api.py runs
-thousands of requests per operation."""
+must get a 2xx or a documented 4xx in its route's error shape (or a documented 501: llama-server's
+answer to what it was not started to do), never another 5xx, a dropped connection or a hang;
+afterwards the server still answers.  A bounded budget here; scripts/fuzz_api.py runs thousands of
+requests per operation."""
 from __future__ import annotations
 
 import json

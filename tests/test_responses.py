@@ -277,7 +277,8 @@ BAD = {
     "background": ({"input": "Hi", "background": True}, "background"),
     "store not a boolean": ({"input": "Hi", "store": "yes"}, "store"),
     "bad metadata": ({"input": "Hi", "metadata": {"k": 1}}, "metadata"),
-    "a wrong model": ({"input": "Hi", "model": "gpt-nope"}, "model"),
+    # any model name is the one model served (as llama-server), but a name must be a string
+    "a model not a string": ({"input": "Hi", "model": 42}, "model"),
 }
 
 

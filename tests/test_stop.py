@@ -152,3 +152,13 @@ def test_property_never_emits_a_stop_string(ts, stops):
         assert not any(s in emitted for s in stops)
         if stopped:
             break
+
+
+def test_the_stop_word_is_the_one_that_completed_first():
+    m = StopMatcher(("abc", "ab", "zz"))
+    assert m.word is None
+    assert stream(m, ["xa", "bc"]) == ("x", True) and m.word == "ab"  # "ab" completes before "abc"
+    m = StopMatcher(("bcd", "abcde"))
+    assert stream(m, ["abcd"]) == ("a", True) and m.word == "bcd"
+    m = StopMatcher(("q",))
+    assert stream(m, ["abc"]) == ("abc", False) and m.word is None

@@ -29,6 +29,8 @@ The modules:
   its request as the OpenAI chat route's ChatPrompt, the same ChatReply as content blocks, its
   event stream and error envelope; openapi_anthropic.py their OpenAPI paths and schemas.
 - embeddings_api.py, tokenize_api.py: /v1/embeddings and /api/embed(dings); /tokenize, /detokenize.
+- llama_api.py, llama_infill.py, llama_props.py: llama-server's native routes: /completion(s) and
+  /infill (its FIM prompt); /props, /slots, /apply-template (openapi_llama.py: their OpenAPI part).
 - model_router.py, model_pool.py: several models from one server, each loaded when a request
   names it and unloaded when idle.
 - openapi.py: the OpenAPI document at /openapi.json (openapi_responses.py: the Responses API's part).

@@ -27,6 +27,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from . import anthropic_api, openapi
+from .error_shapes import error_response
+from .llama_api import llama_error
+from .llama_props import router_props_routes
 from .model_pool import Loaded, LoadFailed, ModelPool, keep_alive_seconds
 from .ollama_api import API_VERSION, delete_response, model_entry, pull_response, show_body
 from .openai_request import APIError, disconnected, parse_json
@@ -40,7 +43,8 @@ from .webui import page_routes
 # none: they go to the loaded model, else the default one)
 MODEL_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat", "/api/generate",
                           "/api/embed", "/api/embeddings", "/api/show", "/tokenize", "/detokenize", *RERANK_ROUTES,
-                          "/v1/responses", *anthropic_api.ROUTES})
+                          "/v1/responses", *anthropic_api.ROUTES, "/completion", "/completions", "/infill",
+                          "/apply-template"})
 
 
 def _iso(t: float) -> str:
@@ -107,16 +111,22 @@ class ModelRouter:
             Route("/api/tags", self.tags, methods=["GET"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/v1/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
             Route("/api/pull", self.pull, methods=["POST"]),
             Route("/api/delete", self.delete, methods=["DELETE"]),
             Route("/openapi.json", openapi.endpoint, methods=["GET"]),
             Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]),
+            *router_props_routes(),
         ])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in MODEL_ROUTES:
             return await self.forward(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] in ("/props", "/slots"):
+            name = Request(scope).query_params.get("model")
+            if name:  # llama-server's router: a model's own /props and /slots, named in the query
+                return await self.forward_get(name, scope, receive, send)
         await self.app(scope, receive, send)
 
     # -- requests on a model -------------------------------------------------------------------------
@@ -140,18 +150,30 @@ class ModelRouter:
                 return await JSONResponse(shown)(scope, receive, send)
             m = await self._lease(name, path, receive)
         except APIError as e:
-            return await self._error(ollama, e, scope, receive, send)
+            return await error_response(scope["path"], e)(scope, receive, send)
         except _Gone:
             return
         except Exception as e:  # a bug of ours: the client gets its API's shape, the server goes on
             err = APIError(500, f"internal error: {type(e).__name__}", None, "internal_error", "server_error")
-            return await self._error(ollama, err, scope, receive, send)
+            return await error_response(scope["path"], err)(scope, receive, send)
         # None: an empty body, which the model's route refuses as a one-model server does
         scope = {**scope, PARSED_BODY: body if raw.strip() else None}
         try:
             await m.app(scope, receive, send)
         finally:
             self.pool.release(m, keep_alive)
+
+    async def forward_get(self, name: str, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            m = await self._lease(*await self._target({"model": name}, False), receive)
+        except APIError as e:
+            return await llama_error(e)(scope, receive, send)
+        except _Gone:
+            return
+        try:
+            await m.app(scope, receive, send)
+        finally:
+            self.pool.release(m)
 
     async def _lease(self, name: str, path: Path, receive: Receive) -> Loaded:
         """The loaded model (waiting while it loads); _Gone when the client leaves first (the load
@@ -247,12 +269,6 @@ class ModelRouter:
         n_ctx = min(self.n_ctx, info.context_length or self.n_ctx)
         embedding = meta.get(f"{info.architecture}.pooling_type") in (1, 2, 3, 4)  # as ollama_api.show: a pooling
         return show_body(entry, info, template, n_ctx, path, embedding)
-
-    @staticmethod
-    async def _error(ollama: bool, e: APIError, scope, receive, send) -> None:
-        r = JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers) if ollama else \
-            anthropic_api.error_response(e) if scope["path"].startswith(anthropic_api.PREFIX) else e.response()
-        await r(scope, receive, send)
 
     # -- about every model ---------------------------------------------------------------------------
 

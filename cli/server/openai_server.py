@@ -31,6 +31,9 @@ from infer.engine.sampler import MAX_LOGPROBS, TokenLogprob
 from . import anthropic_api, openai_chat, openapi
 from .cors import Cors
 from .embeddings_api import EmbeddingsAPI
+from .error_shapes import error_response
+from .llama_api import LLAMA_PATHS, LlamaAPI, SlotBook
+from .llama_props import LlamaProps, set_props, slot_action
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
@@ -56,6 +59,11 @@ from .webui import page_routes
 __all__ = ["FrontDoor", "OpenAIAPI", "ServerConfig", "create_app"]
 
 
+# the paths behind --api-key: llama-server's are all but /health and /v1/health (and the web UI's)
+PROTECTED = ("/v1", "/api/", "/tokenize", "/detokenize", "/rerank", *LLAMA_PATHS)
+PUBLIC = frozenset({"/v1/health"})
+
+
 class FrontDoor:
     """ASGI middleware: the API key on the /v1, ollama /api, (de)tokenize and rerank routes, and a
     request count by route and status."""
@@ -73,13 +81,10 @@ class FrontDoor:
                 self.metrics.count_request(path, message["status"])
             await send(message)
 
-        if self.api_key and path.startswith(("/v1", "/api/", "/tokenize", "/detokenize", "/rerank")) and not self._authorized(scope):
+        if self.api_key and path.startswith(PROTECTED) and path not in PUBLIC and not self._authorized(scope):
             err = APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            response = JSONResponse({"error": err.message}, status_code=401, headers=err.headers) \
-                if path.startswith("/api/") else anthropic_api.error_response(err) \
-                if path.startswith(anthropic_api.PREFIX) else err.response()  # ollama's, Anthropic's or OpenAI's shape
-            return await response(scope, receive, counted)
+            return await error_response(path, err)(scope, receive, counted)
         try:
             await self.app(scope, receive, counted)
         except ClientDisconnect:
@@ -391,18 +396,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     msg = f"{request.method} {request.url.path}: {exc.detail}"
-    if request.url.path.startswith("/api/"):  # ollama's error shape
-        return JSONResponse({"error": msg[:300]}, status_code=exc.status_code, headers=exc.headers)
-    err = APIError(exc.status_code, msg[:300], None, code, headers=exc.headers)
-    return anthropic_api.error_response(err) if request.url.path.startswith(anthropic_api.PREFIX) else err.response()
+    return error_response(request.url.path, APIError(exc.status_code, msg[:300], None, code, headers=exc.headers))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     # A bug of ours: the client still gets its API's error shape, and the server keeps serving.
-    if request.url.path.startswith("/api/"):
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
     err = APIError(500, f"internal error: {type(exc).__name__}", None, "internal_error", "server_error")
-    return anthropic_api.error_response(err) if request.url.path.startswith(anthropic_api.PREFIX) else err.response()
+    return error_response(request.url.path, err)
 
 
 def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_lifespan: bool = True) -> Starlette:
@@ -416,6 +416,8 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
     rerank = RerankAPI(service, embeddings)
     responses = ResponsesAPI(service)
     anthropic = anthropic_api.AnthropicAPI(service)
+    slots = SlotBook(llm.engine)
+    llama, props = LlamaAPI(service, slots), LlamaProps(service, slots)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -442,6 +444,14 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         *anthropic_api.routes(anthropic),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/v1/health", server.health, methods=["GET"]),
+        *(Route(path, llama.completion, methods=["POST"]) for path in ("/completion", "/completions")),
+        Route("/infill", llama.infill, methods=["POST"]),
+        Route("/props", props.props, methods=["GET"]),
+        Route("/props", set_props, methods=["POST"]),
+        Route("/slots", props.get_slots, methods=["GET"]),
+        Route("/slots/{id_slot}", slot_action, methods=["POST"]),
+        Route("/apply-template", props.apply_template, methods=["POST"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]

@@ -24,7 +24,7 @@ from infer.engine.reasoning import EFFORTS
 from infer.engine.sampler import MAX_LOGPROBS, SamplingParams
 from infer.engine.tool_calls import TOOL_NAME
 
-from . import openapi_anthropic, openapi_responses
+from . import openapi_anthropic, openapi_llama, openapi_responses
 from .embeddings_api import MAX_INPUTS
 from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
@@ -483,7 +483,8 @@ def document() -> dict:
     """The whole OpenAPI 3.1 document, plain dicts and lists made afresh each call (the caller may
     change it; the shared pieces above are read-only)."""
     schemas = {**_shared(), **_generation(), **_openai_requests(), **_ollama_requests(), **_openai_responses(),
-               **_ollama_responses(), **openapi_responses.schemas(), **openapi_anthropic.schemas()}
+               **_ollama_responses(), **openapi_responses.schemas(), **openapi_anthropic.schemas(),
+               **openapi_llama.schemas()}
     return _plain({
         "openapi": "3.1.0",
         "info": {"title": "infer serve", "version": _version(),
@@ -492,7 +493,7 @@ def document() -> dict:
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}, {}],
         "paths": {**_other_paths(), **_openai_paths(), **_ollama_paths(),
-                  **openapi_responses.paths(operation, _json, SSE), **openapi_anthropic.paths()},
+                  **openapi_responses.paths(operation, _json, SSE), **openapi_anthropic.paths(), **openapi_llama.paths()},
         "components": {"schemas": schemas, "securitySchemes": {"bearer": {
             "type": "http", "scheme": "bearer",
             "description": "Only when the server runs with --api-key (or INFER_API_KEY): then every /v1, /api, "

@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from helpers.server import Server, raw
-from helpers.tiny_models import write_tiny_model
+from helpers.tiny_models import add_fim_ids, write_tiny_model
 from infer.cli.server.model_router import MODEL_ROUTES
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -60,7 +60,7 @@ def serve(folder: Path, several: bool, *args: str) -> tuple[Server, str]:
     name requests give its model).  Sandboxed: its own INFER_HOME and HF_HOME, offline, so a
     fuzzed /api/pull fetches nothing and a fuzzed /api/delete can only touch the sandbox."""
     folder.mkdir(parents=True, exist_ok=True)
-    tiny = write_tiny_model(folder / "tiny.gguf", "qwen2")
+    tiny = write_tiny_model(folder / "tiny.gguf", "qwen2", extra=add_fim_ids)  # FIM tokens: /infill runs
     env = {"INFER_HOME": str(folder / "infer"), "HF_HOME": str(folder / "hf"), "HF_HUB_OFFLINE": "1"}
     common = ("--ctx", "256", "--parallel", "2", "--threads", "2", *args)
     if not several:
@@ -89,8 +89,11 @@ def _stand_in_for_default(tiny: Path, home: Path) -> str:
 
 def load(base_url: str) -> schemathesis.BaseSchema:
     """The server's own document, as a client would get it.  Failures are reported with the
-    request as sent: schemathesis would otherwise mask fields named like secrets (max_tokens)."""
-    config = schemathesis.Config.from_dict({"output": {"sanitization": {"enabled": False}}})
+    request as sent: schemathesis would otherwise mask fields named like secrets (max_tokens).
+    A 501 is an answer, not a server error (llama-server's for what it was not started to do:
+    POST /props, saving slots); status_code_conformance still fails it where it is not documented."""
+    config = schemathesis.Config.from_dict({"output": {"sanitization": {"enabled": False}}, "checks": {
+        "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "501"]}}})
     return schemathesis.openapi.from_url(f"{base_url}/openapi.json", config=config)
 
 

@@ -245,6 +245,16 @@ def add_spm_vocab(w, n_vocab: int, controls: tuple[str, ...] = ()) -> None:
     w.add_eos_token_id(2)
 
 
+FIM_IDS = {"fim_pre": 315, "fim_suf": 316, "fim_mid": 317, "fim_rep": 318, "fim_sep": 319}  # of a 320-token vocab
+
+
+def add_fim_ids(w) -> None:
+    """Fill-in-the-middle tokens (FIM_IDS: the SPM vocabulary's last five) named in the metadata, as
+    a coder model's converter writes them; for write_tiny_model's extra."""
+    for name, tid in FIM_IDS.items():
+        w.add_uint32(f"tokenizer.ggml.{name}_token_id", tid)
+
+
 def write_tiny_model(path: Path, arch: str, seed: int = 0, n_vocab: int = 320, split_max_tensors: int = 0,
                      chat_template: str | None = None, n_ctx: int = 256,
                      rope_scaling: tuple[str, float, int] | None = None, nextn: int = 0,

@@ -165,16 +165,18 @@ def _reasoning_text(item: dict, p: str) -> str:
 
 def chat_tools(tools: Any) -> list[dict]:
     """Function tools in the Responses shape ({type, name, description, parameters, strict}) in the
-    chat route's ({type, function: {...}}); openai_chat.plan checks the rest."""
+    chat route's ({type, function: {...}}); openai_chat.plan checks the rest.  OpenAI's built-in tools
+    (web_search, custom, local_shell, ...) are left out, as llama-server leaves them: the server runs
+    none of them, and an agent (Codex CLI) sends them beside its function tools."""
     if not isinstance(tools, list):
         raise APIError(400, f"'tools' must be an array, got {kind(tools)}", "tools", "invalid_type")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            what = t.get("type") if isinstance(t, dict) else None
-            raise APIError(400, f"'tools[{i}]': tools of type {what!r} are not supported: this server runs function "
-                           "tools only ({\"type\": \"function\", \"name\": ..., \"parameters\": ...})"[:300],
-                           f"tools[{i}]", "unsupported_value" if isinstance(what, str) else "invalid_value")
+        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+            raise APIError(400, f"'tools[{i}]' must be an object with a string 'type', got {kind(t)}",
+                           f"tools[{i}]", "invalid_value")
+        if t["type"] != "function":
+            continue
         out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
                                                      if t.get(k) is not None}})
     return out

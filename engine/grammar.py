@@ -9,7 +9,9 @@ tokenizer's pieces, control tokens marked special), so it works for every GGUF w
 Per sequence a GrammarMatcher gives the tokens allowed next; sampling starts from those alone
 (the others have probability 0) before any stage -- penalties, top-k, top-p, min-p,
 temperature -- as llama.cpp applies its grammar sampler first; then it consumes the sampled token.  When the grammar has been completed only
-end-of-generation tokens are allowed; when nothing at all can follow, the sequence stops.
+end-of-generation tokens are allowed; when nothing at all can follow, the sequence stops.  A grammar
+with JSON in it is matched beside a shadow grammar that bounds its numbers' digits as llama.cpp's
+JSON grammars do (NUMBER_RX), which llguidance's JSON cannot.
 """
 from __future__ import annotations
 
@@ -34,6 +36,24 @@ KINDS = ("json", "json_schema", "gbnf", "lark", "regex")
 # (nothing, a space, or one or two newlines and up to 20 spaces or tabs), not llguidance's default
 # of any run of whitespace, with which a small model can indent forever.
 JSON_OPTIONS = MappingProxyType({"whitespace_pattern": r"( |\n{1,2}[ \t]{0,20})?"})
+
+
+# llama.cpp's JSON number (json-schema-to-grammar's integral-part and decimal-part): at most 16
+# digits before the point, after it and in the exponent.  llguidance's JSON numbers take any number
+# of digits, and a small model asked for {"type": "number", "minimum": 0, "maximum": 1} can write
+# 0.7505613301803685432... until max_tokens; it has no option to bound them, so a JSON grammar is
+# matched beside its shadow (bounded_shadow): the same grammar with every JSON value in it replaced
+# by any JSON value whose numbers are bounded so, and a token is allowed where both allow it.
+NUMBER_RX = r"-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?(0|[1-9][0-9]{0,15}))?"
+SHADOW_JSON = r"""
+infer_json_value: infer_json_ws? infer_json_bare infer_json_ws?
+infer_json_bare: infer_json_object | infer_json_array | INFER_JSON_STRING | INFER_JSON_NUMBER | "true" | "false" | "null"
+infer_json_object: "{" infer_json_ws? "}" | "{" infer_json_pair ("," infer_json_pair)* "}"
+infer_json_pair: infer_json_ws? INFER_JSON_STRING infer_json_ws? ":" infer_json_value
+infer_json_array: "[" infer_json_ws? "]" | "[" infer_json_value ("," infer_json_value)* "]"
+infer_json_ws: /[ \t\n\r]+/
+INFER_JSON_STRING: /"(\\(["\\\/bfnrt]|u[0-9a-fA-F]{4})|[^"\\\x00-\x1f])*"/
+INFER_JSON_NUMBER: /""" + NUMBER_RX + "/\n"
 
 
 class GrammarError(InferError, ValueError):
@@ -164,6 +184,29 @@ def _lark(grammar: Grammar) -> str:
     return M.grammar_from_lark(grammar.source)
 
 
+def bounded_shadow(grammar: Grammar) -> str | None:
+    """The Lark grammar a JSON grammar is matched beside (see NUMBER_RX): a JSON schema's is any JSON
+    value, a Lark grammar's is itself with each %json replaced by any JSON value; None for grammars
+    without JSON (GBNF and regexes spell their numbers themselves)."""
+    if grammar.kind in ("json", "json_schema"):
+        return "start: infer_json_value\n" + SHADOW_JSON
+    if grammar.kind != "lark" or "%json" not in grammar.source:
+        return None
+    if re.search(r"\binfer_json_|\bINFER_JSON_", grammar.source, re.I):
+        raise GrammarError("the grammar already names a rule infer_json_...")
+    out, at, decoder = [], 0, json.JSONDecoder()
+    for m in re.finditer(r"%json\s*", grammar.source):
+        if m.start() < at:
+            continue
+        try:
+            end = decoder.raw_decode(grammar.source, m.end())[1]
+        except json.JSONDecodeError:
+            return None  # not a schema llguidance takes either: its error names the problem
+        out += [grammar.source[at:m.start()], "infer_json_value"]
+        at = end
+    return "".join(out) + grammar.source[at:] + "\n" + SHADOW_JSON
+
+
 def _one_line(message: object) -> str:
     """An error's text on one line, at most 300 characters (grammar errors quote the grammar)."""
     text = " ".join(str(message).split())
@@ -263,9 +306,14 @@ class GrammarCompiler:
         prototype = llg.LLMatcher(ll, text, log_level=0)  # builds and checks the grammar once
         if prototype.is_error():
             raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(prototype.get_error())}")
+        shadow_text, shadow = bounded_shadow(grammar), None
+        if shadow_text is not None:
+            shadow = llg.LLMatcher(ll, llg.LLMatcher.grammar_from_lark(shadow_text), log_level=0)
+            if shadow.is_error():
+                raise GrammarError(f"invalid {grammar.kind.replace('_', ' ')}: {_one_line(shadow.get_error())}")
         tok = self._tokenizer
         return CompiledGrammar(prototype, ll, tok.vocab_size,
-                               lambda t: tok.encode(t, add_special=False, parse_special=True))
+                               lambda t: tok.encode(t, add_special=False, parse_special=True), shadow)
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,6 +324,7 @@ class CompiledGrammar:
     lltokenizer: Any
     vocab_size: int
     encode: Any  # text -> token ids, special tokens parsed (GrammarMatcher.follow)
+    shadow: Any = None  # an LLMatcher of bounded_shadow(grammar) at its start, or None
 
     def matcher(self) -> "GrammarMatcher":
         return GrammarMatcher(self)
@@ -288,14 +337,19 @@ class GrammarMatcher:
         self._ll = compiled.lltokenizer
         self._encode = compiled.encode
         self._m = compiled.prototype.deep_copy()
+        self._shadow = compiled.shadow.deep_copy() if compiled.shadow is not None else None
         self.vocab_size = compiled.vocab_size
         self._words = np.zeros((compiled.vocab_size + 31) // 32, np.int32)  # the allowed-token bitmask
+        self._shadow_words = np.zeros_like(self._words) if self._shadow is not None else None
 
     def allowed(self) -> np.ndarray:
         """The tokens the grammar allows next: in most states of a grammar few fit, and then their
         ids, ascending (int64; empty: nothing can follow); where nearly all fit (inside a string) a
         (V,) bool mask, which costs less than a quarter million ids."""
         self._m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        if self._shadow is not None:  # a token both the grammar and its shadow allow
+            self._shadow.unsafe_compute_mask_ptr(self._shadow_words.ctypes.data, self._shadow_words.nbytes)
+            np.bitwise_and(self._words, self._shadow_words, out=self._words)
         words = self._words.view(np.uint32)
         nz = np.flatnonzero(words)
         if nz.size * 8 > words.size:
@@ -331,14 +385,16 @@ class GrammarMatcher:
         special tokens read as such (a marker the grammar names as one token), else spelled out."""
         for ids in (self._encode(text), self._ll.tokenize_bytes(text.encode("utf-8"))):
             m = self._m.deep_copy()
-            if all(m.consume_token(int(t)) for t in ids):
-                self._m = m
+            shadow = self._shadow.deep_copy() if self._shadow is not None else None
+            if all(m.consume_token(int(t)) and (shadow is None or shadow.consume_token(int(t))) for t in ids):
+                self._m, self._shadow = m, shadow
                 return True
         return False
 
     def consume(self, token: int) -> None:
-        if not self._m.consume_token(int(token)):
-            raise GrammarError(f"token {token} does not follow the grammar: {self._m.get_error()}")
+        for m in (self._m, self._shadow):
+            if m is not None and not m.consume_token(int(token)):
+                raise GrammarError(f"token {token} does not follow the grammar: {m.get_error()}")
 
     @property
     def done(self) -> bool:

@@ -276,15 +276,25 @@ def marker(text: str, token_id) -> str:
     return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
 
-def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool,
+def parallel_default(fam: str) -> bool:
+    """Whether a request that does not say (parallel_tool_calls) may make several calls: as
+    llama-server, what the template can render -- the generic family's template renders no calls,
+    so one call (a small model held to an open array repeats its call until max_tokens)."""
+    return fam != "generic"
+
+
+def grammar(tools: list[Tool], fam: str, mode: str, name: str | None, parallel: bool | None,
             token_id=lambda text: None) -> tuple[Grammar | None, tuple[str, ...]]:
     """What holds the reply, and the texts that start it (SamplingParams.grammar_triggers; none:
     from the first token).  The generic family: always, from the start (the reply must be JSON).
     The others: with a call required (a named function: that one alone) from the start; with
     "auto" the model is free until it starts a call, which from there must parse.  token_id(text):
-    the vocabulary's token spelled exactly text, if any: a marker that is one token is written as it."""
+    the vocabulary's token spelled exactly text, if any: a marker that is one token is written as it.
+    parallel: several calls may follow one another (None: parallel_default); a named function is
+    called once, as llama.cpp's grammar for a named tool_choice allows."""
     if mode == "none" or not tools:
         return None, ()
+    parallel = (parallel_default(fam) if parallel is None else parallel) and name is None
     chosen = [t for t in tools if name is None or t.name == name]
     triggers = () if mode == "required" else CALL_STARTS[fam]
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infer.engine.engine import EngineConfig
-from infer.engine.grammar import Grammar, GrammarError
+from infer.engine.grammar import Grammar, GrammarError, with_thought
 from infer.engine.llm import LLM
 from infer.engine.sampler import SamplingParams
 
@@ -38,8 +38,8 @@ scalars = st.one_of(
     st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 12)),
     st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
               st.integers(-50, 50), st.integers(0, 1000)),
-    # numbers on a grid: with free decimals a small model can write 0.000... until max_tokens
-    # (llama.cpp's own JSON grammars cap the decimals at 16 digits; llguidance does not)
+    # numbers on a grid (multipleOf) too; free decimals are capped at 16 digits, as llama.cpp's JSON
+    # grammars cap them (test_json_numbers_take_at_most_16_digits_a_part)
     st.builds(lambda lo, span: {"type": "number", "minimum": lo, "maximum": lo + span, "multipleOf": 0.25},
               st.integers(-10, 10), st.integers(1, 100)),
     st.just({"type": "boolean"}),
@@ -211,3 +211,50 @@ def test_a_grammar_failing_mid_reply_ends_only_its_request(llm, monkeypatch):
     free, held = (list(eng.stream(i))[-1] for i in ids)
     assert free.finish_reason == "length" and len(free.token_ids) == 10
     assert held.finish_reason == "stop" and len(held.token_ids) == 2
+
+
+# -------------------------------------------------------------------- JSON numbers, bounded
+
+CONFIDENCE = {"type": "object", "properties": {"answer": {"type": "string"},
+                                               "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+              "required": ["answer", "confidence"], "additionalProperties": False}
+
+
+def follows(llm, grammar: Grammar, text: str) -> bool:
+    return llm.engine.grammars.compile(grammar).matcher().follow(text)
+
+
+def test_json_numbers_take_at_most_16_digits_a_part(llm):
+    """As llama.cpp's JSON grammars (json-schema-to-grammar's integral-part and decimal-part): 16
+    digits before the point, 16 after it, 16 in the exponent; llguidance alone takes any number."""
+    g = Grammar.json_schema(CONFIDENCE)
+    head = '{"answer": "yes", "confidence": 0.'
+    assert follows(llm, g, head + "7" * 16 + "}")
+    assert not follows(llm, g, head + "7" * 17)
+    m = llm.engine.grammars.compile(g).matcher()
+    assert m.follow(head + "7" * 16)
+    pieces = {llm.tokenizer.token_to_piece(int(i), special=True) for i in m.allowed_ids()}
+    assert pieces and not any(p[:1].isdigit() for p in pieces) and b"}" in pieces  # no 17th digit; it can end
+    assert follows(llm, g, head + "5, ") is False  # the schema still holds (no other keys)
+    for text, ok in (('{"a": -1234567890123456.25e-1234567890123456}', True), ('{"a": 12345678901234567}', False),
+                     ('{"a": 1.5e12345678901234567}', False), ('{"a": "0.12345678901234567890123"}', True),
+                     ('{"a": [0.1234567890123456, {"b": 0.12345678901234567', False)):
+        assert follows(llm, Grammar("json"), text) is ok, text  # JSON mode: numbers bounded, strings not
+    # a schema inside a Lark grammar, and after a thought
+    lark = Grammar("lark", 'start: "x=" value\nvalue: %json ' + json.dumps(CONFIDENCE))
+    assert follows(llm, lark, "x=" + head + "7" * 16 + "}") and not follows(llm, lark, "x=" + head + "7" * 17)
+    thought = with_thought(g, "think", False, json.dumps)
+    assert follows(llm, thought, "<think>1234567890123456789</think>" + head + "7" * 16 + "}")
+    assert not follows(llm, thought, "<think>hm</think>" + head + "7" * 17)
+    with pytest.raises(GrammarError, match="infer_json"):
+        llm.engine.grammars.compile(Grammar("lark", 'start: infer_json_value\ninfer_json_value: %json {"type": "number"}'))
+
+
+def test_a_number_schema_ends_within_max_tokens(llm):
+    """The held-out case: {"type": "number", "minimum": 0, "maximum": 1} let the embedded model
+    write 0.8491691854554206760150969... until max_tokens (this seed, without the bound)."""
+    text, finish = generate(llm, "Is the sky blue? Answer with your confidence.", Grammar.json_schema(CONFIDENCE),
+                            seed=3, max_tokens=100)
+    assert finish == "stop", text
+    jsonschema.validate(json.loads(text), CONFIDENCE)
+    assert len(re.search(r'"confidence":\s*[01]\.?([0-9]*)', text).group(1)) <= 16

@@ -144,3 +144,60 @@ def test_tool_calls_hermes_and_reasoning(tiny_server):
                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     m = r.choices[0].message
     assert json.loads(m.content)["n"] in range(10) and not (m.model_extra or {}).get("reasoning_content")
+
+
+SKY = [{"role": "user", "content": "Is the sky blue? Answer with your confidence."}]
+FRANCE = [{"role": "user", "content": "What is the capital of France? Give an answer and a confidence between 0 and 1."}]
+CONFIDENCE = {"type": "object", "properties": {"answer": {"type": "string"},
+                                               "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+              "required": ["answer", "confidence"], "additionalProperties": False}
+RATE = {"type": "function", "function": {"name": "rate", "description": "Rate how sure you are",
+                                         "parameters": CONFIDENCE}}
+
+
+def fraction_digits(value: str) -> int:
+    return len(re.search(r'"confidence":\s*-?[0-9]*\.?([0-9]*)', value).group(1))
+
+
+def test_numbers_end_within_max_tokens(client):
+    """A held-out check: {"type": "number", "minimum": 0, "maximum": 1} let the embedded model write
+    0.84916918545542067601509690545... until max_tokens (these seeds, without the bound); as llama.cpp's
+    JSON grammars, a number takes at most 16 digits after the point, in a response format and in a
+    tool's parameters."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "rated", "schema": CONFIDENCE, "strict": True}}
+    for msgs, seed in ((SKY, 3), (SKY, 4), (FRANCE, 2)):
+        r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=100, seed=seed, response_format=fmt)
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop", text
+        assert 0 <= json.loads(text)["confidence"] <= 1 and fraction_digits(text) <= 16
+    for seed in (2, 5):
+        r = client.chat.completions.create(model=MODEL, messages=SKY, tools=[RATE], tool_choice="required",
+                                           max_tokens=100, seed=seed)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r.choices[0].message.content
+        args = calls[0].function.arguments
+        assert 0 <= json.loads(args)["confidence"] <= 1 and fraction_digits(args) <= 16
+
+
+def test_forced_calls_end_as_calls(client):
+    """tool_choice naming a function, or "required" or "auto", with parallel_tool_calls left out (the
+    held-out check): the embedded model repeated get_weather inside the generic format's array until
+    max_tokens, and the reply came back as text.  A named function is called once; without
+    parallel_tool_calls the generic family makes one call, as llama-server (its template renders no calls)."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}}, "required": ["city"]}}}
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, extra in ((named, {}), (named, {"parallel_tool_calls": True}), ("required", {}), ("auto", {})):
+        kw = dict(model=MODEL, messages=msgs, tools=[weather], tool_choice=choice, max_tokens=200, seed=1, **extra)
+        r = client.chat.completions.create(**kw)
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens < 200, m.content
+        assert len(m.tool_calls) == 1 and m.tool_calls[0].function.name == "get_weather" and m.content is None
+        assert set(json.loads(m.tool_calls[0].function.arguments)) == {"city"}
+        chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+        deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert [(d.index, d.function.name) for d in deltas] == [(0, "get_weather")]
+        assert json.loads(deltas[0].function.arguments) == json.loads(m.tool_calls[0].function.arguments)

@@ -483,3 +483,41 @@ def test_glm_grammar_takes_either_spacing(llm):
     compact = text.replace(">\n<", "><").replace("weather\n<", "weather<").replace("add\n<", "add<")
     assert "\n<arg" not in compact and takes(compact) and takes(text)
     assert not takes(text.replace("\n<arg_value>", " <arg_value>", 1))
+
+
+RATE = {"type": "function", "function": {"name": "rate", "parameters": {"type": "object", "properties": {
+    "confidence": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["confidence"]}}}
+
+
+@pytest.mark.parametrize("fam", ["generic", "hermes", "mistral", "deepseek_v31", "llama3"])
+def test_call_grammars_bound_numbers_and_calls(llm, fam):
+    """A number in a tool's parameters takes at most 16 fractional digits (llama.cpp's JSON grammars);
+    a named function is called once, parallel_tool_calls or not; without parallel_tool_calls the
+    generic family makes one call (llama-server's default: its template renders no calls), the
+    others several."""
+    tools = parse_tools([WEATHER, ADD, RATE])
+    call = {"generic": '{"tool_calls": [{"name": "rate", "arguments": {"confidence": 0.%s}}]}',
+            "hermes": '<tool_call>\n{"name": "rate", "arguments": {"confidence": 0.%s}}\n</tool_call>',
+            "mistral": '[TOOL_CALLS][{"name": "rate", "arguments": {"confidence": 0.%s}}]',
+            "deepseek_v31": f'{DS_BEGIN}{DS_CALL}rate{DS_SEP}{{"confidence": 0.%s}}{DS_CALL_END}{DS_END}',
+            "llama3": '{"name": "rate", "parameters": {"confidence": 0.%s}}'}[fam]
+
+    def follows(name, parallel, text):
+        g, _ = grammar(tools, fam, "required", name, parallel, llm.tokenizer.token_id)
+        compiled = llm.engine.grammars.compile(g)
+        m = compiled.matcher()
+        for t in compiled.lltokenizer.tokenize_bytes(text.encode()):
+            if t not in set(m.allowed_ids().tolist()):
+                return False
+            m.consume(t)
+        return True
+
+    assert follows("rate", False, call % ("7" * 16)) and not follows("rate", False, call % ("7" * 17))
+    assert not follows(None, True, call % ("7" * 17))
+    if fam in ("llama3", "deepseek_v31"):
+        return
+    two = REPLIES[fam][0]
+    two = two[two.index("<tool_call>"):] if fam == "hermes" else two
+    twice = two.replace('"name": "add", "arguments": {"a": 1, "b": 2}', '"name": "get_weather", "arguments": {"city": "Rome"}')
+    assert follows(None, True, twice) and not follows("get_weather", True, twice)
+    assert follows(None, None, two) is (fam != "generic")

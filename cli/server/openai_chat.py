@@ -68,8 +68,8 @@ def plan(body: Mapping, messages: list[dict], template_source: str, reasoning_fo
         mode, name = parse_tool_choice(body.get("tool_choice"), tools)
     except ToolError as e:
         raise APIError(400, str(e), e.field or "tool_choice", "invalid_value") from None
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
+    parallel = body.get("parallel_tool_calls")  # absent: the template's default (tool_calls.parallel_default)
+    if "parallel_tool_calls" in body and not isinstance(parallel, bool):
         raise APIError(400, f"'parallel_tool_calls' must be true or false, got {kind(parallel)}",
                        "parallel_tool_calls", "invalid_type")
     active = bool(tools) and mode != "none"

@@ -35,6 +35,8 @@ NULL = MappingProxyType({"type": "null"})
 STRING = MappingProxyType({"type": "string"})
 BOOLEAN = MappingProxyType({"type": "boolean"})
 INTEGER = MappingProxyType({"type": "integer"})
+PARALLEL_TOOL_CALLS = MappingProxyType({"type": "boolean", "description": "Default: true; false where the chat "
+                                        "template writes no tool calls (the generic format), as llama-server."})
 STREAM = MappingProxyType({"type": "boolean", "default": True, "description": "ollama's routes stream by default."})
 # streams, described without the schemas of their pieces: an SSE event (what the schema of a
 # text/event-stream describes, as schemathesis reads it) and an NDJSON body as text
@@ -173,7 +175,7 @@ def _openai_requests() -> dict:
             "top_logprobs": nullable(number(0, MAX_LOGPROBS, kind="integer", description="Needs logprobs: true.")),
             "tools": nullable({"type": "array", "items": ref("Tool")}),
             "tool_choice": nullable(ref("ToolChoice")),
-            "parallel_tool_calls": {"type": "boolean", "default": True},
+            "parallel_tool_calls": PARALLEL_TOOL_CALLS,
             "reasoning_effort": nullable({"enum": list(EFFORTS),
                                           "description": "gpt-oss: how much it reasons (its template's variable)."}),
             "chat_template_kwargs": nullable({"type": "object", "not": {"anyOf": [
@@ -260,7 +262,7 @@ def _ollama_requests() -> dict:
                                                                "\"load\"."}),
             "think": {"anyOf": [BOOLEAN, NULL, {"enum": list(EFFORTS)}],
                       "description": "A level is gpt-oss's reasoning effort."}, "tools": nullable({"type": "array", "items": ref("Tool")}),
-            "tool_choice": nullable(ref("ToolChoice")), "parallel_tool_calls": {"type": "boolean", "default": True}})},
+            "tool_choice": nullable(ref("ToolChoice")), "parallel_tool_calls": PARALLEL_TOOL_CALLS})},
         "OllamaGenerateRequest": {**named, **obj({
             **generation, "prompt": {"type": "string", "description": "Empty: loads the model."},
             "system": nullable(STRING), "raw": {"type": "boolean", "default": False},

@@ -29,12 +29,9 @@ from .embeddings_api import MAX_INPUTS
 from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
 from .openai_request import MAX_CHOICES, MAX_STOP, SAMPLING_FIELDS, NumberField
+from .openapi_schema import BOOLEAN, INTEGER, NULL, STRING, json_content, nullable, number, obj, ref
 from .rerank_api import ROUTES as RERANK_ROUTES
 
-NULL = MappingProxyType({"type": "null"})
-STRING = MappingProxyType({"type": "string"})
-BOOLEAN = MappingProxyType({"type": "boolean"})
-INTEGER = MappingProxyType({"type": "integer"})
 PARALLEL_TOOL_CALLS = MappingProxyType({"type": "boolean", "description": "Default: true; false where the chat "
                                         "template writes no tool calls (the generic format), as llama-server."})
 STREAM = MappingProxyType({"type": "boolean", "default": True, "description": "ollama's routes stream by default."})
@@ -47,42 +44,14 @@ NDJSON = MappingProxyType({"application/x-ndjson": {"schema": {
     "type": "string", "description": "One JSON object a line; the last has done: true, or is an {\"error\": \"...\"}."}}})
 
 
-def ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def nullable(schema: Mapping, **extra) -> dict:
-    """schema or null: OpenAI's clients send null for "not set", which the server reads as absent."""
-    return {"anyOf": [schema, NULL], **extra}
-
-
 def sampling_default(name: str) -> Any:
     """What the engine uses when a request leaves a sampling field out."""
     return SamplingParams.__dataclass_fields__[name].default
 
 
-def number(minimum: float | None = None, maximum: float | None = None, above: float | None = None,
-           kind: str = "number", description: str | None = None) -> dict:
-    s: dict[str, Any] = {"type": kind}
-    for key, v in (("minimum", minimum), ("maximum", maximum), ("exclusiveMinimum", above), ("description", description)):
-        if v is not None:
-            s[key] = v
-    return s
-
-
 def field_schema(f: NumberField) -> dict:
     """A numeric field's schema, from the table the validators read."""
     return number(f.minimum, f.maximum, f.above, f.type, f.description)
-
-
-def obj(properties: dict, required: tuple[str, ...] = (), description: str | None = None, **extra) -> dict:
-    """An object schema; other properties are allowed (the server ignores fields it does not read)."""
-    s: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        s["required"] = list(required)
-    if description:
-        s["description"] = description
-    return {**s, **extra}
 
 
 # ---------------------------------------------------------------- request schemas
@@ -382,10 +351,6 @@ WHY = MappingProxyType({400: "A request the server refuses: bad JSON, a wrong fi
        503: "The queue is full (--max-queue): retry after Retry-After seconds."})
 
 
-def _json(schema: dict) -> dict:
-    return {"application/json": {"schema": schema}}
-
-
 def operation(op_id: str, summary: str, ok: dict, request: str | None = None, errors: tuple[int, ...] = (),
               ollama: bool = False, secured: bool = True, ok_why: str = "OK") -> dict:
     """One operation: its JSON request body (a component's name), its 200 answer (content by media
@@ -394,9 +359,9 @@ def operation(op_id: str, summary: str, ok: dict, request: str | None = None, er
     out: dict[str, Any] = {"operationId": op_id, "summary": summary,
                            "responses": {"200": {"description": ok_why, **({"content": ok} if ok else {})}}}
     if request:
-        out["requestBody"] = {"required": True, "content": _json(ref(request))}
+        out["requestBody"] = {"required": True, "content": json_content(ref(request))}
     for status in (*errors, *((401,) if secured else ())):
-        out["responses"][str(status)] = {"description": WHY[status], "content": _json(error)}
+        out["responses"][str(status)] = {"description": WHY[status], "content": json_content(error)}
     if not secured:
         out["security"] = []
     return out
@@ -406,21 +371,21 @@ def _openai_paths() -> dict:
     gen = (400, 404, 413, 503)
     return {
         "/v1/chat/completions": {"post": operation(
-            "createChatCompletion", "A chat reply (OpenAI)", {**_json(ref("ChatCompletion")), **SSE},
+            "createChatCompletion", "A chat reply (OpenAI)", {**json_content(ref("ChatCompletion")), **SSE},
             "ChatCompletionRequest", gen, ok_why="The reply, or with stream: true its chunks as server-sent events")},
         "/v1/completions": {"post": operation(
-            "createCompletion", "A text completion (OpenAI)", {**_json(ref("Completion")), **SSE}, "CompletionRequest",
+            "createCompletion", "A text completion (OpenAI)", {**json_content(ref("Completion")), **SSE}, "CompletionRequest",
             gen, ok_why="The completion, or with stream: true its chunks as server-sent events")},
-        "/v1/embeddings": {"post": operation("createEmbedding", "Embeddings (OpenAI)", _json(ref("EmbeddingList")),
+        "/v1/embeddings": {"post": operation("createEmbedding", "Embeddings (OpenAI)", json_content(ref("EmbeddingList")),
                                              "EmbeddingRequest", gen)},
         **{path: {"post": operation(op_id, "Documents scored against a query (llama.cpp's server; Jina, Cohere, "
-                                          "TEI)", _json(ref("Reranked")), "RerankRequest", gen)}
+                                          "TEI)", json_content(ref("Reranked")), "RerankRequest", gen)}
            for path, op_id in zip(RERANK_ROUTES, ("rerank", "rerankUnversioned", "reranking", "rerankingUnversioned"))},
-        "/v1/models": {"get": operation("listModels", "The models a request may name", _json(ref("ModelList")))},
-        "/tokenize": {"post": operation("tokenize", "Text to token ids (llama.cpp's server)", _json(ref("Tokens")),
+        "/v1/models": {"get": operation("listModels", "The models a request may name", json_content(ref("ModelList")))},
+        "/tokenize": {"post": operation("tokenize", "Text to token ids (llama.cpp's server)", json_content(ref("Tokens")),
                                         "TokenizeRequest", (400, 404, 413))},
         "/detokenize": {"post": operation("detokenize", "Token ids to text (llama.cpp's server)",
-                                          _json(ref("Detokenized")), "DetokenizeRequest", (400, 404, 413))},
+                                          json_content(ref("Detokenized")), "DetokenizeRequest", (400, 404, 413))},
     }
 
 
@@ -432,22 +397,22 @@ def _ollama_paths() -> dict:
         return operation(op_id, summary, ok, request, errors, ollama=True, **kw)
 
     return {
-        "/api/chat": {"post": op("ollamaChat", "A chat reply (ollama)", {**_json(ref("OllamaChatResponse")), **NDJSON},
+        "/api/chat": {"post": op("ollamaChat", "A chat reply (ollama)", {**json_content(ref("OllamaChatResponse")), **NDJSON},
                                  "OllamaChatRequest", generate, ok_why="NDJSON pieces (stream, the default) or one object")},
         "/api/generate": {"post": op("ollamaGenerate", "A completion (ollama)",
-                                     {**_json(ref("OllamaGenerateResponse")), **NDJSON}, "OllamaGenerateRequest",
+                                     {**json_content(ref("OllamaGenerateResponse")), **NDJSON}, "OllamaGenerateRequest",
                                      generate, ok_why="NDJSON pieces (stream, the default) or one object")},
-        "/api/embed": {"post": op("ollamaEmbed", "Unit-length embeddings (ollama)", _json(ref("OllamaEmbedResponse")),
+        "/api/embed": {"post": op("ollamaEmbed", "Unit-length embeddings (ollama)", json_content(ref("OllamaEmbedResponse")),
                                   "OllamaEmbedRequest", generate)},
         "/api/embeddings": {"post": op("ollamaEmbeddings", "An embedding, not normalized (ollama's older route)",
-                                       _json(ref("OllamaEmbeddingsResponse")), "OllamaEmbeddingsRequest", generate)},
+                                       json_content(ref("OllamaEmbeddingsResponse")), "OllamaEmbeddingsRequest", generate)},
         "/api/show": {"post": op("ollamaShow", "A model's details, template and capabilities",
-                                 _json(ref("OllamaShow")), "OllamaShowRequest", model)},
-        "/api/tags": {"get": op("ollamaTags", "The models a request may name", _json(ref("OllamaTags")))},
-        "/api/ps": {"get": op("ollamaPs", "The models loaded", _json(ref("OllamaPs")))},
-        "/api/version": {"get": op("ollamaVersion", "The ollama API level followed", _json(ref("OllamaVersion")))},
+                                 json_content(ref("OllamaShow")), "OllamaShowRequest", model)},
+        "/api/tags": {"get": op("ollamaTags", "The models a request may name", json_content(ref("OllamaTags")))},
+        "/api/ps": {"get": op("ollamaPs", "The models loaded", json_content(ref("OllamaPs")))},
+        "/api/version": {"get": op("ollamaVersion", "The ollama API level followed", json_content(ref("OllamaVersion")))},
         "/api/pull": {"post": op("ollamaPull", "Pull a model from the Hugging Face Hub (as `infer pull`)",
-                                 {**_json(ref("OllamaPullStatus")), **NDJSON}, "OllamaPullRequest", (400, 413),
+                                 {**json_content(ref("OllamaPullStatus")), **NDJSON}, "OllamaPullRequest", (400, 413),
                                  ok_why="NDJSON progress (stream, the default) or {\"status\": \"success\"}")},
         "/api/delete": {"delete": op("ollamaDelete", "Delete a pulled model", {}, "OllamaModel", (400, 404, 409, 413),
                                      ok_why="Deleted")},
@@ -466,9 +431,9 @@ def _other_paths() -> dict:
         "/webui/style.css": {"get": operation("webuiStyle", "The chat page's styles (not with --no-webui)",
                                               {"text/css": {"schema": STRING}}, secured=False)},
         "/health": {"get": operation("health", "Liveness and the requests running and waiting",
-                                     _json(ref("Health")), secured=False)},
+                                     json_content(ref("Health")), secured=False)},
         "/metrics": {"get": operation("metrics", "Prometheus metrics", text, secured=False)},
-        "/openapi.json": {"get": operation("openapi", "This document", _json({"type": "object"}), secured=False)},
+        "/openapi.json": {"get": operation("openapi", "This document", json_content({"type": "object"}), secured=False)},
     }
 
 
@@ -495,7 +460,7 @@ def document() -> dict:
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}, {}],
         "paths": {**_other_paths(), **_openai_paths(), **_ollama_paths(),
-                  **openapi_responses.paths(operation, _json, SSE), **openapi_anthropic.paths(), **openapi_llama.paths()},
+                  **openapi_responses.paths(operation, SSE), **openapi_anthropic.paths(), **openapi_llama.paths()},
         "components": {"schemas": schemas, "securitySchemes": {"bearer": {
             "type": "http", "scheme": "bearer",
             "description": "Only when the server runs with --api-key (or INFER_API_KEY): then every /v1, /api, "

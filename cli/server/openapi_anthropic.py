@@ -1,6 +1,5 @@
 """The OpenAPI paths and schemas of Anthropic's Messages routes (anthropic_api.py), merged into
-openapi.document() (which imports this module, so this one builds its own small pieces rather than
-importing openapi.py's).  The request schemas say what anthropic_request.py accepts; errors take
+openapi.document().  The request schemas say what anthropic_request.py accepts; errors take
 Anthropic's envelope."""
 from __future__ import annotations
 
@@ -12,50 +11,18 @@ from infer.engine.tool_calls import TOOL_NAME
 from .anthropic_api import ERROR_TYPES
 from .anthropic_request import MAX_STOP
 from .openai_request import SAMPLING_FIELDS
+from .openapi_schema import BOOLEAN, STRING, json_content, nullable, number, obj, ref
 
-STRING: dict = {"type": "string"}
-BOOLEAN: dict = {"type": "boolean"}
 WHY = {400: "A request the server refuses: bad JSON, a wrong field, a prompt over the context, an image.",
        401: "--api-key is set and the request's key (X-Api-Key or Bearer) is missing or wrong.",
        404: "The model named is not served here.", 413: "The body is larger than --max-body.",
        503: "The queue is full (--max-queue): retry after Retry-After seconds."}
 
 
-def ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def nullable(schema: dict, **extra) -> dict:
-    return {"anyOf": [schema, {"type": "null"}], **extra}
-
-
-def number(minimum: float | None = None, maximum: float | None = None, above: float | None = None,
-           kind: str = "number", description: str | None = None) -> dict:
-    s: dict[str, Any] = {"type": kind}
-    for key, v in (("minimum", minimum), ("maximum", maximum), ("exclusiveMinimum", above), ("description", description)):
-        if v is not None:
-            s[key] = v
-    return s
-
-
-def obj(properties: dict, required: tuple[str, ...] = (), description: str | None = None) -> dict:
-    """An object schema; other properties are allowed (the server ignores fields it does not read)."""
-    s: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        s["required"] = list(required)
-    if description:
-        s["description"] = description
-    return s
-
-
 SSE = {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
     "event": {"type": "string", "description": "message_start, content_block_start, content_block_delta, "
                                                "content_block_stop, message_delta, message_stop; or error."},
     "data": {"type": "string", "description": "The event as JSON, its type the event's name."}}}}}
-
-
-def _json(schema: dict) -> dict:
-    return {"application/json": {"schema": schema}}
 
 
 def _const(name: str) -> dict:
@@ -146,20 +113,20 @@ def schemas() -> dict:
 def _operation(op_id: str, summary: str, ok: dict, request: str, errors: tuple[int, ...], ok_why: str = "OK") -> dict:
     """One operation as openapi.operation() writes them, its errors in Anthropic's envelope."""
     out: dict[str, Any] = {"operationId": op_id, "summary": summary,
-                           "requestBody": {"required": True, "content": _json(ref(request))},
+                           "requestBody": {"required": True, "content": json_content(ref(request))},
                            "responses": {"200": {"description": ok_why, "content": ok}}}
     for status in (*errors, 401):
-        out["responses"][str(status)] = {"description": WHY[status], "content": _json(ref("AnthropicError"))}
+        out["responses"][str(status)] = {"description": WHY[status], "content": json_content(ref("AnthropicError"))}
     return out
 
 
 def paths() -> dict:
     return {
         "/v1/messages": {"post": _operation(
-            "createMessage", "A chat reply (Anthropic's Messages API)", {**_json(ref("AnthropicMessage")), **SSE},
+            "createMessage", "A chat reply (Anthropic's Messages API)", {**json_content(ref("AnthropicMessage")), **SSE},
             "AnthropicMessagesRequest", (400, 404, 413, 503),
             ok_why="The message, or with stream: true its events as server-sent events")},
         "/v1/messages/count_tokens": {"post": _operation(
             "countMessageTokens", "The tokens of a Messages request's prompt (tools included)",
-            _json(ref("AnthropicTokenCount")), "AnthropicCountTokensRequest", (400, 404, 413))},
+            json_content(ref("AnthropicTokenCount")), "AnthropicCountTokensRequest", (400, 404, 413))},
     }

@@ -8,10 +8,8 @@ from typing import Any
 from infer.engine.sampler import MAX_LOGPROBS
 
 from .llama_api import NEGATIVE_OFF, OFF_SAMPLERS
+from .openapi_schema import BOOLEAN, INTEGER, STRING, json_content, nullable, number, obj, ref
 
-STRING = {"type": "string"}
-BOOLEAN = {"type": "boolean"}
-INTEGER = {"type": "integer"}
 # a stream, described as schemathesis reads text/event-stream: its events
 SSE = {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
     "data": {"type": "string", "description": "A chunk as JSON, the last one the final object (stop: true), no "
@@ -25,47 +23,16 @@ _WHY = {400: "A request the server refuses: bad JSON, a wrong field, a prompt ov
         503: "The queue is full (--max-queue), or fail_on_no_slot and no idle slot."}
 
 
-def ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def nullable(schema: dict, **extra) -> dict:
-    return {"anyOf": [schema, {"type": "null"}], **extra}
-
-
-def number(minimum: float, maximum: float | None = None, kind: str = "number", description: str | None = None) -> dict:
-    s: dict[str, Any] = {"type": kind, "minimum": minimum}
-    if maximum is not None:
-        s["maximum"] = maximum
-    if description:
-        s["description"] = description
-    return s
-
-
-def obj(properties: dict, required: tuple[str, ...] = (), description: str | None = None) -> dict:
-    """An object schema; other properties are allowed (the server ignores fields it does not read)."""
-    s: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        s["required"] = list(required)
-    if description:
-        s["description"] = description
-    return s
-
-
-def _json(schema: Any) -> dict:
-    return {"application/json": {"schema": schema}}
-
-
 def _op(op_id: str, summary: str, ok: dict | None, request: str | None = None, errors: tuple[int, ...] = (),
         parameters: list | None = None, ok_why: str = "OK") -> dict:
     out: dict[str, Any] = {"operationId": op_id, "summary": summary,
                            "responses": {"200": {"description": ok_why, **({"content": ok} if ok else {})}}}
     if request:
-        out["requestBody"] = {"required": True, "content": _json(ref(request))}
+        out["requestBody"] = {"required": True, "content": json_content(ref(request))}
     if parameters:
         out["parameters"] = parameters
     for status in (*errors, 401):
-        out["responses"][str(status)] = {"description": _WHY[status], "content": _json(ref("LlamaError"))}
+        out["responses"][str(status)] = {"description": _WHY[status], "content": json_content(ref("LlamaError"))}
     return out
 
 
@@ -143,7 +110,7 @@ def paths() -> dict:
     gen = (400, 404, 413, 503)
     streamed = "The completion (an array for several prompts), or with stream: true per-token chunks and the final " \
                "object as server-sent events (no [DONE])"
-    completion = {**_json({"anyOf": [ref("LlamaCompletion"), {"type": "array", "items": ref("LlamaCompletion")}]}),
+    completion = {**json_content({"anyOf": [ref("LlamaCompletion"), {"type": "array", "items": ref("LlamaCompletion")}]}),
                   **SSE}
     model = _query("model", "Several-models server: the model whose props or slots (without it: the router's "
                             "props, and a 400 for slots).")
@@ -155,16 +122,16 @@ def paths() -> dict:
         "/infill": {"post": _op("llamaInfill", "Fill in the middle (llama-server), with the model's FIM tokens",
                                 completion, "LlamaInfillRequest", (*gen, 501), ok_why=streamed)},
         "/apply-template": {"post": _op("llamaApplyTemplate", "A chat rendered by the model's template, nothing "
-                                        "generated", _json(obj({"prompt": STRING}, ("prompt",))),
+                                        "generated", json_content(obj({"prompt": STRING}, ("prompt",))),
                                         "LlamaApplyTemplateRequest", (400, 404, 413))},
-        "/props": {"get": _op("llamaProps", "The server's properties (llama-server)", _json(ref("LlamaProps")),
+        "/props": {"get": _op("llamaProps", "The server's properties (llama-server)", json_content(ref("LlamaProps")),
                               errors=(400, 404), parameters=[model]),
                    "post": _op("llamaSetProps", "Not supported (llama-server without --props)", None, errors=(501,))},
         "/slots": {"get": _op("llamaSlots", "The --parallel slots and what they run (llama-server)",
-                              _json({"type": "array", "items": ref("LlamaSlot")}), errors=(400, 404, 503),
+                              json_content({"type": "array", "items": ref("LlamaSlot")}), errors=(400, 404, 503),
                               parameters=[model, _query("fail_on_no_slot", "Any value: a 503 when no slot is idle.")])},
         "/slots/{id_slot}": {"post": _op("llamaSlotAction", "Not supported: saving, restoring, erasing slots", None,
                                          errors=(501,), parameters=[
                                              {"name": "id_slot", "in": "path", "required": True, "schema": STRING}])},
-        "/v1/health": {"get": _public(_op("healthV1", "/health's other name", _json(ref("Health"))))},
+        "/v1/health": {"get": _public(_op("healthV1", "/health's other name", json_content(ref("Health"))))},
     }

@@ -1,5 +1,5 @@
-"""The HTTP server of `infer serve`: OpenAI's, Anthropic's and ollama's APIs (and llama.cpp's /tokenize) over
-one engine per model.  cli/serve.py, the Typer command, builds the app from here and runs it on
+"""The HTTP server of `infer serve`: OpenAI's, Anthropic's, ollama's and llama-server's APIs over one
+engine per model.  cli/serve.py, the Typer command, builds the app from here and runs it on
 uvicorn; nothing here knows the terminal.
 
 A generation request's path: http_protocol.py (the connection, its deadline) -> the front door
@@ -33,15 +33,17 @@ The modules:
   /infill (its FIM prompt); /props, /slots, /apply-template (openapi_llama.py: their OpenAPI part).
 - model_router.py, model_pool.py: several models from one server, each loaded when a request
   names it and unloaded when idle.
-- openapi.py: the OpenAPI document at /openapi.json (openapi_responses.py: the Responses API's part).
+- openapi.py: the OpenAPI document at /openapi.json (openapi_responses.py: the Responses API's part;
+  openapi_schema.py: the pieces every part is built from).
+- error_shapes.py: which API's error shape a path's errors take (front door, router, handlers).
+- cors.py: the CORS rule (--cors: loopback origins by default, as ollama; '*' or exact origins).
 - server_metrics.py: the Prometheus text at /metrics.
 - http_protocol.py: uvicorn's HTTP/1.1 protocol with a deadline on each request (--timeout).
 - webui.py and webui/: the chat page a browser gets at GET /.
 
-Another API (Anthropic's Messages, OpenAI's Responses, llama-server's native /completion) plugs in
-as ollama's does: a module with a class over a Service whose routes check that API's fields, build
+Another API plugs in as ollama's, Anthropic's and the others do: a module with a class over a Service whose routes check that API's fields, build
 a Generation (a ChatPrompt for messages, a TextPrompt or TokenPrompt for a raw prompt; a Job from
 SamplingParams), call service.start and collect or stream the Stream in the API's shapes, mapping
-APIError to the API's error shape; create_app adds its routes, model_router.MODEL_ROUTES the
-paths whose body names a model, and openapi.py their schemas.  Nothing in the service changes.
+APIError to the API's error shape (error_shapes.py); create_app adds its routes,
+model_router.MODEL_ROUTES the paths whose body names a model, and openapi.py their schemas.  Nothing in the service changes.
 """

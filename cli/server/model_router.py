@@ -334,6 +334,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
     from infer.models.resolve import default_model
 
     from ..load import load_llm
+    from .llama_paths import UnversionedPaths
     from .openai_server import FrontDoor, create_app
     from .service import ServerConfig
 
@@ -350,7 +351,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
     if cors:
         app = CORSMiddleware(app, allow_origins=list(cors), allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
                              allow_headers=["*"])
-    return app
+    return UnversionedPaths(app)
 
 
 def estimate_bytes(path: Path, config) -> int:

@@ -29,6 +29,7 @@ from infer.engine.sampler import MAX_LOGPROBS, TokenLogprob
 
 from . import openai_chat, openapi
 from .embeddings_api import EmbeddingsAPI
+from .llama_paths import UnversionedPaths
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
 from .openai_logprobs import chat_logprobs, completion_logprobs
@@ -329,7 +330,7 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]
-    middleware = []
+    middleware = [Middleware(UnversionedPaths)]  # outermost: the key and the counts see the /v1 path
     if config.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                                      allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"], allow_headers=["*"]))

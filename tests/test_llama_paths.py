@@ -1,6 +1,10 @@
 """llama-server's unversioned paths (/chat/completions, /models) on `infer serve`: the /v1 routes
-under llama.cpp's names, behind the same API key and counted as the /v1 route."""
+under llama.cpp's names, behind the same API key and counted as the /v1 route; and its --host
+with several addresses."""
 from __future__ import annotations
+
+import http.client
+import socket
 
 import pytest
 
@@ -40,3 +44,23 @@ def test_unversioned_paths_need_the_api_key(client):
     for method, path in (("GET", "/models"), ("POST", "/chat/completions")):
         r = client.request(method, path, json=CHAT if method == "POST" else None)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+
+
+def test_host_takes_several_addresses(tmp_path):
+    from helpers.server import Server
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=3, chat_template=TEMPLATE)
+    server = Server(path, tmp_path, "--host", "127.0.0.1,::1", "--threads", "1", "--ctx", "256", "--parallel", "1")
+    try:
+        for host in ("127.0.0.1", "::1"):
+            conn = http.client.HTTPConnection(host, server.port, timeout=60)
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200, host
+            conn.close()
+    finally:
+        assert server.stop() == 0

@@ -255,11 +255,8 @@ def _infer_args(server, flags: set[str]) -> tuple[list[str], list[str]]:
     cmd = [sys.executable, "-m", "infer.cli", "serve"]
     if server.model_file:
         cmd.append(server.model_file)
-    host = server.server_host.split(",")[0].strip()
-    cmd += ["--host", host, "--port", str(server.server_port), "--shutdown-timeout", "1"]
+    cmd += ["--host", server.server_host, "--port", str(server.server_port), "--shutdown-timeout", "1"]
     dropped = []
-    if host != server.server_host:
-        dropped.append(f"server_host={server.server_host} (one address)")
     for attr, flag in INFER_FLAGS.items():
         value = getattr(server, attr, None)
         if value is None or value is False or value == 0 and attr == "enable_ctx_shift":

@@ -168,9 +168,11 @@ def report(out: Path) -> str:
     llama_pass = {n for n in names if llama.get(n, {}).get("outcome") == "pass"}
     both = {n for n in llama_pass if infer.get(n, {}).get("outcome") == "pass"}
     infer_pass = {n for n in names if infer.get(n, {}).get("outcome") == "pass"}
+    unrun = {n for n in llama_pass if n not in infer}
     summary = (f"{len(names)} tests; llama-server passes {len(llama_pass)}, infer {len(infer_pass)}; "
-               f"of llama-server's {len(llama_pass)}, infer passes {len(both)} and fails {len(llama_pass - both)}; "
-               f"infer passes {len(infer_pass - llama_pass)} that llama-server does not.")
+               f"of llama-server's {len(llama_pass)}, infer passes {len(both)} and fails "
+               f"{len(llama_pass - both - unrun)}" + (f" ({len(unrun)} not run on infer)" if unrun else "") +
+               f"; infer passes {len(infer_pass - llama_pass)} that llama-server does not.")
     (out / "results.md").write_text(summary + "\n\n" + "\n".join(rows) + "\n")
     return summary
 

@@ -26,7 +26,8 @@ def serve(
                                          help="Bytes the loaded models may take together, e.g. 8G (weights and KV)."),
     keep_alive: str = typer.Option("5m", "--keep-alive",
                                    help="How long an idle model stays loaded (ollama's keep_alive: 30s, 5m, 0, -1)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
+                             "several: comma-separated, as llama-server's)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     parallel: int = typer.Option(4, "--parallel", help="Sequences generated at once (continuous batching)."),
     ctx: int = opt.CTX,
@@ -103,7 +104,8 @@ def serve(
         idle = keep_alive_seconds(keep_alive)
     except ValueError as e:
         raise typer.BadParameter(f"--keep-alive: {e}") from None
-    sock = _listen(host, port)  # before the model loads: a busy port fails at once
+    socks = _listen(host, port)  # before the model loads: a busy port fails at once
+    sock = socks[0]
     with reported():
         from .server.openai_server import ServerConfig
 
@@ -117,10 +119,10 @@ def serve(
             sys.stderr.write(f"infer serve: every pulled model on http://{host}:{sock.getsockname()[1]}/v1 · "
                              f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
                              f"{' · API key required' if api_key else ''}\n")
-            return _run(app, host, port, sock, shutdown_timeout, timeout)
+            return _run(app, host, port, socks, shutdown_timeout, timeout)
         server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                      cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui)
-        _serve_one(model, config, server_config, host, sock, shutdown_timeout, timeout, aliases, template)
+        _serve_one(model, config, server_config, host, socks, shutdown_timeout, timeout, aliases, template)
 
 
 def _template(name_or_jinja: str | None, path: str | None) -> str | None:
@@ -143,7 +145,7 @@ def _template(name_or_jinja: str | None, path: str | None) -> str | None:
         raise typer.BadParameter(f"--chat-template: {e}") from None
 
 
-def _serve_one(model: str, config, server_config, host: str, sock: socket.socket, shutdown_timeout: int,
+def _serve_one(model: str, config, server_config, host: str, socks: list[socket.socket], shutdown_timeout: int,
                timeout: float, aliases: tuple[str, ...] = (), template: str | None = None) -> None:
     """One model, loaded now (a bad file fails before the server answers anything)."""
     from dataclasses import replace
@@ -161,17 +163,17 @@ def _serve_one(model: str, config, server_config, host: str, sock: socket.socket
     server_config = replace(server_config, model_id=model_id,
                             model_aliases=tuple(dict.fromkeys(a for a in others if a != model_id)))
     kv = llm.engine.usage()
-    port = sock.getsockname()[1]
+    port = socks[0].getsockname()[1]
     sys.stderr.write(
         f"infer serve: {model_id} on http://{host}:{port}/v1 · parallel {config.max_seqs} · "
         f"ctx {llm.engine.n_ctx} · "
         f"KV {kv.bytes_total / 2**20:.1f} MiB · {llm.backend}: {', '.join(llm.runner.devices())}"
         f"{' · API key required' if server_config.api_key else ''}\n"
     )
-    _run(create_app(llm, server_config), host, port, sock, shutdown_timeout, timeout)
+    _run(create_app(llm, server_config), host, port, socks, shutdown_timeout, timeout)
 
 
-def _run(app, host: str, port: int, sock: socket.socket, shutdown_timeout: int, timeout: float) -> None:
+def _run(app, host: str, port: int, socks: list[socket.socket], shutdown_timeout: int, timeout: float) -> None:
     import uvicorn
 
     from .server.http_protocol import TimedH11Protocol, raise_open_files_limit
@@ -184,21 +186,29 @@ def _run(app, host: str, port: int, sock: socket.socket, shutdown_timeout: int, 
     # previous handler; this one makes that a clean exit instead of a kill or a traceback.
     handled = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.Server(uv).run(sockets=[sock])
+        uvicorn.Server(uv).run(sockets=socks)
     finally:
         for sig, handler in handled.items():
             signal.signal(sig, handler)
     sys.stderr.write("infer serve: stopped\n")
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError as e:
-        sys.stderr.write(f"error: cannot listen on {host}:{port}: {e.strerror or e}\n")
-        raise typer.Exit(1) from None
-    return sock
+def _listen(hosts: str, port: int) -> list[socket.socket]:
+    """A socket on each address of --host (comma-separated), all on one port (port 0: the first's)."""
+    socks: list[socket.socket] = []
+    names = [h.strip().strip("[]") for h in hosts.split(",") if h.strip()] or [hosts]
+    for host in names:
+        try:
+            family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(names) > 1:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # :: beside 0.0.0.0
+            sock.bind(addr)
+        except OSError as e:
+            sys.stderr.write(f"error: cannot listen on {host}:{port}: {e.strerror or e}\n")
+            raise typer.Exit(1) from None
+        socks.append(sock)
+        port = sock.getsockname()[1]
+    return socks

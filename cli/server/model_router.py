@@ -356,6 +356,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
 
     from ..load import load_llm
     from .cors import Cors
+    from .llama_paths import UnversionedPaths
     from .openai_server import FrontDoor, create_app
     from .service import ServerConfig
 
@@ -369,7 +370,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)
     app: Any = FrontDoor(ModelRouter(pool, Catalog(default_model().path), metrics, max_body, config.n_ctx, webui), api_key, metrics)
-    return Cors(app, cors)
+    return UnversionedPaths(Cors(app, cors))
 
 
 def estimate_bytes(path: Path, config) -> int:

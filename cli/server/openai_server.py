@@ -33,6 +33,7 @@ from .cors import Cors
 from .embeddings_api import EmbeddingsAPI
 from .error_shapes import error_response
 from .llama_api import LLAMA_PATHS, LlamaAPI, SlotBook
+from .llama_paths import UnversionedPaths
 from .llama_props import LlamaProps, set_props, slot_action
 from .ollama_api import OllamaAPI
 from .ollama_api import routes as ollama_routes
@@ -455,7 +456,8 @@ def create_app(llm, config: ServerConfig, metrics: Metrics | None = None, own_li
         Route("/metrics", server.metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi.endpoint, methods=["GET"]),
     ]
-    middleware = [Middleware(Cors, origins=config.cors_origins),
+    middleware = [Middleware(UnversionedPaths),  # outermost: the key and the counts see the /v1 path
+                  Middleware(Cors, origins=config.cors_origins),
                   Middleware(FrontDoor, api_key=config.api_key, metrics=service.metrics)]
     app = Starlette(routes=routes, middleware=middleware if own_lifespan else [], lifespan=lifespan if own_lifespan else None,
                     exception_handlers={HTTPException: _http_error, Exception: _server_error})

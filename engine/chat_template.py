@@ -64,6 +64,17 @@ CHATML_TEMPLATE = r"""{%- for message in messages -%}
 {%- endif -%}
 """
 
+# Command-R's format (llama.cpp's LLM_CHAT_TEMPLATE_COMMAND_R, --chat-template command-r): each
+# turn's content trimmed, as llama.cpp writes it.
+COMMAND_R_TEMPLATE = r"""{%- set tokens = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'} -%}
+{%- for message in messages if message['role'] in tokens -%}
+    {{ '<|START_OF_TURN_TOKEN|>' + tokens[message['role']] + message['content'] | trim + '<|END_OF_TURN_TOKEN|>' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}
+{%- endif -%}
+"""
+
 # Phi-3's format (llama.cpp's LLM_CHAT_TEMPLATE_PHI_3).
 PHI3_TEMPLATE = r"""{%- for message in messages -%}
     {{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}
@@ -230,10 +241,12 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
 
 
-# llama.cpp's names for its built-in formats (llm_chat_template_from_str) that infer has as Jinja:
-# what --chat-template NAME picks
-NAMED_TEMPLATES = MappingProxyType({"chatml": CHATML_TEMPLATE, "llama2": LLAMA2_TEMPLATE, "llama3": LLAMA3_TEMPLATE,
-                                    "llama4": LLAMA4_TEMPLATE, "gemma": GEMMA_TEMPLATE, "phi3": PHI3_TEMPLATE})
+# llama.cpp's names for its built-in formats (llm_chat_template_from_str) that infer has as Jinja
+# rendering as llama.cpp's do (tests/test_chat_template.py): what --chat-template NAME picks.  Not
+# "llama2": infer's Llama 2 template is Meta's (<<SYS>>), llama.cpp's "llama2" another format.  The
+# one difference left: llama.cpp's "gemma" trims the system turn, infer's (Google's template) does not.
+NAMED_TEMPLATES = MappingProxyType({"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "llama4": LLAMA4_TEMPLATE,
+                                    "gemma": GEMMA_TEMPLATE, "phi3": PHI3_TEMPLATE, "command-r": COMMAND_R_TEMPLATE})
 
 
 def template_source(name_or_jinja: str) -> str:

@@ -8,6 +8,7 @@ from infer.engine.chat_template import (
     GEMMA_TEMPLATE,
     LLAMA2_TEMPLATE,
     LLAMA3_TEMPLATE,
+    NAMED_TEMPLATES,
     PHI3_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
@@ -152,6 +153,31 @@ def test_phi3_builtin_renders_as_llama_cpp():
         "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
         "<|user|>\nHow are you?<|end|>\n<|assistant|>\n"
     )
+
+
+def _llama_cpp_named(name: str, messages: list[dict], add_ass: bool) -> str:
+    """llama.cpp's built-in format of that name (llama_chat_apply_template), no BOS."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages])
+    buf = bytes(8192)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), chat, len(messages), add_ass, buf, len(buf))
+    assert 0 < n <= len(buf), name
+    return buf[:n].decode()
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_TEMPLATES))
+@pytest.mark.parametrize("gen", [True, False])
+def test_named_templates_render_as_llama_cpp(name, gen):
+    """--chat-template NAME is llama-server's format of that name: the same text for the same chat
+    (with and without a system turn; untrimmed contents, except gemma's system turn, which llama.cpp
+    trims and Google's template, infer's, does not)."""
+    sys_content = "Be brief." if name == "gemma" else "Be brief. "
+    convo = [{"role": "system", "content": sys_content}, {"role": "user", "content": " Hi"},
+             {"role": "assistant", "content": "Hello!\n"}, {"role": "user", "content": "How are you?"}]
+    for messages in (convo, convo[1:]):
+        ours = ChatTemplate(NAMED_TEMPLATES[name], "", "").render(messages, add_generation_prompt=gen)
+        assert ours == _llama_cpp_named(name, messages, gen), (name, messages)
 
 
 def test_metadata_template_wins_over_builtin():

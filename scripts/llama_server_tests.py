@@ -275,6 +275,8 @@ def _infer_args(server, flags: set[str]) -> tuple[list[str], list[str]]:
             dropped.append(f"{attr}={value}")
         else:
             cmd += [flag, str(value)]
+    if getattr(server, "cors_origins", None) is None:  # llama-server's default answers any origin; infer's the loopback ones
+        cmd += ["--cors", "*"]
     if server.no_ui and "--no-webui" not in cmd:
         dropped.append("no_ui")
     return cmd, dropped

@@ -42,10 +42,13 @@ def serve(
     alias: List[str] = typer.Option([], "--alias", "-a", help="The model's name in /v1/models and replies (MODEL "
                                     "only; repeatable or comma-separated: the first is its id, all are its names)."),
     chat_template: Optional[str] = typer.Option(None, "--chat-template", show_default=False,
-                                                help="Chat template instead of the model's: a name (chatml, llama2, "
-                                                     "llama3, llama4, gemma, phi3) or Jinja source (MODEL only)."),
+                                                help="Chat template instead of the model's: a name (chatml, llama3, "
+                                                     "llama4, gemma, phi3, command-r) or Jinja source (MODEL only)."),
     chat_template_file: Optional[str] = typer.Option(None, "--chat-template-file", show_default=False,
                                                      help="Chat template instead of the model's, from a Jinja file."),
+    seed: Optional[int] = typer.Option(None, "--seed", "-s", show_default=False,
+                                       help="The seed of requests that name none, as llama-server's --seed: the same "
+                                            "request, the same reply (default: a fresh seed each request)."),
     threads: int = opt.THREADS,
     backend: str = opt.BACKEND,
     gpu_layers: int = opt.GPU_LAYERS,
@@ -82,6 +85,8 @@ def serve(
         raise typer.BadParameter(f"--reasoning-format takes {' or '.join(FORMATS)}, got {reasoning_format!r}")
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"--port must be in 0..65535, got {port}")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise typer.BadParameter(f"--seed must be in 0..2**64-1, got {seed}")
     if max_queue < 0:
         raise typer.BadParameter(f"--max-queue must be >= 0, got {max_queue}")
     if shutdown_timeout < 0:
@@ -115,13 +120,14 @@ def serve(
 
             app = serve_models(config, api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
                                cors=tuple(cors), reasoning_format=reasoning_format, max_models=max_models,
-                               memory=parse_size(memory) if memory else 0, keep_alive=idle, webui=webui)
+                               memory=parse_size(memory) if memory else 0, keep_alive=idle, webui=webui, seed=seed)
             sys.stderr.write(f"infer serve: every pulled model on http://{host}:{sock.getsockname()[1]}/v1 · "
                              f"loaded on demand, at most {max_models} at once · parallel {parallel} · ctx {ctx}"
                              f"{' · API key required' if api_key else ''}\n")
             return _run(app, host, port, socks, shutdown_timeout, timeout)
         server_config = ServerConfig(model_id="", api_key=api_key or None, max_queue=max_queue, max_body=body_limit,
-                                     cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui)
+                                     cors_origins=tuple(cors), reasoning_format=reasoning_format, webui=webui,
+                                     seed=seed)
         _serve_one(model, config, server_config, host, socks, shutdown_timeout, timeout, aliases, template)
 
 

@@ -125,6 +125,39 @@ def test_streamed_as_llama_server(gemma):
     assert last["tokens_predicted"] == 10 and parts[-1]["tokens_predicted"] <= 10
 
 
+def test_logit_bias(gemma):
+    """logit_bias on /completion as llama.cpp's test_logit_bias sends it: texts or ids, llama's pairs
+    or OpenAI's object; a banned greedy token never comes, and the reply changes."""
+    greedy = gemma.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0,
+                                             "return_tokens": True}).json()
+    first = greedy["tokens"][0]
+    for bias in ([[first, False]], {str(first): -100}):
+        r = gemma.post("/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0, "logit_bias": bias,
+                                            "return_tokens": True})
+        assert r.status_code == 200, r.text
+        assert first not in r.json()["tokens"] and r.json()["content"] != greedy["content"]
+    words = ["the", "a", "to", "be"]
+    r = gemma.post("/completion", json={"prompt": PROMPT, "n_predict": 24, "temperature": 0,
+                                        "logit_bias": [[f" {w} ", -100] for w in words]})
+    assert r.status_code == 200 and all(f" {w} " not in r.json()["content"] for w in words), r.text
+
+
+def test_server_seed(gemma_path):
+    """--seed (ServerConfig.seed): requests without a seed sample with the server's, so the same
+    request gets the same reply, as llama-server's --seed; a request's own seed still wins.  Its own
+    LLM: a server's lifespan stops its engine when it ends."""
+    body = {"prompt": PROMPT, "n_predict": 16, "temperature": 1.5, "top_k": 0, "top_p": 1.0}
+    llm = LLM.load(gemma_path, EngineConfig(n_ctx=512, n_threads=2, max_seqs=2))
+    with live(create_app(llm, ServerConfig(model_id="gemma", seed=42))) as client:
+        replies = [client.post("/completion", json=body).json()["content"] for _ in range(3)]
+        chats = [client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
+                                                            "max_tokens": 16, "temperature": 1.5}).json()
+                 for _ in range(2)]
+        own = client.post("/completion", json={**body, "seed": 42}).json()["content"]
+    assert replies[0] == replies[1] == replies[2] == own
+    assert chats[0]["choices"][0]["message"] == chats[1]["choices"][0]["message"]
+
+
 def test_n_probs(gemma, gemma_llm):
     b = gemma.post("/completion", json={"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 4,
                                         "return_tokens": True}).json()

@@ -81,7 +81,7 @@ def _int_in(body: dict, name: str, lo: int, default: int, hi: int = 2**31 - 1) -
     return v
 
 
-def native_fields(body: dict) -> Native:
+def native_fields(body: dict, tokenizer: Any = None) -> Native:
     """llama-server's completion fields checked, the sampling ones through parse_job (OpenAI's rules)."""
     for name, off in OFF_SAMPLERS.items():
         v = body.get(name)
@@ -116,7 +116,7 @@ def native_fields(body: dict) -> Native:
     rest = {k: v for k, v in body.items() if k not in NATIVE_ONLY}
     if seed is not None and seed not in (-1, RANDOM_SEED):
         rest["seed"] = seed
-    job = parse_job(rest, n_probs or None)
+    job = parse_job(rest, n_probs or None, tokenizer)  # tokenizer: logit_bias's texts
     cache = body.get("cache_prompt")
     cache = True if cache is None else cache
     if not isinstance(cache, bool):
@@ -312,7 +312,7 @@ class LlamaAPI:
             self.service.check_model(body)
             if "prompt" not in body:
                 raise APIError(400, "'prompt' is required", "prompt", "invalid_value")
-            native = native_fields(body)
+            native = native_fields(body, self.tok)
             prompts = await self.service.encode(lambda v: prompt_ids(self.tok, v), body["prompt"])
         except APIError as e:
             return llama_error(e)
@@ -328,7 +328,7 @@ class LlamaAPI:
             body = await self.service.body(request)
             self.service.check_model(body)
             fim = infill_fields(body)
-            native = native_fields(body)
+            native = native_fields(body, self.tok)
             n_ctx = self.llm.engine.n_ctx
             ids = await self.service.encode(lambda f: infill_prompt(self.tok, *f, n_batch=FIM_BATCH, n_ctx=n_ctx), fim)
         except APIError as e:

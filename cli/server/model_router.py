@@ -350,7 +350,8 @@ class ModelRouter:
 
 
 def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cors: tuple[str, ...],
-                 reasoning_format: str, max_models: int, memory: int, keep_alive: float, webui: bool = True):
+                 reasoning_format: str, max_models: int, memory: int, keep_alive: float, webui: bool = True,
+                 seed: int | None = None):
     """The ASGI app of a several-models server: the router behind the API key and CORS."""
     from infer.models.resolve import default_model
 
@@ -365,7 +366,7 @@ def serve_models(config, api_key: str | None, max_queue: int, max_body: int, cor
     def build(name: str, path: Path):
         llm = load_llm(str(path), config, quiet=True)
         server_config = ServerConfig(model_id=name, api_key=None, max_queue=max_queue, max_body=max_body,
-                                     reasoning_format=reasoning_format, any_name=True)
+                                     reasoning_format=reasoning_format, any_name=True, seed=seed)
         return llm, create_app(llm, server_config, metrics, own_lifespan=False)
 
     pool = ModelPool(build, lambda path: estimate_bytes(path, config), max_models, memory, keep_alive)

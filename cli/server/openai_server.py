@@ -188,7 +188,7 @@ class OpenAIAPI:
         try:
             for prompt in prompts:
                 for j in range(job.n):
-                    seed = job.params.seed
+                    seed = job.params.seed if job.params.seed is not None else self.service.config.seed
                     jj = job if seed is None or j == 0 else \
                         replace(job, params=replace(job.params, seed=(seed + j) % 2**64))
                     streams.append(await self.service.start(request, Generation(prompt, jj, clip=True)))

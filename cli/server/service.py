@@ -41,6 +41,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     reasoning_format: str = "deepseek"  # --reasoning-format: "deepseek" splits <think> off as reasoning_content
     any_name: bool = False  # behind model_router.py, which has resolved the request's model name already
+    seed: int | None = None  # --seed: the seed of requests that name none (None: a fresh one each)
     webui: bool = True  # GET / from a browser: the chat page (webui.py); --no-webui: ollama's answer only
 
 
@@ -195,6 +196,8 @@ class EngineService:
 
     async def start(self, request: Request, gen: Generation) -> Stream:
         job, p, reply = gen.job, gen.prompt, None
+        if job.params.seed is None and self.config.seed is not None:  # llama-server's --seed
+            job = replace(job, params=replace(job.params, seed=self.config.seed))
         if not self.llm.model.config.causal:  # an encoder: the engine would refuse it too, less clearly
             raise APIError(400, f"the model {self.config.model_id!r} is an embedding model (an encoder): it does not "
                            "generate text; use /v1/embeddings or /api/embed", "model", "model_not_supported")

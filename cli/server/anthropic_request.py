@@ -46,6 +46,24 @@ def _text(block: dict, p: str) -> str:
     return text
 
 
+def _text_or_blocks(value: Any, p: str) -> str:
+    """A string, or text blocks joined by newlines (a system prompt's, a tool result's content)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _bad(f"'{p}' must be a string or an array of text blocks, got {kind(value)}", p)
+    parts = []
+    for i, block in enumerate(value):
+        q = f"{p}[{i}]"
+        t = block.get("type") if isinstance(block, dict) else None
+        if t in MEDIA:
+            raise _media(t, q)
+        if t != "text":
+            raise _bad(f"'{q}' must be a text block {{\"type\": \"text\", \"text\": ...}}", q)
+        parts.append(_text(block, q))
+    return "\n".join(parts)
+
+
 def _media(t: str, p: str) -> APIError:
     return _bad(f"'{p}' is an {t} block: {t} input is not supported (this server reads text only)", p)
 
@@ -54,21 +72,7 @@ def system_text(system: Any) -> str | None:
     """`system` as one text: a string or an array of text blocks (joined by newlines).  Claude
     Code's billing header carries a stamp (cch=) that changes on every request, which would keep
     the prefix cache from reaching past the system prompt: it is blanked, as llama-server does."""
-    if system is None:
-        return None
-    if isinstance(system, str):
-        text = system
-    elif isinstance(system, list):
-        parts = []
-        for i, block in enumerate(system):
-            p = f"system[{i}]"
-            if not isinstance(block, dict) or block.get("type") != "text":
-                raise _bad(f"'{p}' must be a text block {{\"type\": \"text\", \"text\": ...}}", p)
-            parts.append(_text(block, p))
-        text = "\n".join(parts)
-    else:
-        raise _bad(f"'system' must be a string or an array of text blocks, got {kind(system)}", "system")
-    return _blank_stamp(text)
+    return None if system is None else _blank_stamp(_text_or_blocks(system, "system"))
 
 
 def _blank_stamp(text: str) -> str:
@@ -87,23 +91,7 @@ def _tool_result(block: dict, p: str) -> dict:
     if not isinstance(use_id, str):
         raise _bad(f"'{p}.tool_use_id' must be a string, got {kind(use_id)}", f"{p}.tool_use_id")
     content = block.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        parts = []
-        for j, c in enumerate(content):
-            q = f"{p}.content[{j}]"
-            t = c.get("type") if isinstance(c, dict) else None
-            if t in MEDIA:
-                raise _media(t, q)
-            if t != "text":
-                raise _bad(f"'{q}' must be a text block", q)
-            parts.append(_text(c, q))
-        text = "\n".join(parts)
-    else:
-        raise _bad(f"'{p}.content' must be a string or an array of text blocks, got {kind(content)}", f"{p}.content")
+    text = "" if content is None else _text_or_blocks(content, f"{p}.content")
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise _bad(f"'{p}.is_error' must be true or false, got {kind(is_error)}", f"{p}.is_error")

@@ -30,6 +30,7 @@ from .ollama_api import OPTION_FIELDS
 from .ollama_api import OPTION_LIMIT as OLLAMA_LIMIT
 from .openai_request import MAX_CHOICES, MAX_STOP, SAMPLING_FIELDS, NumberField
 from .openapi_schema import BOOLEAN, INTEGER, NULL, STRING, json_content, nullable, number, obj, ref
+from .openapi_schema import operation as schema_operation
 from .rerank_api import ROUTES as RERANK_ROUTES
 
 PARALLEL_TOOL_CALLS = MappingProxyType({"type": "boolean", "description": "Default: true; false where the chat "
@@ -353,18 +354,9 @@ WHY = MappingProxyType({400: "A request the server refuses: bad JSON, a wrong fi
 
 def operation(op_id: str, summary: str, ok: dict, request: str | None = None, errors: tuple[int, ...] = (),
               ollama: bool = False, secured: bool = True, ok_why: str = "OK") -> dict:
-    """One operation: its JSON request body (a component's name), its 200 answer (content by media
-    type) and its error answers in the route's shape (OpenAI's or ollama's)."""
-    error = ref("OllamaError" if ollama else "Error")
-    out: dict[str, Any] = {"operationId": op_id, "summary": summary,
-                           "responses": {"200": {"description": ok_why, **({"content": ok} if ok else {})}}}
-    if request:
-        out["requestBody"] = {"required": True, "content": json_content(ref(request))}
-    for status in (*errors, *((401,) if secured else ())):
-        out["responses"][str(status)] = {"description": WHY[status], "content": json_content(error)}
-    if not secured:
-        out["security"] = []
-    return out
+    """One operation, its errors in the route's shape (OpenAI's or ollama's)."""
+    return schema_operation(op_id, summary, ok, request, errors, why=WHY, error="OllamaError" if ollama else "Error",
+                            secured=secured, ok_why=ok_why)
 
 
 def _openai_paths() -> dict:

@@ -3,15 +3,13 @@ openapi.document().  The request schemas say what anthropic_request.py accepts; 
 Anthropic's envelope."""
 from __future__ import annotations
 
-from typing import Any
-
 from infer.engine.sampler import SamplingParams
 from infer.engine.tool_calls import TOOL_NAME
 
 from .anthropic_api import ERROR_TYPES
 from .anthropic_request import MAX_STOP
 from .openai_request import SAMPLING_FIELDS
-from .openapi_schema import BOOLEAN, STRING, json_content, nullable, number, obj, ref
+from .openapi_schema import BOOLEAN, STRING, json_content, nullable, number, obj, operation, ref
 
 WHY = {400: "A request the server refuses: bad JSON, a wrong field, a prompt over the context, an image.",
        401: "--api-key is set and the request's key (X-Api-Key or Bearer) is missing or wrong.",
@@ -111,13 +109,8 @@ def schemas() -> dict:
 
 
 def _operation(op_id: str, summary: str, ok: dict, request: str, errors: tuple[int, ...], ok_why: str = "OK") -> dict:
-    """One operation as openapi.operation() writes them, its errors in Anthropic's envelope."""
-    out: dict[str, Any] = {"operationId": op_id, "summary": summary,
-                           "requestBody": {"required": True, "content": json_content(ref(request))},
-                           "responses": {"200": {"description": ok_why, "content": ok}}}
-    for status in (*errors, 401):
-        out["responses"][str(status)] = {"description": WHY[status], "content": json_content(ref("AnthropicError"))}
-    return out
+    """One operation, its errors in Anthropic's envelope."""
+    return operation(op_id, summary, ok, request, errors, why=WHY, error="AnthropicError", ok_why=ok_why)
 
 
 def paths() -> dict:

@@ -3,12 +3,10 @@ merged into openapi.document(); it refers to that document's shared schemas (Gen
 ChatMessage, Tool, ToolChoice, Health) by name."""
 from __future__ import annotations
 
-from typing import Any
-
 from infer.engine.sampler import MAX_LOGPROBS
 
 from .llama_api import NEGATIVE_OFF, OFF_SAMPLERS
-from .openapi_schema import BOOLEAN, INTEGER, STRING, json_content, nullable, number, obj, ref
+from .openapi_schema import BOOLEAN, INTEGER, STRING, json_content, nullable, number, obj, operation, ref
 
 # a stream, described as schemathesis reads text/event-stream: its events
 SSE = {"text/event-stream": {"schema": {"type": "object", "required": ["data"], "properties": {
@@ -25,15 +23,9 @@ _WHY = {400: "A request the server refuses: bad JSON, a wrong field, a prompt ov
 
 def _op(op_id: str, summary: str, ok: dict | None, request: str | None = None, errors: tuple[int, ...] = (),
         parameters: list | None = None, ok_why: str = "OK") -> dict:
-    out: dict[str, Any] = {"operationId": op_id, "summary": summary,
-                           "responses": {"200": {"description": ok_why, **({"content": ok} if ok else {})}}}
-    if request:
-        out["requestBody"] = {"required": True, "content": json_content(ref(request))}
-    if parameters:
-        out["parameters"] = parameters
-    for status in (*errors, 401):
-        out["responses"][str(status)] = {"description": _WHY[status], "content": json_content(ref("LlamaError"))}
-    return out
+    """One operation, its errors in llama-server's shape."""
+    return operation(op_id, summary, ok, request, errors, why=_WHY, error="LlamaError", ok_why=ok_why,
+                     parameters=parameters)
 
 
 def _public(op: dict) -> dict:

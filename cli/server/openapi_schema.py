@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["BOOLEAN", "INTEGER", "NULL", "STRING", "json_content", "nullable", "number", "obj", "ref"]
+__all__ = ["BOOLEAN", "INTEGER", "NULL", "STRING", "json_content", "nullable", "number", "obj", "operation", "ref"]
 
 NULL = MappingProxyType({"type": "null"})
 STRING = MappingProxyType({"type": "string"})
@@ -47,3 +47,22 @@ def obj(properties: dict, required: tuple[str, ...] = (), description: str | Non
 def json_content(schema: Any) -> dict:
     """A JSON body's content, by media type."""
     return {"application/json": {"schema": schema}}
+
+
+def operation(op_id: str, summary: str, ok: dict | None, request: str | None = None, errors: tuple[int, ...] = (), *,
+              why: Mapping[int, str], error: str, secured: bool = True, ok_why: str = "OK",
+              parameters: list | None = None) -> dict:
+    """One operation: its JSON request body (a component's name), its 200 answer (content by media
+    type), its error answers (why each status comes; the schema named error: the API's shape) and,
+    when secured, the 401 of --api-key."""
+    out: dict[str, Any] = {"operationId": op_id, "summary": summary,
+                           "responses": {"200": {"description": ok_why, **({"content": ok} if ok else {})}}}
+    if request:
+        out["requestBody"] = {"required": True, "content": json_content(ref(request))}
+    if parameters:
+        out["parameters"] = parameters
+    for status in (*errors, *((401,) if secured else ())):
+        out["responses"][str(status)] = {"description": why[status], "content": json_content(ref(error))}
+    if not secured:
+        out["security"] = []
+    return out
